@@ -1,0 +1,1 @@
+"""Target profiles as data (profiles/*.yaml). The loader lives in `surgery.targets`."""

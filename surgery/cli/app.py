@@ -1,0 +1,75 @@
+"""The typer application shared by every `surgery` sub-command, and its output conventions.
+
+Conventions: `--json` prints one JSON document on stdout and nothing else; errors print one
+line on stderr and exit 2; a command's own verdict (e.g. "not a single segment") exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from surgery.errors import SurgeryError
+
+app = typer.Typer(
+    name="surgery",
+    help="Check, rewrite, verify, quantize and compile ONNX models for edge NPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_OK, EXIT_VERDICT, EXIT_ERROR = 0, 1, 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def emit_json(data: Any) -> None:
+    """Print a JSON document to stdout (machines read this; nothing else goes to stdout)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def fail(error: SurgeryError | str, *, as_json: bool = False) -> NoReturn:
+    """Report a user error on stderr (and as JSON on stdout with --json) and exit 2."""
+    err = error if isinstance(error, SurgeryError) else SurgeryError(str(error))
+    if as_json:
+        emit_json({"error": err.to_dict()})
+    err_console.print(f"[bold red]error:[/] {err.message}", highlight=False, soft_wrap=True)
+    if err.hint:
+        err_console.print(f"[dim]hint: {err.hint}[/]", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn SurgeryError (and a few OS errors) into a clean message and exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            return fn(*args, **kwargs)
+        except SurgeryError as exc:
+            fail(exc, as_json=as_json)
+        except (OSError, MemoryError) as exc:
+            fail(SurgeryError(f"{type(exc).__name__}: {exc}"), as_json=as_json)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,78 @@
+"""`surgery check`: which nodes run where, how many .elf files a compile would produce, and why."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from surgery.check import check_model
+from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
+from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
+from surgery.coverage import CoverageReport
+from surgery.model import parse_input_shapes
+
+
+@app.command("check")
+@handle_errors
+def check_command(
+    model: ModelArg,
+    target: TargetOpt = "mlsoc",
+    input_shape: InputShapeOpt = None,
+    blockers: Annotated[int, typer.Option(help="How many blocker groups to show on the terminal.")] = 10,
+    as_json: JsonOpt = False,
+) -> None:
+    """Map every node to MLA / CVU / APU and count MLA segments (= .elf files).
+
+    Exit code: 0 when the model maps to exactly one MLA segment, 1 when it maps to zero or
+    several (so it works as a CI gate), 2 on bad input.
+    """
+    report = check_model(model, target, input_shapes=parse_input_shapes(input_shape or []))
+    if as_json:
+        emit_json({"model": str(model), **report.to_dict()})
+    else:
+        render_report(str(model), report, max_groups=blockers)
+    raise typer.Exit(EXIT_OK if report.single_elf else EXIT_VERDICT)
+
+
+def render_report(model_label: str, report: CoverageReport, *, max_groups: int = 10) -> None:
+    """Rich terminal view of a coverage report."""
+    folded = sum(1 for p in report.placements if p.foldable)
+    console.print(f"[bold]{model_label}[/] on [bold]{report.target}[/]: {report.nodes_total} nodes ({folded} fold to constants)")
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("processor")
+    table.add_column("nodes", justify="right")
+    table.add_column("MACs", justify="right")
+    table.add_column("MAC share", justify="right")
+    total = report.total_macs or 1
+    for proc in ("MLA", "CVU", "APU"):
+        n = report.count(proc, include_foldable=False)
+        macs = report.macs_on(proc)
+        table.add_row(proc, str(n), f"{macs:,}", f"{100 * macs / total:.1f}%")
+    if folded:
+        table.add_row("[dim]folded[/]", f"[dim]{folded}[/]", "[dim]0[/]", "[dim]-[/]")
+    console.print(table)
+    if report.dynamic_inputs:
+        dims = ", ".join(f"{k}={v}" for k, v in report.dynamic_inputs.items())
+        console.print(f"[yellow]dynamic inputs:[/] {dims} — fix them with --input-shape NAME=DIMS")
+    for seg in report.segments:
+        ins = ", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else "")
+        outs = ", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else "")
+        console.print(f"  [cyan]{seg.name}[/]: {len(seg.nodes)} nodes, {seg.macs:,} MACs  ({ins} → {outs})", highlight=False)
+    groups = report.blocker_groups()
+    if groups:
+        console.print(f"\n[bold]Blockers[/] ({len(report.blockers)} nodes, {len(groups)} reasons):")
+        for g in groups[:max_groups]:
+            example = ", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else "")
+            rules = f"  [green]fix: {', '.join(g['suggested_rules'])}[/]" if g["suggested_rules"] else ""
+            console.print(f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {g['reason']}{rules}", highlight=False)
+            console.print(f"         [dim]{example}[/]", highlight=False)
+        if len(groups) > max_groups:
+            console.print(f"  … {len(groups) - max_groups} more reasons (use --json or --blockers N)")
+    verdict = (
+        "[bold green]single .elf[/]: the whole MLA part compiles to one segment"
+        if report.single_elf
+        else f"[bold yellow]{report.mla_segments} MLA segments[/] → {report.mla_segments} .elf files"
+    )
+    console.print(f"\n{verdict}; MLA share of MACs {100 * report.mla_mac_fraction:.1f}%")

@@ -1,0 +1,80 @@
+"""`surgery targets`: list target profiles, show one op table, explain one op."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from surgery.cli.app import app, console, emit_json, handle_errors
+from surgery.cli.options import JsonOpt
+from surgery.errors import TargetError
+from surgery.targets import available_targets, load_target
+
+
+@app.command("targets")
+@handle_errors
+def targets_command(
+    target: Annotated[str | None, typer.Argument(help="Profile to show; omit to list all.")] = None,
+    op: Annotated[str | None, typer.Option("--op", help="Explain one op type, e.g. Resize.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List target profiles, or show what one target runs where (and under which constraints)."""
+    if target is None:
+        if op:
+            raise TargetError("--op needs a target, e.g. `surgery targets mlsoc --op Resize`")
+        rows = []
+        for name in available_targets():
+            t = load_target(name)
+            rows.append(
+                {
+                    "name": name,
+                    "title": t.profile.title,
+                    "processors": list(t.profile.processors),
+                    "mla_precisions": t.profile.processors["MLA"].precisions,
+                    "mla_ops": sum(1 for o in t.ops if t.supports(o, "MLA")),
+                }
+            )
+        if as_json:
+            emit_json({"targets": rows})
+            return
+        table = Table("target", "title", "MLA precisions", "MLA ops", show_edge=False, header_style="bold")
+        for r in rows:
+            table.add_row(r["name"], r["title"], ", ".join(r["mla_precisions"]), str(r["mla_ops"]))
+        console.print(table)
+        return
+    tgt = load_target(target)
+    if op:
+        info = tgt.explain(op)
+        if as_json:
+            emit_json(info)
+            return
+        note = f": {info['note']}" if info["note"] else ""
+        console.print(f"[bold]{op}[/] on [bold]{tgt.name}[/]{note}", highlight=False)
+        for placement in info["placements"]:
+            proc = placement["processor"]
+            prec = ", ".join(placement["precisions"]) or "—"
+            suffix = " (fallback: runs anything)" if placement.get("fallback") else ""
+            console.print(f"  [cyan]{proc}[/] \\[{prec}]{suffix}", highlight=False)
+            for c in placement["constraints"]:
+                console.print(f"    • {c['rule']}", highlight=False)
+        return
+    data = {
+        "name": tgt.name,
+        "title": tgt.profile.title,
+        "description": tgt.profile.description,
+        "source": tgt.profile.source,
+        "processors": {k: v.model_dump() for k, v in tgt.profile.processors.items()},
+        "ops": {op_type: [r.processor for r in tgt.rules_for(op_type)] for op_type in sorted(tgt.ops)},
+    }
+    if as_json:
+        emit_json(data)
+        return
+    console.print(f"[bold]{tgt.name}[/]: {tgt.profile.title}\n{tgt.profile.description}\n[dim]source: {tgt.profile.source}[/]")
+    table = Table("op", "processors", "note", show_edge=False, header_style="bold")
+    for op_type in sorted(tgt.ops):
+        procs = " → ".join(r.processor for r in tgt.rules_for(op_type))
+        table.add_row(op_type, procs + " → APU" if "APU" not in procs else procs, tgt.ops[op_type].note or "")
+    console.print(table)
+    console.print("[dim]Ops not listed run on the APU. Explain one: surgery targets NAME --op OP[/]")

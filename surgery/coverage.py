@@ -1,0 +1,431 @@
+"""Accelerator coverage: which processor runs each node, why, and how many MLA segments result.
+
+The placement comes from the target's op table (one source of truth shared with the quantizer
+and the partitioner). MLA nodes are then grouped into the fewest connected, convex regions
+(no path leaves a region and comes back through a non-MLA node) — each region is one `.elf`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import onnx
+
+from surgery.graph import GraphView
+from surgery.macs import node_macs
+from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_target
+
+PLACEMENT_METADATA_KEY = "surgery.op_target"
+"""Model metadata entry (JSON {node name or op type: MLA|CVU|APU}) that pins placements."""
+
+_NON_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    index: int
+    name: str
+    op_type: str
+    processor: str
+    reasons: tuple[Reason, ...] = ()
+    foldable: bool = False
+    pinned: bool = False
+    macs: int = 0
+    precisions: tuple[str, ...] = ()
+    suggested_rules: list[str] = field(default_factory=list)
+
+    @property
+    def is_blocker(self) -> bool:
+        return self.processor != "MLA" and not self.foldable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.name,
+            "op_type": self.op_type,
+            "processor": self.processor,
+            "foldable": self.foldable,
+            "macs": self.macs,
+            "reasons": [r.message for r in self.reasons],
+            "reason_codes": [r.code for r in self.reasons],
+        }
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One connected MLA region: compiles to one `.elf`."""
+
+    name: str
+    nodes: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    macs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "node_count": len(self.nodes),
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "macs": self.macs,
+        }
+
+
+@dataclass
+class CoverageReport:
+    target: str
+    placements: list[NodePlacement]
+    segments: list[Segment]
+    dynamic_inputs: dict[str, list]
+
+    @property
+    def nodes_total(self) -> int:
+        return len(self.placements)
+
+    @property
+    def mla_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def single_elf(self) -> bool:
+        return len(self.segments) == 1
+
+    def count(self, processor: str, *, include_foldable: bool = True) -> int:
+        return sum(1 for p in self.placements if p.processor == processor and (include_foldable or not p.foldable))
+
+    @property
+    def total_macs(self) -> int:
+        return sum(p.macs for p in self.placements)
+
+    def macs_on(self, processor: str) -> int:
+        return sum(p.macs for p in self.placements if p.processor == processor)
+
+    @property
+    def mla_mac_fraction(self) -> float:
+        """Share of MACs on the MLA; for MAC-free models, the share of non-folded nodes."""
+        total = self.total_macs
+        if total:
+            return self.macs_on("MLA") / total
+        live = [p for p in self.placements if not p.foldable]
+        return sum(p.processor == "MLA" for p in live) / len(live) if live else 0.0
+
+    @property
+    def blockers(self) -> list[NodePlacement]:
+        return [p for p in self.placements if p.is_blocker]
+
+    def blocker_groups(self) -> list[dict[str, Any]]:
+        """Blockers grouped by their first reason (the one that decided against the MLA)."""
+        groups: dict[tuple[str, str], list[NodePlacement]] = {}
+        for b in self.blockers:
+            first = b.reasons[0] if b.reasons else Reason("unknown", "no reason recorded")
+            key = (first.code, _generic(first.message, b))
+            groups.setdefault(key, []).append(b)
+        out = [
+            {
+                "code": code,
+                "reason": message,
+                "count": len(nodes),
+                "op_types": sorted({n.op_type for n in nodes}),
+                "nodes": [n.name for n in nodes],
+                "suggested_rules": sorted({r for n in nodes for r in n.suggested_rules}),
+            }
+            for (code, message), nodes in groups.items()
+        ]
+        return sorted(out, key=lambda g: -g["count"])
+
+    def by_name(self, name: str) -> NodePlacement | None:
+        return next((p for p in self.placements if p.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "target": self.target,
+            "nodes_total": self.nodes_total,
+            "processors": {p: self.count(p) for p in PROCESSORS},
+            "foldable_nodes": sum(1 for p in self.placements if p.foldable),
+            "mla_segments": self.mla_segments,
+            "single_elf": self.single_elf,
+            "macs_total": self.total_macs,
+            "macs": {p: self.macs_on(p) for p in PROCESSORS},
+            "mla_mac_fraction": round(self.mla_mac_fraction, 6),
+            "dynamic_inputs": self.dynamic_inputs,
+            "segments": [s.to_dict() for s in self.segments],
+            "blockers": [
+                {
+                    "node": b.name,
+                    "op_type": b.op_type,
+                    "processor": b.processor,
+                    "reasons": [r.message for r in b.reasons],
+                    "reason_codes": [r.code for r in b.reasons],
+                    "suggested_rules": b.suggested_rules,
+                }
+                for b in self.blockers
+            ],
+            "blocker_groups": self.blocker_groups(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+_QUOTED = re.compile(r" \(?'[^']*'\)?")
+
+
+def _generic(message: str, node: NodePlacement) -> str:
+    """Strip tensor names from a reason so identical reasons group together."""
+    return _QUOTED.sub("", message) if "'" in message else message
+
+
+RuleSuggester = Callable[[onnx.ModelProto, Target, CoverageReport], Mapping[str, list[str]]]
+SUGGESTERS: list[RuleSuggester] = []
+"""Hook filled by the rewrite engine: maps blocker node names to rule names that fix them."""
+
+
+@cache
+def _is_standard_op(op_type: str, domain: str) -> bool:
+    try:
+        return onnx.defs.has(op_type, domain)
+    except Exception:  # pragma: no cover - very old onnx
+        return False
+
+
+def constant_tensors(view: GraphView, order: list[int] | None = None) -> tuple[set[str], list[bool]]:
+    """Tensors known before run time, and which nodes only compute such tensors (foldable)."""
+    constants = set(view.initializers)
+    foldable = [False] * len(view.nodes)
+    for idx in order if order is not None else topo_order(view):
+        node = view.nodes[idx]
+        op = node.op_type
+        if op in _NON_FOLDABLE:
+            continue
+        ins = [i for i in node.input if i]
+        if op in ("Shape", "Size"):
+            t = view.tensors.get(ins[0]) if ins else None
+            ok = bool(ins) and (
+                ins[0] in constants
+                or (t is not None and (t.is_static or (op == "Shape" and _shape_slice_static(node, t))))
+            )
+        else:
+            ok = all(i in constants for i in ins)
+        if ok:
+            foldable[idx] = True
+            constants.update(o for o in node.output if o)
+    return constants, foldable
+
+
+def _shape_slice_static(node: onnx.NodeProto, t) -> bool:
+    if t.shape is None:
+        return False
+    start = next((a.i for a in node.attribute if a.name == "start"), 0)
+    end = next((a.i for a in node.attribute if a.name == "end"), len(t.shape))
+    return all(isinstance(d, int) for d in t.shape[start:end])
+
+
+def topo_order(view: GraphView) -> list[int]:
+    """Node indices in topological order (the stored order when it already is one)."""
+    n = len(view.nodes)
+    producer = view.producer
+    if all(producer.get(t, -1) < i for i, node in enumerate(view.nodes) for t in node.input):
+        return list(range(n))
+    indeg = [0] * n
+    for idx, node in enumerate(view.nodes):
+        for t in node.input:
+            if t in view.producer:
+                indeg[idx] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for t in view.nodes[i].output:
+            for c in view.consumers.get(t, ()):
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    ready.append(c)
+    return order
+
+
+def _pinned_placements(model: onnx.ModelProto, op_target: Mapping[str, str] | None) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for prop in model.metadata_props:
+        if prop.key == PLACEMENT_METADATA_KEY:
+            try:
+                pins.update(json.loads(prop.value))
+            except json.JSONDecodeError:
+                pass
+    if op_target:
+        pins.update(op_target)
+    return {k: v.upper() for k, v in pins.items()}
+
+
+def analyze_coverage(
+    model: onnx.ModelProto,
+    target: str | Target = "mlsoc",
+    *,
+    op_target: Mapping[str, str] | None = None,
+    suggest: bool = True,
+    view: GraphView | None = None,
+) -> CoverageReport:
+    """Assign every top-level node to MLA/CVU/APU with reasons, then segment the MLA nodes.
+
+    `op_target` pins nodes (by name or op type) to a processor, as RKNN's option does; pins
+    stored in the model's metadata (`surgery.op_target`) are honoured too.
+    """
+    tgt = resolve_target(target)
+    view = view or GraphView(model)
+    order = topo_order(view)
+    constants, foldable = constant_tensors(view, order)
+    pins = _pinned_placements(model, op_target)
+    frozen_constants = frozenset(constants)
+    placements: list[NodePlacement] = []
+    for idx, node in enumerate(view.nodes):
+        name = view.names[idx]
+        macs = node_macs(view, idx)
+        if foldable[idx]:
+            placements.append(NodePlacement(idx, name, node.op_type, "APU", foldable=True, macs=0))
+            continue
+        pin = pins.get(name) or pins.get(node.op_type)
+        if node.domain not in ("", "ai.onnx"):
+            known = False
+            reason = Reason("custom_op", f"{node.op_type} is a custom op (domain {node.domain!r}); it runs on the APU")
+            decision_proc, reasons, precisions = "APU", [reason], ()
+        else:
+            known = _is_standard_op(node.op_type, "")
+            decision = tgt.decide(node.op_type, NodeContext(view, idx, frozen_constants), known_op=known)
+            decision_proc, reasons, precisions = decision.processor, list(decision.reasons), tuple(decision.precisions)
+        if pin in PROCESSORS and pin != decision_proc:
+            if pin == "MLA":
+                reasons.append(Reason("pinned", f"pinned to the MLA by op_target, but: {reasons[0].message if reasons else 'not allowed'}"))
+            else:
+                reasons = [Reason("pinned", f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})", "MLA")]
+                decision_proc = pin
+        placements.append(
+            NodePlacement(idx, name, node.op_type, decision_proc, tuple(reasons), False, pin is not None, macs, precisions)
+        )
+    segments = _segment(view, placements, frozen_constants, order)
+    dynamic = {
+        t.name: list(t.shape) if t.shape is not None else None
+        for t in (view.tensor(n) for n in view.graph_inputs)
+        if not t.is_static
+    }
+    report = CoverageReport(tgt.name, placements, segments, dynamic)
+    if suggest and SUGGESTERS and report.blockers:
+        _attach_suggestions(model, tgt, report)
+    return report
+
+
+def _attach_suggestions(model: onnx.ModelProto, target: Target, report: CoverageReport) -> None:
+    merged: dict[str, set[str]] = {}
+    for suggester in SUGGESTERS:
+        for node, rules in suggester(model, target, report).items():
+            merged.setdefault(node, set()).update(rules)
+    for b in report.blockers:
+        if b.name in merged:
+            b.suggested_rules.extend(sorted(merged[b.name]))
+
+
+def _segment(
+    view: GraphView, placements: list[NodePlacement], constants: frozenset[str], order: list[int]
+) -> list[Segment]:
+    """Greedy convex grouping of MLA nodes in topological order.
+
+    Each node carries `anc`, a bitmask of the (original) group ids that contain one of its
+    ancestors. Joining node n to groups U keeps U convex iff no producer q of any member, with q
+    outside U, has an ancestor in U — i.e. no path leaves U and re-enters it.
+    """
+    n = len(view.nodes)
+    on_mla = [p.processor == "MLA" for p in placements]
+    anc = [0] * n
+    bit = [0] * n  # original-group bit of each MLA node
+    parent: list[int] = []  # union-find over group ids
+    absorbed: list[int] = []  # mask of original ids merged into each root
+    members: list[list[int]] = []
+    external: list[set[int]] = []  # producers outside the group, per root
+
+    def find(g: int) -> int:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    group_of = [-1] * n
+    for idx in order:
+        node = view.nodes[idx]
+        producers = {view.producer[t] for t in node.input if t and t not in constants and t in view.producer}
+        mask = 0
+        for p in producers:
+            mask |= anc[p] | bit[p]
+        anc[idx] = mask
+        if not on_mla[idx]:
+            continue
+        candidates = sorted({find(group_of[p]) for p in producers if group_of[p] >= 0}, key=lambda g: -len(members[g]))
+        chosen: list[int] = []
+        for g in candidates:
+            trial = [*chosen, g]
+            if _convex_after_join(trial, idx, producers, group_of, find, absorbed, external, anc, bit):
+                chosen = trial
+        if not chosen:
+            gid = len(parent)
+            parent.append(gid)
+            absorbed.append(1 << gid)
+            members.append([idx])
+            external.append(set(producers))
+            group_of[idx] = gid
+            bit[idx] = 1 << gid
+            continue
+        root = chosen[0]
+        for g in chosen[1:]:
+            parent[g] = root
+            absorbed[root] |= absorbed[g]
+            members[root].extend(members[g])
+            external[root] |= external[g]
+        members[root].append(idx)
+        group_of[idx] = root
+        bit[idx] = 1 << root
+        member_set = set(members[root])
+        external[root] = {q for q in external[root] | producers if q not in member_set}
+    roots = sorted({find(group_of[i]) for i in range(n) if group_of[i] >= 0}, key=lambda g: min(members[g]))
+    return [_describe_segment(view, placements, sorted(members[r]), f"MLA_{k}", constants) for k, r in enumerate(roots)]
+
+
+def _convex_after_join(groups, idx, producers, group_of, find, absorbed, external, anc, bit) -> bool:
+    mask = 0
+    for g in groups:
+        mask |= absorbed[g]
+    in_union = lambda q: group_of[q] >= 0 and find(group_of[q]) in groups  # noqa: E731
+    for q in producers:
+        if not in_union(q) and anc[q] & mask:
+            return False
+    for g in groups:
+        for q in external[g]:
+            if not in_union(q) and q != idx and (anc[q] | bit[q]) & mask:
+                return False
+    return True
+
+
+def _describe_segment(view: GraphView, placements, nodes: list[int], name: str, constants) -> Segment:
+    member = set(nodes)
+    inputs: list[str] = []
+    outputs: list[str] = []
+    graph_outputs = set(view.graph_outputs)
+    for i in nodes:
+        node = view.nodes[i]
+        for t in node.input:
+            if t and t not in constants and view.producer.get(t) not in member and t not in inputs:
+                inputs.append(t)
+        for t in node.output:
+            if t and (t in graph_outputs or any(c not in member for c in view.consumers.get(t, ()))):
+                outputs.append(t)
+    return Segment(
+        name=name,
+        nodes=[view.names[i] for i in nodes],
+        inputs=inputs,
+        outputs=outputs,
+        macs=sum(placements[i].macs for i in nodes),
+    )

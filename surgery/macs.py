@@ -1,0 +1,101 @@
+"""Multiply-accumulate counts per node, from inferred shapes.
+
+Only matrix work counts (Conv, ConvTranspose, MatMul, Gemm, Einsum): it is what the MLA exists
+for and what "MLA share of MACs" means. Elementwise and data-movement ops count zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from surgery.graph import GraphView
+
+
+def _prod(dims) -> int | None:
+    n = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        n *= d
+    return n
+
+
+def node_macs(view: GraphView, idx: int) -> int:
+    node: onnx.NodeProto = view.nodes[idx]
+    op = node.op_type
+    if op not in _MAC_OPS:
+        return 0
+    return _MAC_OPS[op](view, node) or 0
+
+
+def _conv(view: GraphView, node: onnx.NodeProto) -> int | None:
+    if len(node.input) < 2:
+        return None
+    w = view.tensor(node.input[1]).shape
+    y = view.tensor(node.output[0]).shape
+    if w is None or y is None:
+        return None
+    out = _prod(y)
+    per = _prod(w[1:])  # (C_in / group) * kernel
+    return None if out is None or per is None else out * per
+
+
+def _conv_transpose(view: GraphView, node: onnx.NodeProto) -> int | None:
+    x = view.tensor(node.input[0]).shape
+    w = view.tensor(node.input[1]).shape if len(node.input) > 1 else None
+    if x is None or w is None:
+        return None
+    n_in = _prod(x)
+    per = _prod(w[1:])  # (C_out / group) * kernel, per input element
+    return None if n_in is None or per is None else n_in * per
+
+
+def _matmul(view: GraphView, node: onnx.NodeProto) -> int | None:
+    a = view.tensor(node.input[0]).shape
+    y = view.tensor(node.output[0]).shape
+    if not a or y is None:
+        return None
+    k = a[-1]
+    out = _prod(y)
+    return None if out is None or not isinstance(k, int) else out * k
+
+
+def _gemm(view: GraphView, node: onnx.NodeProto) -> int | None:
+    a = view.tensor(node.input[0]).shape
+    y = view.tensor(node.output[0]).shape
+    if a is None or y is None or len(a) != 2:
+        return None
+    trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
+    k = a[0] if trans_a else a[1]
+    out = _prod(y)
+    return None if out is None or not isinstance(k, int) else out * k
+
+
+def _einsum(view: GraphView, node: onnx.NodeProto) -> int | None:
+    sizes: dict[str, int] = {}
+    eq = next((x.s.decode() for x in node.attribute if x.name == "equation"), "").replace(" ", "")
+    if "->" not in eq or "..." in eq:
+        return None
+    terms = eq.split("->")[0].split(",")
+    for term, name in zip(terms, node.input, strict=False):
+        shape = view.tensor(name).shape
+        if shape is None or len(shape) != len(term):
+            return None
+        for letter, d in zip(term, shape, strict=True):
+            if isinstance(d, int):
+                sizes[letter] = d
+    letters = set("".join(terms))
+    if not letters <= sizes.keys():
+        return None
+    return math.prod(sizes[x] for x in letters)
+
+
+_MAC_OPS = {
+    "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Einsum": _einsum,
+}

@@ -1,0 +1,352 @@
+"""Loading, validating, shape-inferring and saving ONNX models.
+
+`load_model` never modifies the user's file or the ModelProto passed in: it works on a copy.
+Structural problems (truncated protobuf, cycles, dangling tensors, unknown domains) become
+typed `SurgeryError`s that name the file, node and tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import shape_inference
+
+from surgery.errors import (
+    InvalidGraphError,
+    ModelFormatError,
+    ModelNotFoundError,
+    ShapeError,
+    SurgeryError,
+    UnknownDomainError,
+)
+
+PROTOBUF_LIMIT = 2**31 - 1
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+_STRIP_BYTES = 4096  # weights larger than this are hidden from shape inference (speed, >2 GB)
+
+InputShapes = Mapping[str, Sequence[int]]
+
+
+def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
+    """Parse CLI `NAME=1,3,640,640` strings (also `NAME=1x3x640x640`)."""
+    shapes: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition("=")
+        if not sep or not name or not dims:
+            raise ShapeError(f"--input-shape {spec!r}: expected NAME=D1,D2,… (e.g. images=1,3,640,640)")
+        try:
+            values = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            raise ShapeError(f"--input-shape {spec!r}: dimensions must be integers") from None
+        if not values or any(v <= 0 for v in values):
+            raise ShapeError(f"--input-shape {spec!r}: dimensions must be positive integers")
+        shapes[name] = values
+    return shapes
+
+
+def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """Read a model from disk (with external data) or copy a ModelProto; no validation."""
+    if isinstance(source, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(source)
+        return copy
+    path = Path(source)
+    if not path.exists():
+        raise ModelNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelNotFoundError(f"{path}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelFormatError(f"{path}: not a valid ONNX protobuf ({_first_line(exc)})") from None
+    except OSError as exc:
+        raise ModelNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if model.graph is None or (not model.graph.node and not model.graph.output):
+        raise ModelFormatError(f"{path}: not an ONNX model (no graph, nodes or outputs)")
+    if _uses_external_data(model):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as exc:
+            raise ModelFormatError(f"{path}: external data cannot be loaded: {_first_line(exc)}") from None
+    return model
+
+
+def load_model(
+    source: str | os.PathLike | onnx.ModelProto,
+    input_shapes: InputShapes | None = None,
+    *,
+    infer_shapes: bool = True,
+) -> onnx.ModelProto:
+    """Read, validate and shape-infer a model; `input_shapes` fixes dynamic input dimensions."""
+    model = read_model(source)
+    label = str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
+    validate_graph(model, label)
+    if input_shapes:
+        set_input_shapes(model, input_shapes)
+    if infer_shapes:
+        infer_model_shapes(model, label)
+    return model
+
+
+def validate_graph(model: onnx.ModelProto, label: str = "model") -> None:
+    """Raise a typed error for unknown domains, dangling tensors or cycles in the top graph."""
+    declared = {o.domain for o in model.opset_import}
+    if not any(d in ("", "ai.onnx") for d in declared):
+        raise InvalidGraphError(f"{label}: no default-domain opset in opset_import")
+    g = model.graph
+    available = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    produced: dict[str, int] = {}
+    for idx, node in enumerate(g.node):
+        if node.domain not in STANDARD_DOMAINS and node.domain not in declared:
+            raise UnknownDomainError(
+                f"{label}: node {node.name or idx!r} ({node.op_type}) uses domain {node.domain!r}, "
+                "which the model's opset_import does not declare"
+            )
+        for out in node.output:
+            if out and out in produced:
+                raise InvalidGraphError(
+                    f"{label}: tensor {out!r} is produced twice (nodes "
+                    f"{_name(g.node[produced[out]], produced[out])!r} and {_name(node, idx)!r})"
+                )
+            if out:
+                produced[out] = idx
+    for idx, node in enumerate(g.node):
+        for inp in node.input:
+            if inp not in available and inp not in produced:
+                raise InvalidGraphError(
+                    f"{label}: node {_name(node, idx)!r} ({node.op_type}) reads tensor {inp!r}, "
+                    "which no node, graph input or initializer provides (missing initializer?)"
+                )
+    for out in g.output:
+        if out.name not in available and out.name not in produced:
+            raise InvalidGraphError(f"{label}: graph output {out.name!r} is not produced by any node")
+    _check_acyclic(g, produced, label)
+
+
+def _check_acyclic(g: onnx.GraphProto, produced: dict[str, int], label: str) -> None:
+    n = len(g.node)
+    indegree = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for idx, node in enumerate(g.node):
+        for inp in node.input:
+            p = produced.get(inp)
+            if p is not None:
+                indegree[idx] += 1
+                users[p].append(idx)
+    ready = [i for i in range(n) if indegree[i] == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for u in users[i]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if seen != n:
+        stuck = [_name(g.node[i], i) for i in range(n) if indegree[i] > 0]
+        raise InvalidGraphError(
+            f"{label}: the graph has a cycle through {len(stuck)} node(s): {', '.join(stuck[:8])}"
+            + (" …" if len(stuck) > 8 else "")
+        )
+
+
+def toposort_nodes(model: onnx.ModelProto) -> None:
+    """Reorder the top-level graph's nodes topologically (stable for already sorted graphs)."""
+    g = model.graph
+    produced = {out: i for i, node in enumerate(g.node) for out in node.output if out}
+    n = len(g.node)
+    indegree = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for idx, node in enumerate(g.node):
+        for inp in set(node.input):
+            p = produced.get(inp)
+            if p is not None and p != idx:
+                indegree[idx] += 1
+                users[p].append(idx)
+    import heapq
+
+    ready = [i for i in range(n) if indegree[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != n:
+        raise InvalidGraphError("the graph has a cycle")
+    if order != list(range(n)):
+        nodes = [onnx.NodeProto() for _ in range(n)]
+        for new, old in enumerate(order):
+            nodes[new].CopyFrom(g.node[old])
+        del g.node[:]
+        g.node.extend(nodes)
+
+
+def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
+    """Replace the declared shapes of graph inputs (in place on our copy)."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in inits}
+    for name, dims in input_shapes.items():
+        vi = inputs.get(name)
+        if vi is None:
+            raise ShapeError(
+                f"--input-shape names {name!r}, but the model's inputs are: {', '.join(inputs) or '(none)'}"
+            )
+        shape = vi.type.tensor_type.shape
+        if len(shape.dim) and len(shape.dim) != len(dims):
+            raise ShapeError(
+                f"input {name!r} has rank {len(shape.dim)}; --input-shape gives {len(dims)} dims {list(dims)}"
+            )
+        for i, (old, new) in enumerate(zip(shape.dim, dims, strict=False)):
+            if old.HasField("dim_value") and old.dim_value > 0 and old.dim_value != new:
+                raise ShapeError(f"input {name!r} dim {i} is fixed at {old.dim_value}; cannot set it to {new}")
+        shape.ClearField("dim")
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+    # Stale intermediate shapes would contradict the new input shapes.
+    del model.graph.value_info[:]
+
+
+def infer_model_shapes(model: onnx.ModelProto, label: str = "model") -> None:
+    """Shape inference with data propagation, in place.
+
+    Large weights are hidden from the C++ inferencer while it runs: they never affect shapes,
+    serialising them dominates the time, and it keeps models over 2 GB inferrable.
+    """
+    hidden = _hide_large_weights(model)
+    try:
+        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # onnx raises several unrelated types here
+        raise ShapeError(f"{label}: shape inference failed: {_first_line(exc)}") from None
+    finally:
+        _restore_weights(hidden)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    by_name = {o.name: o for o in inferred.graph.output}
+    for out in model.graph.output:
+        new = by_name.get(out.name)
+        if new is not None and new.type.tensor_type.HasField("shape"):
+            out.type.CopyFrom(new.type)
+
+
+def _hide_large_weights(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bytes]]:
+    hidden: list[tuple[onnx.TensorProto, bytes]] = []
+
+    def hide(t: onnx.TensorProto) -> None:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n * 4 > _STRIP_BYTES and t.data_type in (1, 10, 11, 16) and t.HasField("raw_data"):
+            hidden.append((t, t.raw_data))
+            t.ClearField("raw_data")
+
+    for t in model.graph.initializer:
+        hide(t)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    hide(a.t)
+    return hidden
+
+
+def _restore_weights(hidden: list[tuple[onnx.TensorProto, bytes]]) -> None:
+    for t, data in hidden:
+        t.raw_data = data
+
+
+def model_nbytes(model: onnx.ModelProto) -> int:
+    """Approximate serialized size without serialising (works above the 2 GB limit)."""
+    total = 0
+    for t in model.graph.initializer:
+        total += len(t.raw_data) if t.HasField("raw_data") else t.ByteSize()
+    for node in model.graph.node:
+        total += node.ByteSize() if node.op_type != "Constant" else sum(a.t.ByteSize() for a in node.attribute)
+    return total
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+) -> Path:
+    """Write atomically (temp file + rename). Models near 2 GB use an external data file.
+
+    `external_data=None` decides by size; the data file is `<name>.onnx.data` beside the model.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data is None:
+        external_data = model_nbytes(model) > PROTOBUF_LIMIT - 64 * 2**20
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    data_name = f"{path.name}.data"
+    tmp_data = path.parent / f".{data_name}.tmp"
+    try:
+        if external_data:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            if tmp_data.exists():
+                tmp_data.unlink()
+            onnx.external_data_helper.convert_model_to_external_data(
+                copy, all_tensors_to_one_file=True, location=tmp_data.name, size_threshold=1024
+            )
+            onnx.save_model(copy, tmp)
+            # The proto names the final data file; rename the data first so the pair is consistent.
+            _relocate_external_data(tmp, data_name)
+            os.replace(tmp_data, path.parent / data_name)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        for p in (Path(tmp), tmp_data):
+            if p.exists():
+                p.unlink()
+        raise
+    return path
+
+
+def _relocate_external_data(model_path: str, location: str) -> None:
+    m = onnx.load(model_path, load_external_data=False)
+    for t in onnx.external_data_helper._get_all_tensors(m):
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = location
+    with open(model_path, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def _name(node: onnx.NodeProto, idx: int) -> str:
+    return node.name or f"{node.op_type}_{idx}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+__all__ = [
+    "SurgeryError",
+    "infer_model_shapes",
+    "load_model",
+    "parse_input_shapes",
+    "read_model",
+    "save_model",
+    "set_input_shapes",
+    "toposort_nodes",
+    "validate_graph",
+]

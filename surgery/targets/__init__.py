@@ -1,0 +1,25 @@
+"""Target profiles (op tables as data) and the constraint checks they are written in."""
+
+from surgery.targets.constraints import CHECKS, NodeContext, Reason
+from surgery.targets.profile import (
+    PROCESSORS,
+    OpDecision,
+    Target,
+    TargetProfile,
+    available_targets,
+    load_target,
+    resolve_target,
+)
+
+__all__ = [
+    "CHECKS",
+    "PROCESSORS",
+    "NodeContext",
+    "OpDecision",
+    "Reason",
+    "Target",
+    "TargetProfile",
+    "available_targets",
+    "load_target",
+    "resolve_target",
+]

@@ -1,0 +1,273 @@
+"""Target profiles: the op table as data, validated with pydantic, and the placement decision.
+
+Profiles live as YAML in `compiler/targets/profiles/` (package data). This module reads them
+without importing any compiler code, so `surgery` stays usable alone and `check`, the rewrite
+planner, the quantizer and the partitioner all read one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from surgery.errors import TargetError
+from surgery.targets.constraints import CHECKS, REQUIRED_PARAMS, NodeContext, Reason, describe
+
+Processor = Literal["MLA", "CVU", "APU"]
+PROCESSORS: tuple[Processor, ...] = ("MLA", "CVU", "APU")
+PROFILE_PACKAGE = "compiler.targets"
+
+
+class ConstraintSpec(BaseModel):
+    """One declarative constraint: a registered check name plus its parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    check: str
+
+    @model_validator(mode="after")
+    def _known_check(self) -> ConstraintSpec:
+        if self.check not in CHECKS:
+            raise ValueError(f"unknown check {self.check!r}; known: {', '.join(sorted(CHECKS))}")
+        missing = REQUIRED_PARAMS[self.check] - set(self.params)
+        if missing:
+            raise ValueError(f"check {self.check!r} needs parameter(s) {', '.join(sorted(missing))}")
+        return self
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def describe(self) -> str:
+        return describe(self.check, self.params)
+
+
+class Placement(BaseModel):
+    """How one op may run on one processor."""
+
+    model_config = ConfigDict(extra="forbid")
+    precisions: list[str] | None = None
+    constraints: list[ConstraintSpec] = Field(default_factory=list)
+    skip_defaults: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
+class OpSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    MLA: Placement | None = None
+    CVU: Placement | None = None
+    APU: Placement | None = None
+    note: str | None = None
+
+    def placements(self) -> list[tuple[Processor, Placement]]:
+        return [(p, getattr(self, p)) for p in PROCESSORS if getattr(self, p) is not None]
+
+
+class ProcessorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str
+    precisions: list[str] = Field(default_factory=list)
+    defaults: list[ConstraintSpec] = Field(default_factory=list)
+
+
+class TargetProfile(BaseModel):
+    """A whole target: processors, their default constraints, and the per-op table."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    title: str
+    description: str = ""
+    source: str = ""
+    extends: str | None = None
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    processors: dict[Processor, ProcessorSpec]
+    ops: dict[str, OpSpec] = Field(default_factory=dict)
+    remove_ops: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    processor: Processor
+    reasons: list[Reason]
+    precisions: list[str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A resolved placement: constraints including the processor defaults."""
+
+    processor: Processor
+    precisions: list[str]
+    constraints: tuple[ConstraintSpec, ...]
+    checks: tuple[tuple[Any, dict[str, Any]], ...] = ()
+    """(check function, params) pairs, resolved once: this is the hot loop of `check`."""
+
+
+class Target:
+    """A loaded profile with each op's placement rules resolved once."""
+
+    def __init__(self, profile: TargetProfile) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self._rules: dict[str, tuple[Rule, ...]] = {
+            op: self._resolve(spec) for op, spec in profile.ops.items()
+        }
+
+    def _resolve(self, spec: OpSpec) -> tuple[Rule, ...]:
+        rules: list[Rule] = []
+        for proc, placement in spec.placements():
+            pspec = self.profile.processors.get(proc)
+            if pspec is None:
+                continue
+            own = {c.check for c in placement.constraints}
+            defaults = [
+                c for c in pspec.defaults if c.check not in own and c.check not in placement.skip_defaults
+            ]
+            precisions = placement.precisions if placement.precisions is not None else pspec.precisions
+            available = [p for p in precisions if p in pspec.precisions] if pspec.precisions else precisions
+            constraints = (*defaults, *placement.constraints)
+            checks = tuple((CHECKS[c.check], c.params) for c in constraints)
+            rules.append(Rule(proc, available, constraints, checks))
+        return tuple(rules)
+
+    @property
+    def ops(self) -> dict[str, OpSpec]:
+        return self.profile.ops
+
+    def rules_for(self, op_type: str) -> tuple[Rule, ...]:
+        return self._rules.get(op_type, ())
+
+    def supports(self, op_type: str, processor: Processor = "MLA") -> bool:
+        return any(r.processor == processor and r.precisions for r in self.rules_for(op_type))
+
+    def decide(self, op_type: str, ctx: NodeContext, known_op: bool = True) -> OpDecision:
+        """First processor (MLA, then CVU) whose constraints all hold; otherwise the APU."""
+        rules = self.rules_for(op_type)
+        reasons: list[Reason] = []
+        if not any(r.processor == "MLA" for r in rules):
+            if known_op:
+                reasons.append(Reason("op_not_supported", f"{op_type} is not supported on the MLA of {self.name}"))
+            else:
+                reasons.append(Reason("unknown_op", f"{op_type} is an unknown op (not in the ONNX standard)"))
+        for rule in rules:
+            if rule.processor == "APU":
+                return OpDecision("APU", reasons, rule.precisions)
+            if not rule.precisions:
+                own = self.profile.ops[op_type]
+                wanted = getattr(own, rule.processor).precisions
+                reasons.append(
+                    Reason(
+                        "precision",
+                        f"{op_type} runs on the {rule.processor} only in {', '.join(wanted or [])}; "
+                        f"{self.name} offers {', '.join(self.profile.processors[rule.processor].precisions)}",
+                        rule.processor,
+                    )
+                )
+                continue
+            ctx.processor = rule.processor
+            failed = None
+            for fn, params in rule.checks:
+                failed = fn(ctx, params)
+                if failed is not None:
+                    break
+            if failed is None:
+                return OpDecision(rule.processor, reasons, rule.precisions)
+            reasons.append(failed)
+        return OpDecision("APU", reasons, [])
+
+    def explain(self, op_type: str) -> dict[str, Any]:
+        """What the profile says about one op, as data (for `surgery targets T --op OP`)."""
+        spec = self.profile.ops.get(op_type)
+        placements = []
+        for rule in self.rules_for(op_type):
+            placements.append(
+                {
+                    "processor": rule.processor,
+                    "precisions": rule.precisions,
+                    "constraints": [{"check": c.check, **c.params, "rule": c.describe()} for c in rule.constraints],
+                }
+            )
+        if not any(p["processor"] == "APU" for p in placements):
+            placements.append({"processor": "APU", "precisions": ["float32"], "constraints": [], "fallback": True})
+        return {
+            "target": self.name,
+            "op": op_type,
+            "in_table": spec is not None,
+            "on_mla": self.supports(op_type, "MLA"),
+            "note": spec.note if spec else f"{op_type} is not in the {self.name} op table: it runs on the APU",
+            "placements": placements,
+        }
+
+
+def profile_dir() -> Path:
+    return Path(str(resources.files(PROFILE_PACKAGE) / "profiles"))
+
+
+def available_targets() -> list[str]:
+    return sorted(p.stem for p in profile_dir().glob("*.yaml"))
+
+
+def _read_profile_data(name_or_path: str) -> tuple[dict[str, Any], str]:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml", ".json") and path.exists():
+        source = str(path)
+    else:
+        path = profile_dir() / f"{name_or_path}.yaml"
+        source = name_or_path
+        if not path.exists():
+            raise TargetError(
+                f"unknown target {name_or_path!r}; available: {', '.join(available_targets())}",
+                hint="or pass the path of a profile .yaml",
+            )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TargetError(f"target profile {source}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise TargetError(f"target profile {source}: expected a mapping at the top level")
+    return data, source
+
+
+def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    merged = {**parent, **{k: v for k, v in child.items() if k not in ("ops", "processors", "hardware")}}
+    merged["hardware"] = {**parent.get("hardware", {}), **child.get("hardware", {})}
+    merged["processors"] = {**parent.get("processors", {}), **child.get("processors", {})}
+    ops = {**parent.get("ops", {}), **child.get("ops", {})}
+    for op in child.get("remove_ops", []):
+        ops.pop(op, None)
+    merged["ops"] = ops
+    merged["extends"] = parent.get("extends")
+    merged["remove_ops"] = []
+    return merged
+
+
+@cache
+def load_target(name_or_path: str = "mlsoc") -> Target:
+    """Load a profile by name (`mlsoc`, `modalix`, `rk3588`) or path, resolving `extends`."""
+    if isinstance(name_or_path, Target):  # pragma: no cover - convenience for callers
+        return name_or_path
+    data, source = _read_profile_data(name_or_path)
+    seen = {data.get("name")}
+    while data.get("extends"):
+        parent_name = data["extends"]
+        if parent_name in seen:
+            raise TargetError(f"target profile {source}: 'extends' loops through {parent_name!r}")
+        seen.add(parent_name)
+        parent, _ = _read_profile_data(parent_name)
+        data = _merge(parent, data)
+    try:
+        profile = TargetProfile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise TargetError(f"target profile {source}: {where}: {first['msg']} ({exc.error_count()} error(s))") from None
+    return Target(profile)
+
+
+def resolve_target(target: str | Target) -> Target:
+    return target if isinstance(target, Target) else load_target(target)
