@@ -16,6 +16,7 @@ from typing import Any
 
 import onnx
 
+from surgery.errors import InvalidGraphError
 from surgery.graph import GraphView
 from surgery.macs import node_macs
 from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_target
@@ -23,7 +24,19 @@ from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_tar
 PLACEMENT_METADATA_KEY = "surgery.op_target"
 """Model metadata entry (JSON {node name or op type: MLA|CVU|APU}) that pins placements."""
 
-_NON_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
+_NON_FOLDABLE = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "If",
+        "Loop",
+        "Scan",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,11 @@ class CoverageReport:
         return len(self.segments) == 1
 
     def count(self, processor: str, *, include_foldable: bool = True) -> int:
-        return sum(1 for p in self.placements if p.processor == processor and (include_foldable or not p.foldable))
+        return sum(
+            1
+            for p in self.placements
+            if p.processor == processor and (include_foldable or not p.foldable)
+        )
 
     @property
     def total_macs(self) -> int:
@@ -194,7 +211,9 @@ def _is_standard_op(op_type: str, domain: str) -> bool:
         return False
 
 
-def constant_tensors(view: GraphView, order: list[int] | None = None) -> tuple[set[str], list[bool]]:
+def constant_tensors(
+    view: GraphView, order: list[int] | None = None
+) -> tuple[set[str], list[bool]]:
     """Tensors known before run time, and which nodes only compute such tensors (foldable)."""
     constants = set(view.initializers)
     foldable = [False] * len(view.nodes)
@@ -208,7 +227,10 @@ def constant_tensors(view: GraphView, order: list[int] | None = None) -> tuple[s
             t = view.tensors.get(ins[0]) if ins else None
             ok = bool(ins) and (
                 ins[0] in constants
-                or (t is not None and (t.is_static or (op == "Shape" and _shape_slice_static(node, t))))
+                or (
+                    t is not None
+                    and (t.is_static or (op == "Shape" and _shape_slice_static(node, t)))
+                )
             )
         else:
             ok = all(i in constants for i in ins)
@@ -251,14 +273,18 @@ def topo_order(view: GraphView) -> list[int]:
     return order
 
 
-def _pinned_placements(model: onnx.ModelProto, op_target: Mapping[str, str] | None) -> dict[str, str]:
+def _pinned_placements(
+    model: onnx.ModelProto, op_target: Mapping[str, str] | None
+) -> dict[str, str]:
     pins: dict[str, str] = {}
     for prop in model.metadata_props:
         if prop.key == PLACEMENT_METADATA_KEY:
             try:
                 pins.update(json.loads(prop.value))
-            except json.JSONDecodeError:
-                pass
+            except (json.JSONDecodeError, TypeError, ValueError):
+                raise InvalidGraphError(
+                    f"model metadata {PLACEMENT_METADATA_KEY!r} is not a JSON object of node → processor"
+                ) from None
     if op_target:
         pins.update(op_target)
     return {k: v.upper() for k, v in pins.items()}
@@ -293,20 +319,50 @@ def analyze_coverage(
         pin = pins.get(name) or pins.get(node.op_type)
         if node.domain not in ("", "ai.onnx"):
             known = False
-            reason = Reason("custom_op", f"{node.op_type} is a custom op (domain {node.domain!r}); it runs on the APU")
+            reason = Reason(
+                "custom_op",
+                f"{node.op_type} is a custom op (domain {node.domain!r}); it runs on the APU",
+            )
             decision_proc, reasons, precisions = "APU", [reason], ()
         else:
             known = _is_standard_op(node.op_type, "")
-            decision = tgt.decide(node.op_type, NodeContext(view, idx, frozen_constants), known_op=known)
-            decision_proc, reasons, precisions = decision.processor, list(decision.reasons), tuple(decision.precisions)
+            decision = tgt.decide(
+                node.op_type, NodeContext(view, idx, frozen_constants), known_op=known
+            )
+            decision_proc, reasons, precisions = (
+                decision.processor,
+                list(decision.reasons),
+                tuple(decision.precisions),
+            )
         if pin in PROCESSORS and pin != decision_proc:
             if pin == "MLA":
-                reasons.append(Reason("pinned", f"pinned to the MLA by op_target, but: {reasons[0].message if reasons else 'not allowed'}"))
+                reasons.append(
+                    Reason(
+                        "pinned",
+                        f"pinned to the MLA by op_target, but: {reasons[0].message if reasons else 'not allowed'}",
+                    )
+                )
             else:
-                reasons = [Reason("pinned", f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})", "MLA")]
+                reasons = [
+                    Reason(
+                        "pinned",
+                        f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})",
+                        "MLA",
+                    )
+                ]
                 decision_proc = pin
         placements.append(
-            NodePlacement(idx, name, node.op_type, decision_proc, tuple(reasons), False, pin is not None, macs, precisions)
+            NodePlacement(
+                idx,
+                name,
+                node.op_type,
+                decision_proc,
+                tuple(reasons),
+                False,
+                pin is not None,
+                macs,
+                precisions,
+            )
         )
     segments = _segment(view, placements, frozen_constants, order)
     dynamic = {
@@ -357,18 +413,25 @@ def _segment(
     group_of = [-1] * n
     for idx in order:
         node = view.nodes[idx]
-        producers = {view.producer[t] for t in node.input if t and t not in constants and t in view.producer}
+        producers = {
+            view.producer[t] for t in node.input if t and t not in constants and t in view.producer
+        }
         mask = 0
         for p in producers:
             mask |= anc[p] | bit[p]
         anc[idx] = mask
         if not on_mla[idx]:
             continue
-        candidates = sorted({find(group_of[p]) for p in producers if group_of[p] >= 0}, key=lambda g: -len(members[g]))
+        candidates = sorted(
+            {find(group_of[p]) for p in producers if group_of[p] >= 0},
+            key=lambda g: -len(members[g]),
+        )
         chosen: list[int] = []
         for g in candidates:
             trial = [*chosen, g]
-            if _convex_after_join(trial, idx, producers, group_of, find, absorbed, external, anc, bit):
+            if _convex_after_join(
+                trial, idx, producers, group_of, find, absorbed, external, anc, bit
+            ):
                 chosen = trial
         if not chosen:
             gid = len(parent)
@@ -390,11 +453,18 @@ def _segment(
         bit[idx] = 1 << root
         member_set = set(members[root])
         external[root] = {q for q in external[root] | producers if q not in member_set}
-    roots = sorted({find(group_of[i]) for i in range(n) if group_of[i] >= 0}, key=lambda g: min(members[g]))
-    return [_describe_segment(view, placements, sorted(members[r]), f"MLA_{k}", constants) for k, r in enumerate(roots)]
+    roots = sorted(
+        {find(group_of[i]) for i in range(n) if group_of[i] >= 0}, key=lambda g: min(members[g])
+    )
+    return [
+        _describe_segment(view, placements, sorted(members[r]), f"MLA_{k}", constants)
+        for k, r in enumerate(roots)
+    ]
 
 
-def _convex_after_join(groups, idx, producers, group_of, find, absorbed, external, anc, bit) -> bool:
+def _convex_after_join(
+    groups, idx, producers, group_of, find, absorbed, external, anc, bit
+) -> bool:
     mask = 0
     for g in groups:
         mask |= absorbed[g]
@@ -409,7 +479,9 @@ def _convex_after_join(groups, idx, producers, group_of, find, absorbed, externa
     return True
 
 
-def _describe_segment(view: GraphView, placements, nodes: list[int], name: str, constants) -> Segment:
+def _describe_segment(
+    view: GraphView, placements, nodes: list[int], name: str, constants
+) -> Segment:
     member = set(nodes)
     inputs: list[str] = []
     outputs: list[str] = []
@@ -420,7 +492,9 @@ def _describe_segment(view: GraphView, placements, nodes: list[int], name: str, 
             if t and t not in constants and view.producer.get(t) not in member and t not in inputs:
                 inputs.append(t)
         for t in node.output:
-            if t and (t in graph_outputs or any(c not in member for c in view.consumers.get(t, ()))):
+            if t and (
+                t in graph_outputs or any(c not in member for c in view.consumers.get(t, ()))
+            ):
                 outputs.append(t)
     return Segment(
         name=name,

@@ -39,11 +39,20 @@ class _Builder:
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
         return outs
 
-    def conv(self, x: str, c_in: int, c_out: int, k: int = 3, stride: int = 1, act: str | None = "Relu") -> str:
-        w = self.const((self.rng.standard_normal((c_out, c_in, k, k)) * (1.0 / np.sqrt(c_in * k * k))).astype(np.float32), "w")
+    def conv(
+        self, x: str, c_in: int, c_out: int, k: int = 3, stride: int = 1, act: str | None = "Relu"
+    ) -> str:
+        w = self.const(
+            (self.rng.standard_normal((c_out, c_in, k, k)) * (1.0 / np.sqrt(c_in * k * k))).astype(
+                np.float32
+            ),
+            "w",
+        )
         b = self.const((self.rng.standard_normal(c_out) * 0.1).astype(np.float32), "b")
         pad = k // 2
-        (y,) = self.op("Conv", [x, w, b], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+        (y,) = self.op(
+            "Conv", [x, w, b], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4
+        )
         if act == "Relu":
             (y,) = self.op("Relu", [y])
         elif act == "SiLU":
@@ -51,9 +60,21 @@ class _Builder:
             (y,) = self.op("Mul", [y, s])
         return y
 
+    def name_output(self, tensor: str, name: str) -> str:
+        """Give a produced tensor its graph-output name."""
+        for node in self.nodes:
+            for k, out in enumerate(node.output):
+                if out == tensor:
+                    node.output[k] = name
+        return name
+
     def model(self, inputs, outputs, name: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="model-surgery examples")
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name="model-surgery examples",
+        )
         model.ir_version = 8
         return model
 
@@ -70,8 +91,7 @@ def plain_cnn(seed: int = 0) -> onnx.ModelProto:
     (x,) = b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
     x = b.conv(x, 16, 16)
     (x,) = b.op("GlobalAveragePool", [x])
-    y = b.conv(x, 16, 10, k=1, act=None)
-    b.nodes[-1].output[0] = "logits"
+    b.name_output(b.conv(x, 16, 10, k=1, act=None), "logits")
     return b.model([_io("input", [1, 3, 32, 32])], [_io("logits", [1, 10, 1, 1])], "plain_cnn")
 
 
@@ -81,7 +101,9 @@ def yolo_head(seed: int = 0, size: int = 64, classes: int = 4) -> onnx.ModelProt
     x = b.conv("images", 3, 8, stride=2, act="SiLU")
     p3 = b.conv(x, 8, 16, stride=2, act="SiLU")
     p4 = b.conv(p3, 16, 16, stride=2, act="SiLU")
-    (up,) = b.op("Resize", [p4, "", b.const(np.array([1, 1, 2, 2], np.float32), "scales")], mode="nearest")
+    (up,) = b.op(
+        "Resize", [p4, "", b.const(np.array([1, 1, 2, 2], np.float32), "scales")], mode="nearest"
+    )
     (p3,) = b.op("Concat", [p3, up], axis=1)
     p3 = b.conv(p3, 32, 16, act="SiLU")
     no = 4 + classes
@@ -91,12 +113,16 @@ def yolo_head(seed: int = 0, size: int = 64, classes: int = 4) -> onnx.ModelProt
         (r,) = b.op("Reshape", [h, b.const(np.array([1, no, -1], np.int64), "shape")])
         flat.append(r)
     (cat,) = b.op("Concat", flat, axis=2)
-    box, cls = b.op("Split", [cat, b.const(np.array([4, classes], np.int64), "split")], n_out=2, axis=1)
+    box, cls = b.op(
+        "Split", [cat, b.const(np.array([4, classes], np.int64), "split")], n_out=2, axis=1
+    )
     (score,) = b.op("Sigmoid", [cls])
     (out,) = b.op("Concat", [box, score], axis=1)
-    b.nodes[-1].output[0] = "output0"
+    b.name_output(out, "output0")
     anchors = (size // 4) ** 2 + (size // 8) ** 2
-    return b.model([_io("images", [1, 3, size, size])], [_io("output0", [1, no, anchors])], "yolo_head")
+    return b.model(
+        [_io("images", [1, 3, size, size])], [_io("output0", [1, no, anchors])], "yolo_head"
+    )
 
 
 def yolov5_head(seed: int = 0, size: int = 64, classes: int = 3) -> onnx.ModelProto:
@@ -111,11 +137,15 @@ def yolov5_head(seed: int = 0, size: int = 64, classes: int = 3) -> onnx.ModelPr
     (t,) = b.op("Transpose", [r], perm=[0, 1, 3, 4, 2])
     (s,) = b.op("Sigmoid", [t])
     (out,) = b.op("Reshape", [s, b.const(np.array([1, -1, no], np.int64), "shape")])
-    b.nodes[-1].output[0] = "output0"
-    return b.model([_io("images", [1, 3, size, size])], [_io("output0", [1, 3 * hw * hw, no])], "yolov5_head")
+    b.name_output(out, "output0")
+    return b.model(
+        [_io("images", [1, 3, size, size])], [_io("output0", [1, 3 * hw * hw, no])], "yolov5_head"
+    )
 
 
-def transformer_block(seed: int = 0, tokens: int = 16, dim: int = 32, heads: int = 2) -> onnx.ModelProto:
+def transformer_block(
+    seed: int = 0, tokens: int = 16, dim: int = 32, heads: int = 2
+) -> onnx.ModelProto:
     """One pre-norm encoder block on [1, L, C]: LayerNorm, attention, erf-GELU MLP (rank 3)."""
     b = _Builder(seed)
     rng = b.rng
@@ -126,7 +156,10 @@ def transformer_block(seed: int = 0, tokens: int = 16, dim: int = 32, heads: int
     def bias(o: int) -> str:
         return b.const((rng.standard_normal(o) * 0.02).astype(np.float32), "b")
 
-    ones, zeros = b.const(np.ones(dim, np.float32), "ln_g"), b.const(np.zeros(dim, np.float32), "ln_b")
+    ones, zeros = (
+        b.const(np.ones(dim, np.float32), "ln_g"),
+        b.const(np.zeros(dim, np.float32), "ln_b"),
+    )
     (ln,) = b.op("LayerNormalization", ["tokens", ones, zeros], axis=-1, epsilon=1e-5)
     hd = dim // heads
     qkv = []
@@ -156,8 +189,10 @@ def transformer_block(seed: int = 0, tokens: int = 16, dim: int = 32, heads: int
     (g,) = b.op("Mul", [m, b.const(np.array(0.5, np.float32), "half")])
     (o,) = b.op("MatMul", [g, weight(2 * dim, dim)])
     (y,) = b.op("Add", [res, o])
-    b.nodes[-1].output[0] = "hidden"
-    return b.model([_io("tokens", [1, tokens, dim])], [_io("hidden", [1, tokens, dim])], "transformer_block")
+    b.name_output(y, "hidden")
+    return b.model(
+        [_io("tokens", [1, tokens, dim])], [_io("hidden", [1, tokens, dim])], "transformer_block"
+    )
 
 
 def cnn_with_topk(seed: int = 0) -> onnx.ModelProto:
@@ -165,8 +200,7 @@ def cnn_with_topk(seed: int = 0) -> onnx.ModelProto:
     b = _Builder(seed)
     x = b.conv("input", 3, 16)
     values, _ = b.op("TopK", [x, b.const(np.array([8], np.int64), "k")], n_out=2, axis=1)
-    y = b.conv(values, 8, 4, act=None)
-    b.nodes[-1].output[0] = "output"
+    b.name_output(b.conv(values, 8, 4, act=None), "output")
     return b.model([_io("input", [1, 3, 16, 16])], [_io("output", [1, 4, 16, 16])], "cnn_with_topk")
 
 

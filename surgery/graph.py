@@ -17,7 +17,12 @@ Dim = int | str | None
 """A dimension: an int when static, a symbol name (str) or None when dynamic."""
 
 FLOAT_TYPES = frozenset(
-    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.DOUBLE,
+    }
 )
 
 SMALL_CONSTANT_ELEMENTS = 4096
@@ -70,7 +75,11 @@ class TensorInfo:
         return n
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape) if self.shape is not None else None}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape) if self.shape is not None else None,
+        }
 
 
 def shape_from_type(tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None]:
@@ -183,7 +192,9 @@ class GraphView:
     def is_initializer(self, name: str) -> bool:
         return name in self.initializers
 
-    def constant_value(self, name: str, max_elements: int = SMALL_CONSTANT_ELEMENTS) -> np.ndarray | None:
+    def constant_value(
+        self, name: str, max_elements: int = SMALL_CONSTANT_ELEMENTS
+    ) -> np.ndarray | None:
         """The value of an initializer or `Constant` node output, if it is small enough to decode."""
         init = self.initializers.get(name)
         if init is None:

@@ -38,7 +38,9 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
     for spec in specs:
         name, sep, dims = spec.rpartition("=")
         if not sep or not name or not dims:
-            raise ShapeError(f"--input-shape {spec!r}: expected NAME=D1,D2,… (e.g. images=1,3,640,640)")
+            raise ShapeError(
+                f"--input-shape {spec!r}: expected NAME=D1,D2,… (e.g. images=1,3,640,640)"
+            )
         try:
             values = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
         except ValueError:
@@ -72,7 +74,9 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError) as exc:
-            raise ModelFormatError(f"{path}: external data cannot be loaded: {_first_line(exc)}") from None
+            raise ModelFormatError(
+                f"{path}: external data cannot be loaded: {_first_line(exc)}"
+            ) from None
     return model
 
 
@@ -84,7 +88,9 @@ def load_model(
 ) -> onnx.ModelProto:
     """Read, validate and shape-infer a model; `input_shapes` fixes dynamic input dimensions."""
     model = read_model(source)
-    label = str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
+    label = (
+        str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
+    )
     validate_graph(model, label)
     if input_shapes:
         set_input_shapes(model, input_shapes)
@@ -124,7 +130,9 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> None:
                 )
     for out in g.output:
         if out.name not in available and out.name not in produced:
-            raise InvalidGraphError(f"{label}: graph output {out.name!r} is not produced by any node")
+            raise InvalidGraphError(
+                f"{label}: graph output {out.name!r} is not produced by any node"
+            )
     _check_acyclic(g, produced, label)
 
 
@@ -207,7 +215,9 @@ def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
             )
         for i, (old, new) in enumerate(zip(shape.dim, dims, strict=False)):
             if old.HasField("dim_value") and old.dim_value > 0 and old.dim_value != new:
-                raise ShapeError(f"input {name!r} dim {i} is fixed at {old.dim_value}; cannot set it to {new}")
+                raise ShapeError(
+                    f"input {name!r} dim {i} is fixed at {old.dim_value}; cannot set it to {new}"
+                )
         shape.ClearField("dim")
         for d in dims:
             shape.dim.add().dim_value = int(d)
@@ -223,7 +233,9 @@ def infer_model_shapes(model: onnx.ModelProto, label: str = "model") -> None:
     """
     hidden = _hide_large_weights(model)
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = shape_inference.infer_shapes(
+            model, check_type=False, strict_mode=False, data_prop=True
+        )
     except Exception as exc:  # onnx raises several unrelated types here
         raise ShapeError(f"{label}: shape inference failed: {_first_line(exc)}") from None
     finally:
@@ -269,7 +281,11 @@ def model_nbytes(model: onnx.ModelProto) -> int:
     for t in model.graph.initializer:
         total += len(t.raw_data) if t.HasField("raw_data") else t.ByteSize()
     for node in model.graph.node:
-        total += node.ByteSize() if node.op_type != "Constant" else sum(a.t.ByteSize() for a in node.attribute)
+        total += (
+            node.ByteSize()
+            if node.op_type != "Constant"
+            else sum(a.t.ByteSize() for a in node.attribute)
+        )
     return total
 
 
@@ -302,8 +318,9 @@ def save_model(
             )
             onnx.save_model(copy, tmp)
             # The proto names the final data file; rename the data first so the pair is consistent.
-            _relocate_external_data(tmp, data_name)
-            os.replace(tmp_data, path.parent / data_name)
+            if tmp_data.exists():  # nothing is written when every tensor is under the threshold
+                _relocate_external_data(tmp, data_name)
+                os.replace(tmp_data, path.parent / data_name)
         else:
             with open(tmp, "wb") as f:
                 f.write(model.SerializeToString())

@@ -36,7 +36,12 @@ def _attr_for_json(value: Any) -> Any:
             n *= d
         if n <= 16:
             return {"tensor": numpy_helper.to_array(value).tolist()}
-        return {"tensor": {"dims": list(value.dims), "dtype": onnx.TensorProto.DataType.Name(value.data_type)}}
+        return {
+            "tensor": {
+                "dims": list(value.dims),
+                "dtype": onnx.TensorProto.DataType.Name(value.data_type),
+            }
+        }
     if isinstance(value, onnx.GraphProto):
         return {"graph": value.name, "nodes": len(value.node)}
     if isinstance(value, list) and value and isinstance(value[0], onnx.GraphProto):
@@ -80,7 +85,9 @@ def describe_node(view: GraphView, idx: int, *, constants_inline: int = 8) -> di
     }
 
 
-def inspect_node(model: onnx.ModelProto, name: str, view: GraphView | None = None) -> dict[str, Any]:
+def inspect_node(
+    model: onnx.ModelProto, name: str, view: GraphView | None = None
+) -> dict[str, Any]:
     """One node (by node name, or by the name of a tensor it produces)."""
     view = view or GraphView(model)
     return describe_node(view, _find_index(view, name))
@@ -119,7 +126,10 @@ def neighbourhood(
 
 def _shape(view: GraphView, tensor: str) -> dict[str, Any]:
     t = view.tensor(tensor)
-    out: dict[str, Any] = {"shape": list(t.shape) if t.shape is not None else None, "dtype": t.dtype}
+    out: dict[str, Any] = {
+        "shape": list(t.shape) if t.shape is not None else None,
+        "dtype": t.dtype,
+    }
     if tensor in view.initializers:
         out["initializer"] = True
     return out

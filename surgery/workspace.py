@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from surgery.errors import SurgeryError, WorkspaceError
+from surgery.errors import WorkspaceError
 from surgery.model import read_model, save_model
 
 try:
@@ -227,16 +227,14 @@ def parse_version(ref: VersionRef) -> int | None:
 
 
 def _bad_version(ref: object) -> WorkspaceError:
-    return WorkspaceError(
-        f"invalid version {ref!r}", hint="use a number like 3, 'v3', or 'latest'"
-    )
+    return WorkspaceError(f"invalid version {ref!r}", hint="use a number like 3, 'v3', or 'latest'")
 
 
 class Workspace:
     """Models stored by name with immutable numbered versions; safe across threads and processes."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root).expanduser()
+        self.root = Path(root).expanduser().absolute()
         if self.root.exists() and not self.root.is_dir():
             raise WorkspaceError(f"workspace root {self.root} is a file, not a folder")
         self.models_dir = self.root / "models"
@@ -319,16 +317,26 @@ class Workspace:
         params: dict[str, Any] = {"source": str(Path(source).resolve()) if is_file else None}
         copy_from = Path(source) if is_file and not _uses_external_data(Path(source)) else None
         with self._writer(name) as folder:
-            if self._record_numbers(folder):
+            existing = self._record_numbers(folder)
+            if existing:
                 raise WorkspaceError(
                     f"model {name!r} already exists in workspace {self.root} "
-                    f"(latest is {version_id(self._record_numbers(folder)[-1])})",
+                    f"(latest is {version_id(existing[-1])})",
                     hint="pass another name to import it as a separate model",
                 )
             return self._write_version(
-                folder, name, 0, model, copy_from=copy_from, parent=None, action="import",
-                params=params, verify=None, coverage=None, note=note,
-            )  # fmt: skip
+                folder,
+                name,
+                0,
+                model,
+                copy_from=copy_from,
+                parent=None,
+                action="import",
+                params=params,
+                verify=None,
+                coverage=None,
+                note=note,
+            )
 
     def add_version(
         self,
@@ -345,16 +353,27 @@ class Workspace:
         """Store `model` as the next version of `name`, recording what made it from `parent`."""
         validate_name(name)
         if not isinstance(model, onnx.ModelProto):
-            raise WorkspaceError(f"add_version needs an onnx.ModelProto, got {type(model).__name__}")
+            raise WorkspaceError(
+                f"add_version needs an onnx.ModelProto, got {type(model).__name__}"
+            )
         with self._writer(name) as folder:
             numbers = self._record_numbers(folder)
             if not numbers:
                 raise self._unknown_model(name)
             parent_no = self._resolve(folder, name, parent)
             return self._write_version(
-                folder, name, numbers[-1] + 1, model, copy_from=None, parent=parent_no,
-                action=action, params=params or {}, verify=verify, coverage=coverage, note=note,
-            )  # fmt: skip
+                folder,
+                name,
+                numbers[-1] + 1,
+                model,
+                copy_from=None,
+                parent=parent_no,
+                action=action,
+                params=params or {},
+                verify=verify,
+                coverage=coverage,
+                note=note,
+            )
 
     def revert(self, name: str, version: VersionRef, *, note: str = "") -> VersionInfo:
         """A new version byte-identical to `version`; undo without rewriting history.
@@ -369,10 +388,18 @@ class Workspace:
                 raise self._unknown_model(name)
             target = self._read_record(folder, name, self._resolve(folder, name, version))
             return self._write_version(
-                folder, name, numbers[-1] + 1, None, copy_from=target.path, parent=numbers[-1],
-                action="revert", params={"to": target.id}, verify=None,
-                coverage=target.coverage, note=note,
-            )  # fmt: skip
+                folder,
+                name,
+                numbers[-1] + 1,
+                None,
+                copy_from=target.path,
+                parent=numbers[-1],
+                action="revert",
+                params={"to": target.id},
+                verify=None,
+                coverage=target.coverage,
+                note=note,
+            )
 
     # ------------------------------------------------------------------ internals
 
@@ -487,7 +514,7 @@ class Workspace:
                 assert model is not None
                 save_model(model, model_path)
             record["sha256"] = _sha256(model_path)
-            _write_atomic(folder / _record_name(number), _to_json(record, what=""))
+            _write_atomic(folder / _record_name(number), _to_json(record))
         except BaseException as exc:
             _remove_version_files(folder, number)
             if isinstance(exc, OSError):
@@ -529,8 +556,8 @@ def diff_models(
         nodes_added=added,
         nodes_removed=removed,
         nodes_changed=changed,
-        initializers_added=io_added(inits_a, inits_b),
-        initializers_removed=io_added(inits_b, inits_a),
+        initializers_added=_new_keys(inits_a, inits_b),
+        initializers_removed=_new_keys(inits_b, inits_a),
         initializers_changed=[k for k in inits_a if k in inits_b and inits_a[k] != inits_b[k]],
         inputs_added=io["input"][0],
         inputs_removed=io["input"][1],
@@ -541,13 +568,13 @@ def diff_models(
     )
 
 
-def io_added(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def _new_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [k for k in new if k not in old]
 
 
 def _compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     changed = [k for k in old if k in new and old[k] != new[k]]
-    return io_added(old, new), io_added(new, old), changed
+    return _new_keys(old, new), _new_keys(new, old), changed
 
 
 def _keyed_nodes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -583,7 +610,9 @@ def _node_changes(a: onnx.NodeProto, b: onnx.NodeProto) -> dict[str, Any]:
         if list(getattr(a, fld)) != list(getattr(b, fld)):
             changes[f"{fld}s"] = [list(getattr(a, fld)), list(getattr(b, fld))]
     attrs_a, attrs_b = _attributes(a), _attributes(b)
-    differing = sorted(k for k in attrs_a.keys() | attrs_b.keys() if attrs_a.get(k) != attrs_b.get(k))
+    differing = sorted(
+        k for k in attrs_a.keys() | attrs_b.keys() if attrs_a.get(k) != attrs_b.get(k)
+    )
     if differing:
         changes["attributes"] = differing
     return changes
@@ -677,11 +706,11 @@ def _remove_version_files(folder: Path, number: int) -> None:
             (folder / entry).unlink()
 
 
-def _to_json(record: dict[str, Any], *, what: str) -> bytes:
+def _to_json(record: dict[str, Any], *, what: str = "the record") -> bytes:
     try:
         return json.dumps(record, indent=2, default=_json_default, allow_nan=True).encode("utf-8")
     except (TypeError, ValueError) as exc:
-        raise WorkspaceError(f"cannot store {what or 'the record'}: {exc}") from None
+        raise WorkspaceError(f"cannot store {what}: {exc}") from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -749,10 +778,11 @@ def _sha256(path: Path) -> str:
 
 
 def _uses_external_data(path: Path) -> bool:
+    """Whether a file's tensors live in side files (then a byte copy would dangle)."""
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # read_model already accepted the file; be conservative
-        raise SurgeryError(f"{path}: cannot read: {exc}") from None
+    except Exception:  # read_model accepted the file; when in doubt, re-serialise it
+        return True
     return any(
         t.data_location == onnx.TensorProto.EXTERNAL
         for t in onnx.external_data_helper._get_all_tensors(model)

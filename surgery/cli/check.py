@@ -20,7 +20,9 @@ def check_command(
     model: ModelArg,
     target: TargetOpt = "mlsoc",
     input_shape: InputShapeOpt = None,
-    blockers: Annotated[int, typer.Option(help="How many blocker groups to show on the terminal.")] = 10,
+    blockers: Annotated[
+        int, typer.Option(help="How many blocker groups to show on the terminal.")
+    ] = 10,
     as_json: JsonOpt = False,
 ) -> None:
     """Map every node to MLA / CVU / APU and count MLA segments (= .elf files).
@@ -39,7 +41,9 @@ def check_command(
 def render_report(model_label: str, report: CoverageReport, *, max_groups: int = 10) -> None:
     """Rich terminal view of a coverage report."""
     folded = sum(1 for p in report.placements if p.foldable)
-    console.print(f"[bold]{model_label}[/] on [bold]{report.target}[/]: {report.nodes_total} nodes ({folded} fold to constants)")
+    console.print(
+        f"[bold]{model_label}[/] on [bold]{report.target}[/]: {report.nodes_total} nodes ({folded} fold to constants)"
+    )
     table = Table(show_edge=False, header_style="bold")
     table.add_column("processor")
     table.add_column("nodes", justify="right")
@@ -59,17 +63,29 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
     for seg in report.segments:
         ins = ", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else "")
         outs = ", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else "")
-        console.print(f"  [cyan]{seg.name}[/]: {len(seg.nodes)} nodes, {seg.macs:,} MACs  ({ins} → {outs})", highlight=False)
+        console.print(
+            f"  [cyan]{seg.name}[/]: {len(seg.nodes)} nodes, {seg.macs:,} MACs  ({ins} → {outs})",
+            highlight=False,
+        )
     groups = report.blocker_groups()
     if groups:
         console.print(f"\n[bold]Blockers[/] ({len(report.blockers)} nodes, {len(groups)} reasons):")
         for g in groups[:max_groups]:
             example = ", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else "")
-            rules = f"  [green]fix: {', '.join(g['suggested_rules'])}[/]" if g["suggested_rules"] else ""
-            console.print(f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {g['reason']}{rules}", highlight=False)
+            rules = (
+                f"  [green]fix: {', '.join(g['suggested_rules'])}[/]"
+                if g["suggested_rules"]
+                else ""
+            )
+            console.print(
+                f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {g['reason']}{rules}",
+                highlight=False,
+            )
             console.print(f"         [dim]{example}[/]", highlight=False)
         if len(groups) > max_groups:
-            console.print(f"  … {len(groups) - max_groups} more reasons (use --json or --blockers N)")
+            console.print(
+                f"  … {len(groups) - max_groups} more reasons (use --json or --blockers N)"
+            )
     verdict = (
         "[bold green]single .elf[/]: the whole MLA part compiles to one segment"
         if report.single_elf

@@ -19,9 +19,13 @@ from surgery.model import load_model, save_model
 @app.command("demo")
 @handle_errors
 def demo_command(
-    example: Annotated[str, typer.Option(help=f"Example model: {', '.join(EXAMPLES)}.")] = "yolo_head",
+    example: Annotated[
+        str, typer.Option(help=f"Example model: {', '.join(EXAMPLES)}.")
+    ] = "yolo_head",
     target: TargetOpt = "mlsoc",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder to keep the example model in.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder to keep the example model in.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a small YOLO-style model and check it (later steps: fix → quantize → compile → run)."""

@@ -18,10 +18,18 @@ from surgery.summary import summarize
 @handle_errors
 def inspect_command(
     model: ModelArg,
-    node: Annotated[str | None, typer.Option("--node", "-n", help="Show one node (by node or output tensor name).")] = None,
-    hops: Annotated[int, typer.Option(help="With --node: include neighbours up to this many edges away.")] = 0,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", "-n", help="Show one node (by node or output tensor name)."),
+    ] = None,
+    hops: Annotated[
+        int, typer.Option(help="With --node: include neighbours up to this many edges away.")
+    ] = 0,
     op: Annotated[str | None, typer.Option("--op", help="List nodes of this op type.")] = None,
-    find: Annotated[str | None, typer.Option("--find", help="List nodes whose name matches (substring, glob, or /regex/).")] = None,
+    find: Annotated[
+        str | None,
+        typer.Option("--find", help="List nodes whose name matches (substring, glob, or /regex/)."),
+    ] = None,
     limit: Annotated[int, typer.Option(help="Maximum nodes listed by --op/--find.")] = 50,
     input_shape: InputShapeOpt = None,
     as_json: JsonOpt = False,
@@ -60,6 +68,8 @@ def _render_summary(label: str, s: dict) -> None:
     ops = ", ".join(f"{k} {v}" for k, v in list(s["op_histogram"].items())[:20])
     console.print(f"ops: {ops}", highlight=False)
     if s["dynamic_dims"]:
-        console.print(f"[yellow]dynamic inputs:[/] {s['dynamic_dims']} — fix with --input-shape NAME=DIMS")
+        console.print(
+            f"[yellow]dynamic inputs:[/] {s['dynamic_dims']} — fix with --input-shape NAME=DIMS"
+        )
     if s["custom_domains"]:
         console.print(f"custom domains: {', '.join(s['custom_domains'])}")

@@ -7,10 +7,16 @@ from typing import Annotated
 
 import typer
 
-ModelArg = Annotated[Path, typer.Argument(help="ONNX model file (.onnx; external data beside it is loaded).")]
+ModelArg = Annotated[
+    Path, typer.Argument(help="ONNX model file (.onnx; external data beside it is loaded).")
+]
 TargetOpt = Annotated[
     str,
-    typer.Option("--target", "-t", help="Target profile: mlsoc, modalix, rk3588 (see `surgery targets`) or a profile .yaml."),
+    typer.Option(
+        "--target",
+        "-t",
+        help="Target profile: mlsoc, modalix, rk3588 (see `surgery targets`) or a profile .yaml.",
+    ),
 ]
 InputShapeOpt = Annotated[
     list[str] | None,
@@ -21,4 +27,6 @@ InputShapeOpt = Annotated[
         metavar="NAME=DIMS",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]

@@ -17,7 +17,9 @@ from surgery.targets import available_targets, load_target
 @handle_errors
 def targets_command(
     target: Annotated[str | None, typer.Argument(help="Profile to show; omit to list all.")] = None,
-    op: Annotated[str | None, typer.Option("--op", help="Explain one op type, e.g. Resize.")] = None,
+    op: Annotated[
+        str | None, typer.Option("--op", help="Explain one op type, e.g. Resize.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List target profiles, or show what one target runs where (and under which constraints)."""
@@ -39,7 +41,9 @@ def targets_command(
         if as_json:
             emit_json({"targets": rows})
             return
-        table = Table("target", "title", "MLA precisions", "MLA ops", show_edge=False, header_style="bold")
+        table = Table(
+            "target", "title", "MLA precisions", "MLA ops", show_edge=False, header_style="bold"
+        )
         for r in rows:
             table.add_row(r["name"], r["title"], ", ".join(r["mla_precisions"]), str(r["mla_ops"]))
         console.print(table)
@@ -66,15 +70,23 @@ def targets_command(
         "description": tgt.profile.description,
         "source": tgt.profile.source,
         "processors": {k: v.model_dump() for k, v in tgt.profile.processors.items()},
-        "ops": {op_type: [r.processor for r in tgt.rules_for(op_type)] for op_type in sorted(tgt.ops)},
+        "ops": {
+            op_type: [r.processor for r in tgt.rules_for(op_type)] for op_type in sorted(tgt.ops)
+        },
     }
     if as_json:
         emit_json(data)
         return
-    console.print(f"[bold]{tgt.name}[/]: {tgt.profile.title}\n{tgt.profile.description}\n[dim]source: {tgt.profile.source}[/]")
+    console.print(
+        f"[bold]{tgt.name}[/]: {tgt.profile.title}\n{tgt.profile.description}\n[dim]source: {tgt.profile.source}[/]"
+    )
     table = Table("op", "processors", "note", show_edge=False, header_style="bold")
     for op_type in sorted(tgt.ops):
         procs = " → ".join(r.processor for r in tgt.rules_for(op_type))
-        table.add_row(op_type, procs + " → APU" if "APU" not in procs else procs, tgt.ops[op_type].note or "")
+        table.add_row(
+            op_type, procs + " → APU" if "APU" not in procs else procs, tgt.ops[op_type].note or ""
+        )
     console.print(table)
-    console.print("[dim]Ops not listed run on the APU. Explain one: surgery targets NAME --op OP[/]")
+    console.print(
+        "[dim]Ops not listed run on the APU. Explain one: surgery targets NAME --op OP[/]"
+    )

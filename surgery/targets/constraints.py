@@ -75,7 +75,9 @@ class NodeContext:
 
     def data_inputs(self) -> list[TensorInfo]:
         if self._data_inputs is None:
-            self._data_inputs = [self.view.tensor(n) for n in self.node.input if n and n not in self.constants]
+            self._data_inputs = [
+                self.view.tensor(n) for n in self.node.input if n and n not in self.constants
+            ]
         return self._data_inputs
 
     def outputs(self) -> list[TensorInfo]:
@@ -145,9 +147,17 @@ def check_rank(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     ranks = p["ranks"]
     for role, t in _selected_tensors(ctx, p.get("tensors", "data")):
         if t.rank is None:
-            return Reason("rank_unknown", f"{role} {t.name!r} has unknown rank; the {ctx.processor} needs {_ranks_text(ranks)} tensors", ctx.processor)
+            return Reason(
+                "rank_unknown",
+                f"{role} {t.name!r} has unknown rank; the {ctx.processor} needs {_ranks_text(ranks)} tensors",
+                ctx.processor,
+            )
         if t.rank not in ranks:
-            return Reason("rank", f"{role} {t.name!r} is rank {t.rank}; the {ctx.processor} needs {_ranks_text(ranks)} tensors", ctx.processor)
+            return Reason(
+                "rank",
+                f"{role} {t.name!r} is rank {t.rank}; the {ctx.processor} needs {_ranks_text(ranks)} tensors",
+                ctx.processor,
+            )
     return None
 
 
@@ -157,7 +167,11 @@ def check_dtype(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     allowed = set(p["dtypes"])
     for role, t in _selected_tensors(ctx, p.get("tensors", "data")):
         if t.elem_type and t.dtype not in allowed:
-            return Reason("dtype", f"{role} {t.name!r} is {t.dtype}; the {ctx.processor} takes {', '.join(sorted(allowed))}", ctx.processor)
+            return Reason(
+                "dtype",
+                f"{role} {t.name!r} is {t.dtype}; the {ctx.processor} takes {', '.join(sorted(allowed))}",
+                ctx.processor,
+            )
     return None
 
 
@@ -166,7 +180,11 @@ def check_static_shape(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Data tensors must have static shapes (fix dynamic inputs with --input-shape)."""
     for role, t in _selected_tensors(ctx, p.get("tensors", "data")):
         if t.shape is not None and not t.is_static:
-            return Reason("dynamic_shape", f"{role} {t.name!r} has dynamic shape {list(t.shape)}; the {ctx.processor} needs static shapes (use --input-shape)", ctx.processor)
+            return Reason(
+                "dynamic_shape",
+                f"{role} {t.name!r} has dynamic shape {list(t.shape)}; the {ctx.processor} needs static shapes (use --input-shape)",
+                ctx.processor,
+            )
     return None
 
 
@@ -176,10 +194,18 @@ def check_attr_in(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     value = ctx.attr(p["attr"], p.get("default"))
     if value is None:
         return None
-    if p.get("unless_zero_pads") and not any(ctx.attr("pads", [])) and ctx.attr("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
+    if (
+        p.get("unless_zero_pads")
+        and not any(ctx.attr("pads", []))
+        and ctx.attr("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    ):
         return None
     if value not in p["values"]:
-        return Reason("attribute", f"attribute {p['attr']}={value!r} is not supported on the {ctx.processor} (allowed: {_fmt(p['values'])})", ctx.processor)
+        return Reason(
+            "attribute",
+            f"attribute {p['attr']}={value!r} is not supported on the {ctx.processor} (allowed: {_fmt(p['values'])})",
+            ctx.processor,
+        )
     return None
 
 
@@ -193,7 +219,11 @@ def check_attr_range(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     lo, hi = p.get("min", -math.inf), p.get("max", math.inf)
     bad = [v for v in values if not lo <= v <= hi]
     if bad:
-        return Reason("attribute", f"attribute {p['attr']}={value} is outside {p.get('min', '')}..{p.get('max', '')} on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "attribute",
+            f"attribute {p['attr']}={value} is outside {p.get('min', '')}..{p.get('max', '')} on the {ctx.processor}",
+            ctx.processor,
+        )
     return None
 
 
@@ -206,7 +236,11 @@ def check_kernel_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         kernel = list(w.shape[2:]) if w is not None and w.shape is not None else []
     bad = [k for k in kernel if isinstance(k, int) and k > p["max"]]
     if bad:
-        return Reason("kernel", f"kernel {list(kernel)} exceeds {p['max']} on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "kernel",
+            f"kernel {list(kernel)} exceeds {p['max']} on the {ctx.processor}",
+            ctx.processor,
+        )
     return None
 
 
@@ -218,9 +252,15 @@ def check_depthwise_kernel_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | 
     channels = x.shape[1] if x is not None and x.shape is not None and len(x.shape) > 1 else None
     if group > 1 and group == channels:
         w = ctx.input(1)
-        kernel = ctx.attr("kernel_shape") or (list(w.shape[2:]) if w is not None and w.shape else [])
+        kernel = ctx.attr("kernel_shape") or (
+            list(w.shape[2:]) if w is not None and w.shape else []
+        )
         if any(isinstance(k, int) and k > p["max"] for k in kernel):
-            return Reason("kernel", f"depthwise kernel {list(kernel)} exceeds {p['max']} on the {ctx.processor}", ctx.processor)
+            return Reason(
+                "kernel",
+                f"depthwise kernel {list(kernel)} exceeds {p['max']} on the {ctx.processor}",
+                ctx.processor,
+            )
     return None
 
 
@@ -229,7 +269,11 @@ def check_const_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Input {index} must be a constant."""
     k = p["index"]
     if k < len(ctx.node.input) and ctx.node.input[k] and not ctx.input_is_constant(k):
-        return Reason("non_constant_input", f"input {k} ({ctx.node.input[k]!r}) must be a constant on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "non_constant_input",
+            f"input {k} ({ctx.node.input[k]!r}) must be a constant on the {ctx.processor}",
+            ctx.processor,
+        )
     return None
 
 
@@ -238,7 +282,11 @@ def check_single_data_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | Non
     """Only the first input may be a computed tensor; the others must be constants."""
     dynamic = [n for k, n in enumerate(ctx.node.input) if k > 0 and n and n not in ctx.constants]
     if dynamic:
-        return Reason("non_constant_input", f"input {dynamic[0]!r} is computed at run time; the {ctx.processor} needs it constant (try fold-constants)", ctx.processor)
+        return Reason(
+            "non_constant_input",
+            f"input {dynamic[0]!r} is computed at run time; the {ctx.processor} needs it constant (try fold-constants)",
+            ctx.processor,
+        )
     return None
 
 
@@ -247,7 +295,11 @@ def check_input_rank(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Input {index} must have rank at most {max}."""
     t = ctx.input(p["index"])
     if t is not None and t.rank is not None and t.rank > p["max"]:
-        return Reason("rank", f"input {p['index']} ({t.name!r}) is rank {t.rank}; at most {p['max']} allowed on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "rank",
+            f"input {p['index']} ({t.name!r}) is rank {t.rank}; at most {p['max']} allowed on the {ctx.processor}",
+            ctx.processor,
+        )
     return None
 
 
@@ -256,7 +308,11 @@ def check_vector_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Input {index} must be a vector: at most one dimension larger than 1."""
     t = ctx.input(p["index"])
     if t is not None and t.shape is not None and sum(1 for d in t.shape if d != 1) > 1:
-        return Reason("shape", f"input {p['index']} ({t.name!r}) has shape {list(t.shape)}; the {ctx.processor} needs a 1-D vector", ctx.processor)
+        return Reason(
+            "shape",
+            f"input {p['index']} ({t.name!r}) has shape {list(t.shape)}; the {ctx.processor} needs a 1-D vector",
+            ctx.processor,
+        )
     return None
 
 
@@ -300,30 +356,55 @@ def check_axis(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """The operation axis must be {allowed} and must not be {forbidden}."""
     axes = _normalise_axes(ctx, p)
     if axes is None:
-        return Reason("axis_unknown", f"the axis is not a constant; the {ctx.processor} needs a known axis", ctx.processor)
+        return Reason(
+            "axis_unknown",
+            f"the axis is not a constant; the {ctx.processor} needs a known axis",
+            ctx.processor,
+        )
     rank = ctx.rank()
     allowed = {str(a) for a in p.get("allowed", [])}
     forbidden = {str(a) for a in p.get("forbidden", [])}
     for a in axes:
         kinds = _axis_kind(a, rank)
         if forbidden & kinds:
-            return Reason("axis", f"works along axis {a} ({', '.join(sorted(forbidden & kinds))}); the {ctx.processor} does not allow the {_fmt(p['forbidden'])} axis", ctx.processor)
+            return Reason(
+                "axis",
+                f"works along axis {a} ({', '.join(sorted(forbidden & kinds))}); the {ctx.processor} does not allow the {_fmt(p['forbidden'])} axis",
+                ctx.processor,
+            )
         if allowed and not allowed & kinds:
-            return Reason("axis", f"works along axis {a}; the {ctx.processor} needs the {_fmt(p['allowed'])} axis", ctx.processor)
+            return Reason(
+                "axis",
+                f"works along axis {a}; the {ctx.processor} needs the {_fmt(p['allowed'])} axis",
+                ctx.processor,
+            )
     return None
 
 
 @check("reduce_axes", "max_size")
 def check_reduce_axes(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Reductions must be over spatial axes; reduced extent below {max_size} unless all spatial axes are reduced."""
-    axes = _normalise_axes(ctx, {"attr": "axes", "input": 1, "all_if_missing": True} if ctx.node.op_type in _AXES_AS_INPUT and _opset_ge(ctx, 18) else {"attr": "axes", "all_if_missing": True})
+    axes = _normalise_axes(
+        ctx,
+        {"attr": "axes", "input": 1, "all_if_missing": True}
+        if ctx.node.op_type in _AXES_AS_INPUT and _opset_ge(ctx, 18)
+        else {"attr": "axes", "all_if_missing": True},
+    )
     if axes is None:
-        return Reason("axis_unknown", f"reduction axes are not constant; the {ctx.processor} needs known axes", ctx.processor)
+        return Reason(
+            "axis_unknown",
+            f"reduction axes are not constant; the {ctx.processor} needs known axes",
+            ctx.processor,
+        )
     rank = ctx.rank()
     if rank is None:
         return Reason("rank_unknown", "input rank is unknown", ctx.processor)
     if any(a < 2 for a in axes):
-        return Reason("axis", f"reduces over axes {axes}; the {ctx.processor} reduces spatial axes only", ctx.processor)
+        return Reason(
+            "axis",
+            f"reduces over axes {axes}; the {ctx.processor} reduces spatial axes only",
+            ctx.processor,
+        )
     x = ctx.input(0)
     if set(axes) != set(range(2, rank)) and x is not None and x.shape is not None:
         extent = 1
@@ -331,11 +412,24 @@ def check_reduce_axes(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
             d = x.shape[a]
             extent *= d if isinstance(d, int) else 1
         if extent >= p["max_size"]:
-            return Reason("shape", f"reduces {extent} elements over axes {axes}; the {ctx.processor} needs < {p['max_size']} unless all spatial axes are reduced", ctx.processor)
+            return Reason(
+                "shape",
+                f"reduces {extent} elements over axes {axes}; the {ctx.processor} needs < {p['max_size']} unless all spatial axes are reduced",
+                ctx.processor,
+            )
     return None
 
 
-_AXES_AS_INPUT = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare"}
+_AXES_AS_INPUT = {
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+}
 
 
 def _opset_ge(ctx: NodeContext, version: int) -> bool:
@@ -356,7 +450,11 @@ def check_perm_keeps(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         return None
     moved = [a for a in p["axes"] if a < len(perm) and perm[a] != a]
     if moved:
-        return Reason("axis", f"perm {perm} moves axis {moved[0]}; the {ctx.processor} keeps the batch axis in place", ctx.processor)
+        return Reason(
+            "axis",
+            f"perm {perm} moves axis {moved[0]}; the {ctx.processor} keeps the batch axis in place",
+            ctx.processor,
+        )
     return None
 
 
@@ -365,10 +463,18 @@ def check_scalar_in(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Input {index} must be a constant scalar in {{{values}}}."""
     value = ctx.input_value(p["index"])
     if value is None or value.size != 1:
-        return Reason("non_constant_input", f"input {p['index']} must be a constant scalar on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "non_constant_input",
+            f"input {p['index']} must be a constant scalar on the {ctx.processor}",
+            ctx.processor,
+        )
     v = float(value.reshape(-1)[0])
     if not any(abs(v - a) < 1e-6 for a in p["values"]):
-        return Reason("attribute", f"input {p['index']} = {v:g} is not one of {_fmt(p['values'])} on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "attribute",
+            f"input {p['index']} = {v:g} is not one of {_fmt(p['values'])} on the {ctx.processor}",
+            ctx.processor,
+        )
     return None
 
 
@@ -377,13 +483,25 @@ def check_positive_steps(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Slice starts, ends, axes and steps must be constant; steps at most {max_step} and positive."""
     for k in range(1, len(ctx.node.input)):
         if ctx.node.input[k] and not ctx.input_is_constant(k):
-            return Reason("non_constant_input", f"slice parameter {ctx.node.input[k]!r} is computed at run time (try fold-constants)", ctx.processor)
+            return Reason(
+                "non_constant_input",
+                f"slice parameter {ctx.node.input[k]!r} is computed at run time (try fold-constants)",
+                ctx.processor,
+            )
     steps = ctx.input_value(4) if len(ctx.node.input) > 4 and ctx.node.input[4] else None
     if steps is not None:
         if any(int(s) <= 0 for s in np.atleast_1d(steps)):
-            return Reason("attribute", f"slice steps {steps.tolist()} must be positive on the {ctx.processor}", ctx.processor)
+            return Reason(
+                "attribute",
+                f"slice steps {steps.tolist()} must be positive on the {ctx.processor}",
+                ctx.processor,
+            )
         if "max_step" in p and any(int(s) > p["max_step"] for s in np.atleast_1d(steps)):
-            return Reason("attribute", f"slice steps {steps.tolist()} exceed {p['max_step']} on the {ctx.processor}", ctx.processor)
+            return Reason(
+                "attribute",
+                f"slice steps {steps.tolist()} exceed {p['max_step']} on the {ctx.processor}",
+                ctx.processor,
+            )
     return None
 
 
@@ -392,8 +510,16 @@ def check_no_output(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Optional output {index} must be unused."""
     outs = ctx.node.output
     k = p["index"]
-    if k < len(outs) and outs[k] and (outs[k] in ctx.view.consumers or outs[k] in ctx.view.graph_outputs):
-        return Reason("output", f"output {k} ({outs[k]!r}) is used; the {ctx.processor} does not produce it", ctx.processor)
+    if (
+        k < len(outs)
+        and outs[k]
+        and (outs[k] in ctx.view.consumers or outs[k] in ctx.view.graph_outputs)
+    ):
+        return Reason(
+            "output",
+            f"output {k} ({outs[k]!r}) is used; the {ctx.processor} does not produce it",
+            ctx.processor,
+        )
     return None
 
 
@@ -402,20 +528,40 @@ def check_pad(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Pad: constant mode with value 0, at most {max_dims} padded dims, never batch or channel."""
     mode = ctx.attr("mode", "constant")
     if mode != "constant":
-        return Reason("attribute", f"pad mode {mode!r}; the {ctx.processor} pads with constant zeros only", ctx.processor)
+        return Reason(
+            "attribute",
+            f"pad mode {mode!r}; the {ctx.processor} pads with constant zeros only",
+            ctx.processor,
+        )
     pads = ctx.input_value(1) if len(ctx.node.input) > 1 else np.array(ctx.attr("pads", []))
     if pads is None:
-        return Reason("non_constant_input", "pads are computed at run time (try fold-constants)", ctx.processor)
+        return Reason(
+            "non_constant_input",
+            "pads are computed at run time (try fold-constants)",
+            ctx.processor,
+        )
     value = ctx.input_value(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
     if value is not None and float(np.asarray(value).reshape(-1)[0]) != 0.0:
-        return Reason("attribute", f"pad value {float(value.reshape(-1)[0]):g}; the {ctx.processor} pads with 0 only", ctx.processor)
+        return Reason(
+            "attribute",
+            f"pad value {float(value.reshape(-1)[0]):g}; the {ctx.processor} pads with 0 only",
+            ctx.processor,
+        )
     pads = [int(x) for x in np.atleast_1d(pads)]
     half = len(pads) // 2
     padded = [a for a in range(half) if pads[a] or pads[a + half]]
     if any(a in (0, 1) for a in padded):
-        return Reason("axis", f"pads the {'batch' if 0 in padded else 'channel'} axis; the {ctx.processor} pads spatial axes only", ctx.processor)
+        return Reason(
+            "axis",
+            f"pads the {'batch' if 0 in padded else 'channel'} axis; the {ctx.processor} pads spatial axes only",
+            ctx.processor,
+        )
     if len(padded) > p["max_dims"]:
-        return Reason("attribute", f"pads {len(padded)} dims; the {ctx.processor} pads at most {p['max_dims']}", ctx.processor)
+        return Reason(
+            "attribute",
+            f"pads {len(padded)} dims; the {ctx.processor} pads at most {p['max_dims']}",
+            ctx.processor,
+        )
     return None
 
 
@@ -432,21 +578,41 @@ def check_resize(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Resize: modes {modes}; nearest needs {nearest_scales} scales on H/W; batch and channel unscaled."""
     mode = ctx.attr("mode", "nearest")
     if mode not in p["modes"]:
-        return Reason("attribute", f"resize mode {mode!r}; the {ctx.processor} supports {_fmt(p['modes'])}", ctx.processor)
+        return Reason(
+            "attribute",
+            f"resize mode {mode!r}; the {ctx.processor} supports {_fmt(p['modes'])}",
+            ctx.processor,
+        )
     ctm = ctx.attr("coordinate_transformation_mode", "half_pixel")
     if ctm == "tf_crop_and_resize":
-        return Reason("attribute", "coordinate_transformation_mode 'tf_crop_and_resize' is not supported", ctx.processor)
+        return Reason(
+            "attribute",
+            "coordinate_transformation_mode 'tf_crop_and_resize' is not supported",
+            ctx.processor,
+        )
     scales = _resize_scales(ctx)
     if scales is None:
-        return Reason("non_constant_input", "the resize scale is not known before run time (fix input shapes or fold constants)", ctx.processor)
+        return Reason(
+            "non_constant_input",
+            "the resize scale is not known before run time (fix input shapes or fold constants)",
+            ctx.processor,
+        )
     if len(scales) >= 2 and (abs(scales[0] - 1) > 1e-6 or abs(scales[1] - 1) > 1e-6):
-        return Reason("attribute", f"resize scales batch/channel ({scales[0]:g}, {scales[1]:g}); only H/W may be scaled", ctx.processor)
+        return Reason(
+            "attribute",
+            f"resize scales batch/channel ({scales[0]:g}, {scales[1]:g}); only H/W may be scaled",
+            ctx.processor,
+        )
     spatial = scales[2:]
     rule = p.get("nearest_scales" if mode == "nearest" else "linear_scales", "any")
     for s in spatial:
         ok = _scale_ok(s, rule, ctm, ctx.attr("nearest_mode", "round_prefer_floor"))
         if not ok:
-            return Reason("attribute", f"{mode} resize by {s:g} is not supported on the {ctx.processor} (needs {rule.replace('_', ' ')} scales)", ctx.processor)
+            return Reason(
+                "attribute",
+                f"{mode} resize by {s:g} is not supported on the {ctx.processor} (needs {rule.replace('_', ' ')} scales)",
+                ctx.processor,
+            )
     return None
 
 
@@ -474,15 +640,25 @@ def check_einsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Einsum: two inputs; each index appears in at least two tensors, at most once per tensor."""
     eq = str(ctx.attr("equation", "")).replace(" ", "")
     if "->" not in eq or len(ctx.node.input) != 2 or "..." in eq:
-        return Reason("attribute", f"einsum {eq!r}: the {ctx.processor} needs two inputs and an explicit output", ctx.processor)
+        return Reason(
+            "attribute",
+            f"einsum {eq!r}: the {ctx.processor} needs two inputs and an explicit output",
+            ctx.processor,
+        )
     lhs, out = eq.split("->")
     terms = [*lhs.split(","), out]
     for t in terms:
         if len(set(t)) != len(t):
-            return Reason("attribute", f"einsum {eq!r} repeats an index within one tensor", ctx.processor)
+            return Reason(
+                "attribute", f"einsum {eq!r} repeats an index within one tensor", ctx.processor
+            )
     for idx in set("".join(terms)):
         if sum(idx in t for t in terms) < 2:
-            return Reason("attribute", f"einsum {eq!r}: index {idx!r} appears in only one tensor", ctx.processor)
+            return Reason(
+                "attribute",
+                f"einsum {eq!r}: index {idx!r} appears in only one tensor",
+                ctx.processor,
+            )
     return None
 
 
@@ -498,7 +674,11 @@ def check_cumsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if x is not None and x.shape is not None:
         d = x.shape[int(axis.reshape(-1)[0]) % len(x.shape)]
         if isinstance(d, int) and d > p["max_length"]:
-            return Reason("shape", f"CumSum over {d} elements; the {ctx.processor} allows at most {p['max_length']}", ctx.processor)
+            return Reason(
+                "shape",
+                f"CumSum over {d} elements; the {ctx.processor} allows at most {p['max_length']}",
+                ctx.processor,
+            )
     return None
 
 
@@ -510,7 +690,11 @@ def check_dim_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
             continue
         for a in p["axes"]:
             if a < len(t.shape) and isinstance(t.shape[a], int) and t.shape[a] > p["max"]:
-                return Reason("shape", f"{role} {t.name!r} dim {a} is {t.shape[a]}; the {ctx.processor} allows at most {p['max']}", ctx.processor)
+                return Reason(
+                    "shape",
+                    f"{role} {t.name!r} dim {a} is {t.shape[a]}; the {ctx.processor} allows at most {p['max']}",
+                    ctx.processor,
+                )
     return None
 
 
@@ -519,7 +703,11 @@ def check_matmul_k_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """The MatMul reduction dimension must be at most {max}."""
     a = ctx.input(0)
     if a is not None and a.shape and isinstance(a.shape[-1], int) and a.shape[-1] > p["max"]:
-        return Reason("shape", f"MatMul reduces over {a.shape[-1]}; the {ctx.processor} allows at most {p['max']}", ctx.processor)
+        return Reason(
+            "shape",
+            f"MatMul reduces over {a.shape[-1]}; the {ctx.processor} allows at most {p['max']}",
+            ctx.processor,
+        )
     return None
 
 
@@ -528,7 +716,11 @@ def check_float_data(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """The op must work on floating-point (quantizable) data."""
     for t in ctx.data_inputs():
         if t.elem_type and t.elem_type not in FLOAT_TYPES:
-            return Reason("dtype", f"input {t.name!r} is {dtype_name(t.elem_type)}; the {ctx.processor} runs quantized float data", ctx.processor)
+            return Reason(
+                "dtype",
+                f"input {t.name!r} is {dtype_name(t.elem_type)}; the {ctx.processor} runs quantized float data",
+                ctx.processor,
+            )
     return None
 
 
@@ -540,7 +732,11 @@ def check_attr_each_in(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         return None
     values = value if isinstance(value, list) else [value]
     if any(v not in p["values"] for v in values):
-        return Reason("attribute", f"attribute {p['attr']}={value} is not supported on the {ctx.processor} (each must be one of {_fmt(p['values'])})", ctx.processor)
+        return Reason(
+            "attribute",
+            f"attribute {p['attr']}={value} is not supported on the {ctx.processor} (each must be one of {_fmt(p['values'])})",
+            ctx.processor,
+        )
     return None
 
 
@@ -552,9 +748,17 @@ def check_conv_transpose(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     channels = x.shape[1] if x is not None and x.shape is not None and len(x.shape) > 1 else None
     depthwise = group > 1 and group == channels
     if group != 1 and not depthwise:
-        return Reason("attribute", f"grouped ConvTranspose (group={group}) is not supported; only group 1 or depthwise", ctx.processor)
+        return Reason(
+            "attribute",
+            f"grouped ConvTranspose (group={group}) is not supported; only group 1 or depthwise",
+            ctx.processor,
+        )
     allowed = p["depthwise_strides"] if depthwise else p["strides"]
     strides = ctx.attr("strides", [1, 1])
     if any(s not in allowed for s in strides):
-        return Reason("attribute", f"ConvTranspose strides {strides} not in {_fmt(allowed)} on the {ctx.processor}", ctx.processor)
+        return Reason(
+            "attribute",
+            f"ConvTranspose strides {strides} not in {_fmt(allowed)} on the {ctx.processor}",
+            ctx.processor,
+        )
     return None

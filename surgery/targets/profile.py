@@ -36,7 +36,9 @@ class ConstraintSpec(BaseModel):
             raise ValueError(f"unknown check {self.check!r}; known: {', '.join(sorted(CHECKS))}")
         missing = REQUIRED_PARAMS[self.check] - set(self.params)
         if missing:
-            raise ValueError(f"check {self.check!r} needs parameter(s) {', '.join(sorted(missing))}")
+            raise ValueError(
+                f"check {self.check!r} needs parameter(s) {', '.join(sorted(missing))}"
+            )
         return self
 
     @property
@@ -126,10 +128,16 @@ class Target:
                 continue
             own = {c.check for c in placement.constraints}
             defaults = [
-                c for c in pspec.defaults if c.check not in own and c.check not in placement.skip_defaults
+                c
+                for c in pspec.defaults
+                if c.check not in own and c.check not in placement.skip_defaults
             ]
-            precisions = placement.precisions if placement.precisions is not None else pspec.precisions
-            available = [p for p in precisions if p in pspec.precisions] if pspec.precisions else precisions
+            precisions = (
+                placement.precisions if placement.precisions is not None else pspec.precisions
+            )
+            available = (
+                [p for p in precisions if p in pspec.precisions] if pspec.precisions else precisions
+            )
             constraints = (*defaults, *placement.constraints)
             checks = tuple((CHECKS[c.check], c.params) for c in constraints)
             rules.append(Rule(proc, available, constraints, checks))
@@ -151,9 +159,15 @@ class Target:
         reasons: list[Reason] = []
         if not any(r.processor == "MLA" for r in rules):
             if known_op:
-                reasons.append(Reason("op_not_supported", f"{op_type} is not supported on the MLA of {self.name}"))
+                reasons.append(
+                    Reason(
+                        "op_not_supported", f"{op_type} is not supported on the MLA of {self.name}"
+                    )
+                )
             else:
-                reasons.append(Reason("unknown_op", f"{op_type} is an unknown op (not in the ONNX standard)"))
+                reasons.append(
+                    Reason("unknown_op", f"{op_type} is an unknown op (not in the ONNX standard)")
+                )
         for rule in rules:
             if rule.processor == "APU":
                 return OpDecision("APU", reasons, rule.precisions)
@@ -189,17 +203,24 @@ class Target:
                 {
                     "processor": rule.processor,
                     "precisions": rule.precisions,
-                    "constraints": [{"check": c.check, **c.params, "rule": c.describe()} for c in rule.constraints],
+                    "constraints": [
+                        {"check": c.check, **c.params, "rule": c.describe()}
+                        for c in rule.constraints
+                    ],
                 }
             )
         if not any(p["processor"] == "APU" for p in placements):
-            placements.append({"processor": "APU", "precisions": ["float32"], "constraints": [], "fallback": True})
+            placements.append(
+                {"processor": "APU", "precisions": ["float32"], "constraints": [], "fallback": True}
+            )
         return {
             "target": self.name,
             "op": op_type,
             "in_table": spec is not None,
             "on_mla": self.supports(op_type, "MLA"),
-            "note": spec.note if spec else f"{op_type} is not in the {self.name} op table: it runs on the APU",
+            "note": spec.note
+            if spec
+            else f"{op_type} is not in the {self.name} op table: it runs on the APU",
             "placements": placements,
         }
 
@@ -234,7 +255,10 @@ def _read_profile_data(name_or_path: str) -> tuple[dict[str, Any], str]:
 
 
 def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    merged = {**parent, **{k: v for k, v in child.items() if k not in ("ops", "processors", "hardware")}}
+    merged = {
+        **parent,
+        **{k: v for k, v in child.items() if k not in ("ops", "processors", "hardware")},
+    }
     merged["hardware"] = {**parent.get("hardware", {}), **child.get("hardware", {})}
     merged["processors"] = {**parent.get("processors", {}), **child.get("processors", {})}
     ops = {**parent.get("ops", {}), **child.get("ops", {})}
@@ -265,7 +289,9 @@ def load_target(name_or_path: str = "mlsoc") -> Target:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise TargetError(f"target profile {source}: {where}: {first['msg']} ({exc.error_count()} error(s))") from None
+        raise TargetError(
+            f"target profile {source}: {where}: {first['msg']} ({exc.error_count()} error(s))"
+        ) from None
     return Target(profile)
 
 

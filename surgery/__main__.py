@@ -1,0 +1,5 @@
+"""`python -m surgery` is the `surgery` command."""
+
+from surgery.cli import main
+
+main()

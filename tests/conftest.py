@@ -1,0 +1,66 @@
+"""Shared fixtures: example models built with onnx.helper and the real models in ../shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from surgery import examples
+from surgery.model import save_model
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MODELS = REPO.parent / "shared" / "models"
+SHARED_IMAGES = REPO.parent / "shared" / "data" / "images"
+
+# Concrete shapes for real models whose declared inputs are dynamic (from shared/models/INDEX.tsv).
+RUN_INPUTS: dict[str, dict[str, list[int]]] = {
+    "nudenet_320n": {"images": [1, 3, 320, 320]},
+    "ppocrv4_det": {"x": [1, 3, 640, 640]},
+    "ppocr_mobile_v2_cls": {"x": [1, 3, 48, 192]},
+    "silero_vad": {"input": [1, 512], "state": [2, 1, 128]},
+}
+
+
+def shared_model(name: str) -> Path:
+    """Path of a real model in ../shared/models, skipping the test cleanly when absent."""
+    path = SHARED_MODELS / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} not available (the shared models folder is absent)")
+    return path
+
+
+@pytest.fixture
+def plain_cnn() -> onnx.ModelProto:
+    return examples.plain_cnn()
+
+
+@pytest.fixture
+def yolo_head() -> onnx.ModelProto:
+    return examples.yolo_head()
+
+
+@pytest.fixture
+def yolov5_head() -> onnx.ModelProto:
+    return examples.yolov5_head()
+
+
+@pytest.fixture
+def transformer_block() -> onnx.ModelProto:
+    return examples.transformer_block()
+
+
+@pytest.fixture
+def cnn_with_topk() -> onnx.ModelProto:
+    return examples.cnn_with_topk()
+
+
+@pytest.fixture
+def save(tmp_path):
+    """Save a ModelProto under tmp_path and return its path."""
+
+    def _save(model: onnx.ModelProto, name: str = "model.onnx") -> Path:
+        return save_model(model, tmp_path / name)
+
+    return _save

@@ -1,0 +1,102 @@
+"""The `surgery check / inspect / targets / demo` commands: output, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from surgery.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_check_single_segment_exits_zero(plain_cnn, save):
+    result = _run("check", save(plain_cnn))
+    assert result.exit_code == 0, result.output
+    assert "single .elf" in result.output
+
+
+def test_check_two_segments_exits_one(cnn_with_topk, save):
+    result = _run("check", save(cnn_with_topk))
+    assert result.exit_code == 1
+    assert "2 MLA segments" in result.output
+
+
+def test_check_json_is_machine_readable(cnn_with_topk, save):
+    result = _run("check", save(cnn_with_topk), "--json")
+    data = json.loads(result.stdout)
+    assert data["mla_segments"] == 2 and data["single_elf"] is False
+    assert data["blockers"][0]["op_type"] == "TopK"
+
+
+def test_check_input_shape_option_fixes_dynamic_inputs(plain_cnn, save):
+    plain_cnn.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = save(plain_cnn)
+    assert _run("check", path).exit_code == 1
+    assert _run("check", path, "--input-shape", "input=1,3,32,32").exit_code == 0
+
+
+def test_check_missing_file_exits_two_without_traceback(tmp_path):
+    result = _run("check", tmp_path / "nope.onnx")
+    assert result.exit_code == 2
+    assert "no such file" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_check_unknown_target_exits_two(plain_cnn, save):
+    result = _run("check", save(plain_cnn), "--target", "tpu9000")
+    assert result.exit_code == 2 and "unknown target" in result.output
+
+
+def test_check_json_error_is_json(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"junk" * 50)
+    result = _run("check", bad, "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"]["code"] == "not_onnx"
+
+
+def test_inspect_summary_and_node_query(yolo_head, save):
+    path = save(yolo_head)
+    summary = json.loads(_run("inspect", path, "--json").stdout)
+    assert summary["nodes"] == len(yolo_head.graph.node)
+    node = json.loads(_run("inspect", path, "--node", "split_36", "--json").stdout)
+    assert node["op_type"] == "Split"
+    found = json.loads(_run("inspect", path, "--op", "Sigmoid", "--json").stdout)
+    assert found["count"] == 5
+
+
+def test_targets_lists_and_explains():
+    assert "rk3588" in _run("targets").output
+    explained = json.loads(_run("targets", "mlsoc", "--op", "Resize", "--json").stdout)
+    assert explained["on_mla"] is True
+
+
+def test_demo_runs_check_on_the_shipped_example(tmp_path):
+    result = _run("demo", "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["check"]["mla_segments"] == 1
+    assert (tmp_path / "yolo_head.onnx").exists()
+
+
+@pytest.mark.slow
+def test_console_script_reports_errors_without_traceback(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07junk")
+    proc = subprocess.run(
+        [sys.executable, "-m", "surgery", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "bad.onnx" in proc.stderr

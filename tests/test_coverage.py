@@ -1,0 +1,251 @@
+"""Coverage: node → processor with reasons, foldable shape chains, and MLA segmentation."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
+from surgery.model import load_model
+
+
+def _coverage(model, target="mlsoc", **kw):
+    return analyze_coverage(load_model(model), target, **kw)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def test_plain_cnn_is_one_segment_entirely_on_the_mla(plain_cnn):
+    report = _coverage(plain_cnn)
+    assert report.mla_segments == 1 and report.single_elf
+    assert {p.processor for p in report.placements} == {"MLA"}
+    assert report.mla_mac_fraction == 1.0
+
+
+def test_unsupported_op_in_the_middle_makes_two_segments(cnn_with_topk):
+    report = _coverage(cnn_with_topk)
+    assert report.mla_segments == 2
+    topk = next(p for p in report.placements if p.op_type == "TopK")
+    assert topk.processor == "APU"
+    assert topk.reasons[0].code == "op_not_supported"
+    assert [b.name for b in report.blockers] == [topk.name]
+
+
+def test_yolo_head_rank3_nodes_are_blocked_with_rank_reason(yolo_head):
+    report = _coverage(yolo_head)
+    blocked = {p.op_type: p for p in report.blockers}
+    assert set(blocked) == {"Reshape", "Concat", "Split", "Sigmoid"}
+    assert all(b.processor == "CVU" for b in report.blockers)
+    reshape = blocked["Reshape"]
+    assert reshape.reasons[0].code == "rank"
+    assert "is rank 3; the MLA needs 4-D tensors" in reshape.reasons[0].message
+
+
+def test_trailing_host_stages_do_not_add_segments(yolo_head):
+    assert _coverage(yolo_head).mla_segments == 1
+
+
+def test_rank5_reshape_is_blocked(yolov5_head):
+    report = _coverage(yolov5_head)
+    reshapes = [p for p in report.placements if p.op_type == "Reshape"]
+    assert reshapes[0].processor != "MLA" and "rank 5" in reshapes[0].reasons[0].message
+
+
+def test_transformer_softmax_on_last_axis_is_blocked_by_axis_rule(transformer_block):
+    report = _coverage(transformer_block)
+    softmax = next(p for p in report.placements if p.op_type == "Softmax")
+    assert softmax.processor != "MLA"
+    assert softmax.reasons[0].code == "axis" and "channel" in softmax.reasons[0].message
+
+
+def test_transformer_matmul_on_rank3_goes_to_apu(transformer_block):
+    report = _coverage(transformer_block)
+    first_matmul = next(p for p in report.placements if p.op_type == "MatMul")
+    assert first_matmul.processor == "APU"  # no CVU fallback for MatMul
+    assert first_matmul.reasons[0].code == "rank"
+
+
+def test_shape_chain_is_foldable_not_a_blocker():
+    shape_of = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "idx"], ["c"], name="gather", axis=0),
+        helper.make_node("Unsqueeze", ["c", "zero"], ["cu"], name="unsq"),
+        helper.make_node("Concat", ["one", "cu", "minus1", "one"], ["shp"], name="cat", axis=0),
+        helper.make_node("Reshape", ["x", "shp"], ["y"], name="reshape"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.int64), "idx"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+    ]
+    model = _model(shape_of, [_vi("x", [1, 4, 4, 4])], [_vi("y", None)], inits)
+    report = _coverage(model)
+    by_name = {p.name: p for p in report.placements}
+    assert all(by_name[n].foldable for n in ("shape", "gather", "unsq", "cat"))
+    assert by_name["reshape"].processor == "MLA"
+    assert [b.name for b in report.blockers] == []
+
+
+def test_dynamic_shape_blocks_with_a_hint():
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        [_vi("x", ["n", 3, 8, 8])],
+        [_vi("y", None)],
+    )
+    report = _coverage(model)
+    assert report.dynamic_inputs == {"x": ["n", 3, 8, 8]}
+    assert report.placements[0].reasons[0].code == "dynamic_shape"
+    assert "--input-shape" in report.placements[0].reasons[0].message
+
+
+def test_int64_data_is_not_placed_on_the_mla():
+    model = _model(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+        [_vi("a", [1, 2, 2, 2], TensorProto.INT64), _vi("b", [1, 2, 2, 2], TensorProto.INT64)],
+        [_vi("y", None, TensorProto.INT64)],
+    )
+    p = _coverage(model).placements[0]
+    assert p.processor == "APU" and p.reasons[0].code == "dtype"
+
+
+def test_bf16_only_op_runs_on_modalix_but_not_on_mlsoc():
+    table = numpy_helper.from_array(np.zeros((10, 4, 4, 4), np.float32), "table")
+    idx = numpy_helper.from_array(np.array([1, 2], np.int64), "idx")
+    model = _model(
+        [helper.make_node("Gather", ["x", "idx"], ["y"], name="gather", axis=1)],
+        [_vi("x", [1, 8, 4, 4])],
+        [_vi("y", None)],
+        [table, idx],
+    )
+    assert _coverage(model, "mlsoc").placements[0].reasons[0].code == "precision"
+    assert _coverage(model, "modalix").placements[0].processor == "MLA"
+
+
+def test_pow_exponent_must_be_a_supported_constant():
+    model = _model(
+        [helper.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+        [_vi("x", [1, 2, 2, 2])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(np.array(2.5, np.float32), "e")],
+    )
+    p = _coverage(model).placements[0]
+    assert p.processor == "CVU" and "2.5" in p.reasons[0].message
+
+
+def test_resize_by_three_nearest_is_not_power_of_two():
+    model = _model(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize", mode="nearest")],
+        [_vi("x", [1, 2, 4, 4])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(np.array([1, 1, 3, 3], np.float32), "scales")],
+    )
+    report = _coverage(model)
+    assert report.placements[0].processor == "CVU"
+    assert "3" in report.placements[0].reasons[0].message
+
+
+def test_rk3588_limits_conv_stride():
+    w = numpy_helper.from_array(np.zeros((4, 2, 3, 3), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", strides=[8, 8])
+    model = _model([node], [_vi("x", [1, 2, 64, 64])], [_vi("y", None)], [w])
+    assert _coverage(model, "mlsoc").placements[0].processor == "MLA"
+    rk = _coverage(model, "rk3588").placements[0]
+    assert rk.processor == "APU" and "strides" in rk.reasons[0].message
+
+
+def test_unknown_op_is_named_as_unknown(plain_cnn):
+    model = _model(
+        [helper.make_node("FancyOp", ["x"], ["y"], name="fancy")],
+        [_vi("x", [1, 2, 2, 2])],
+        [_vi("y", [1, 2, 2, 2])],
+    )
+    p = analyze_coverage(model, "mlsoc").placements[0]
+    assert p.processor == "APU" and p.reasons[0].code == "unknown_op"
+
+
+def test_op_target_pins_a_node_to_the_host(plain_cnn):
+    pool = next(n.name for n in plain_cnn.graph.node if n.op_type == "MaxPool")
+    report = _coverage(plain_cnn, op_target={pool: "cvu"})
+    assert report.by_name(pool).processor == "CVU"
+    assert report.by_name(pool).reasons[0].code == "pinned"
+    assert report.mla_segments == 2
+
+
+def test_placement_pinned_in_model_metadata_is_honoured(plain_cnn):
+    pool = next(n.name for n in plain_cnn.graph.node if n.op_type == "MaxPool")
+    helper.set_model_props(plain_cnn, {PLACEMENT_METADATA_KEY: f'{{"{pool}": "APU"}}'})
+    assert _coverage(plain_cnn).by_name(pool).processor == "APU"
+
+
+def test_segments_do_not_create_cycles_through_host_nodes():
+    # a → TopK (host) → c ; a → c directly too: merging a and c into one segment would need the
+    # host node's output inside the segment while it depends on the segment: two segments.
+    w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
+    k = numpy_helper.from_array(np.array([4], np.int64), "k")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["a"], name="a"),
+        helper.make_node("TopK", ["a", "k"], ["t", "ti"], name="host", axis=1),
+        helper.make_node("Add", ["a", "t"], ["c"], name="c"),
+    ]
+    model = _model(nodes, [_vi("x", [1, 4, 4, 4])], [_vi("c", None)], [w, k])
+    report = _coverage(model)
+    assert report.mla_segments == 2
+    assert report.segments[0].outputs == ["a"] and report.segments[1].inputs == ["a", "t"]
+
+
+def test_parallel_branches_join_into_one_segment():
+    w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["a"], name="a"),
+        helper.make_node("Relu", ["a"], ["b1"], name="b1"),
+        helper.make_node("Sigmoid", ["a"], ["b2"], name="b2"),
+        helper.make_node("Add", ["b1", "b2"], ["y"], name="join"),
+    ]
+    report = _coverage(_model(nodes, [_vi("x", [1, 4, 4, 4])], [_vi("y", None)], [w]))
+    assert report.mla_segments == 1 and len(report.segments[0].nodes) == 4
+
+
+def test_report_json_has_the_documented_keys(yolo_head):
+    data = _coverage(yolo_head).to_dict()
+    for key in (
+        "target",
+        "nodes_total",
+        "processors",
+        "mla_segments",
+        "single_elf",
+        "mla_mac_fraction",
+        "segments",
+        "blockers",
+    ):
+        assert key in data
+    assert sum(data["processors"].values()) == data["nodes_total"]
+    assert {"node", "op_type", "processor", "reasons", "suggested_rules"} <= set(
+        data["blockers"][0]
+    )
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "modalix", "rk3588"])
+def test_every_target_analyses_every_example(target):
+    from surgery.examples import EXAMPLES
+
+    for build in EXAMPLES.values():
+        report = _coverage(build(), target)
+        assert report.nodes_total == len(build().graph.node)
+
+
+def test_model_is_not_modified_by_analysis(yolo_head):
+    loaded = load_model(yolo_head)
+    before = loaded.SerializeToString()
+    analyze_coverage(loaded, "mlsoc")
+    assert loaded.SerializeToString() == before
+    assert isinstance(loaded, onnx.ModelProto)

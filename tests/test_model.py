@@ -1,0 +1,212 @@
+"""Loading, validation, shape fixing, saving and summaries (surgery.model / surgery.summary)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery import model as model_mod
+from surgery.errors import (
+    InvalidGraphError,
+    ModelFormatError,
+    ModelNotFoundError,
+    ShapeError,
+    UnknownDomainError,
+)
+from surgery.graph import GraphView
+from surgery.model import load_model, parse_input_shapes, read_model, save_model
+from surgery.summary import summarize
+from tests.conftest import shared_model
+
+
+def _relu_model(shape=(1, 3, 8, 8)) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_load_from_proto_infers_intermediate_shapes(plain_cnn):
+    loaded = load_model(plain_cnn)
+    view = GraphView(loaded)
+    first_conv_out = loaded.graph.node[0].output[0]
+    assert view.tensor(first_conv_out).shape == (1, 8, 16, 16)
+
+
+def test_load_does_not_modify_the_callers_proto(plain_cnn):
+    before = plain_cnn.SerializeToString()
+    load_model(plain_cnn, infer_shapes=True)
+    assert plain_cnn.SerializeToString() == before
+
+
+def test_load_from_path_leaves_file_untouched(plain_cnn, save):
+    path = save(plain_cnn)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    load_model(path, {"input": [1, 3, 32, 32]})
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_input_shapes_fix_dynamic_dims():
+    model = _relu_model(("batch", 3, "h", "w"))
+    loaded = load_model(model, {"x": [2, 3, 16, 16]})
+    assert GraphView(loaded).tensor("y").shape == (2, 3, 16, 16)
+
+
+def test_input_shape_for_unknown_input_names_the_real_inputs():
+    with pytest.raises(ShapeError, match="model's inputs are: x"):
+        load_model(_relu_model(), {"images": [1, 3, 8, 8]})
+
+
+def test_input_shape_with_wrong_rank_is_rejected():
+    with pytest.raises(ShapeError, match="rank 4"):
+        load_model(_relu_model(), {"x": [1, 3, 8]})
+
+
+def test_parse_input_shapes_accepts_commas_and_x():
+    assert parse_input_shapes(["images=1,3,640,640", "mask=1x128"]) == {
+        "images": [1, 3, 640, 640],
+        "mask": [1, 128],
+    }
+
+
+@pytest.mark.parametrize("spec", ["images", "images=", "=1,2", "images=1,a", "images=0,3"])
+def test_parse_input_shapes_rejects_malformed_specs(spec):
+    with pytest.raises(ShapeError):
+        parse_input_shapes([spec])
+
+
+def test_missing_file_is_a_typed_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        load_model(tmp_path / "absent.onnx")
+
+
+def test_garbage_bytes_are_not_onnx(tmp_path):
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(b"\xff\x00not a protobuf at all\x13\x37" * 10)
+    with pytest.raises(ModelFormatError, match="garbage.onnx"):
+        load_model(path)
+
+
+def test_truncated_model_is_rejected(plain_cnn, tmp_path):
+    data = plain_cnn.SerializeToString()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFormatError):
+        load_model(path)
+
+
+def test_cycle_is_reported_with_node_names():
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="second"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InvalidGraphError, match="cycle.*first"):
+        load_model(model)
+
+
+def test_missing_initializer_names_node_and_tensor():
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "conv.weight"], ["y"], name="conv0")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InvalidGraphError, match="conv0.*conv.weight.*missing initializer"):
+        load_model(model)
+
+
+def test_undeclared_custom_domain_is_rejected():
+    model = _relu_model()
+    model.graph.node[0].domain = "com.example"
+    with pytest.raises(UnknownDomainError, match="com.example"):
+        load_model(model)
+
+
+def test_external_data_round_trip(plain_cnn, tmp_path):
+    path = save_model(plain_cnn, tmp_path / "ext.onnx", external_data=True)
+    assert (tmp_path / "ext.onnx.data").exists()
+    loaded = read_model(path)
+    original = {t.name: numpy_helper.to_array(t) for t in plain_cnn.graph.initializer}
+    for t in loaded.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(t), original[t.name])
+
+
+def test_models_near_the_protobuf_limit_are_saved_with_external_data(
+    plain_cnn, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(model_mod, "PROTOBUF_LIMIT", 64 * 2**20 + 1000)
+    save_model(plain_cnn, tmp_path / "big.onnx")
+    assert (tmp_path / "big.onnx.data").exists()
+    assert len(read_model(tmp_path / "big.onnx").graph.initializer) == len(
+        plain_cnn.graph.initializer
+    )
+
+
+def test_failed_save_leaves_no_file(plain_cnn, tmp_path, monkeypatch):
+    def boom(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", boom)
+    with pytest.raises(OSError):
+        save_model(plain_cnn, tmp_path / "out.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_counts_ops_params_and_dynamic_dims():
+    model = _relu_model(("batch", 3, 8, 8))
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((4, 4), np.float32), "unused"))
+    s = summarize(load_model(model))
+    assert s.nodes == 1
+    assert s.op_histogram == {"Relu": 1}
+    assert s.parameters == 16 and s.parameter_bytes == 64
+    assert s.dynamic_dims == {"x": ["batch", 3, 8, 8]}
+
+
+def test_summary_counts_subgraph_nodes(tmp_path):
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1])],
+    )
+    node = helper.make_node(
+        "If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="if"
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    s = summarize(load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    assert s.nodes == 1 and s.nodes_including_subgraphs == 3
+    assert s.subgraph_ops == ["Neg", "Relu"]
+
+
+@pytest.mark.slow
+def test_legacy_ir_with_initializers_as_inputs_loads():
+    loaded = load_model(shared_model("light_resnet50"))
+    s = summarize(loaded)
+    assert s.legacy_initializer_inputs > 0
+    assert [i["name"] for i in s.inputs] == ["gpu_0/data_0"]
