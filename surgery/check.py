@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import os
+from contextlib import contextmanager
 from collections.abc import Mapping, Sequence
 
 import onnx
 
 from surgery.coverage import CoverageReport, analyze_coverage
-from surgery.model import load_model
+from surgery.model import open_model
 from surgery.targets import Target, resolve_target
 
 
@@ -21,5 +23,22 @@ def check_model(
 ) -> CoverageReport:
     """Which nodes run on the MLA/CVU/APU of `target`, the MLA segments, and the blockers."""
     tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
-    loaded = load_model(model, input_shapes)
-    return analyze_coverage(loaded, tgt, op_target=op_target)
+    with gc_paused():
+        loaded, view = open_model(model, input_shapes)
+        return analyze_coverage(loaded, tgt, op_target=op_target, view=view)
+
+
+@contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector during a short, allocation-heavy analysis.
+
+    Analysis allocates many small objects and no reference cycles; a full collection triggered
+    halfway through (traversing every protobuf wrapper) would cost more than the analysis.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -211,33 +211,31 @@ def _is_standard_op(op_type: str, domain: str) -> bool:
         return False
 
 
-def constant_tensors(
-    view: GraphView, order: list[int] | None = None
-) -> tuple[set[str], list[bool]]:
+def constant_tensors(view: GraphView, order: list[int] | None = None) -> tuple[set[str], list[bool]]:
     """Tensors known before run time, and which nodes only compute such tensors (foldable)."""
     constants = set(view.initializers)
     foldable = [False] * len(view.nodes)
+    op_types, node_inputs, node_outputs = view.op_types, view.node_inputs, view.node_outputs
     for idx in order if order is not None else topo_order(view):
-        node = view.nodes[idx]
-        op = node.op_type
+        op = op_types[idx]
         if op in _NON_FOLDABLE:
             continue
-        ins = [i for i in node.input if i]
+        ins = [i for i in node_inputs[idx] if i]
         if op in ("Shape", "Size"):
-            t = view.tensors.get(ins[0]) if ins else None
-            ok = bool(ins) and (
-                ins[0] in constants
-                or (
-                    t is not None
-                    and (t.is_static or (op == "Shape" and _shape_slice_static(node, t)))
-                )
-            )
+            ok = bool(ins) and (ins[0] in constants or _shape_known(view, idx, ins[0]))
         else:
             ok = all(i in constants for i in ins)
         if ok:
             foldable[idx] = True
-            constants.update(o for o in node.output if o)
+            constants.update(o for o in node_outputs[idx] if o)
     return constants, foldable
+
+
+def _shape_known(view: GraphView, idx: int, tensor: str) -> bool:
+    t = view.tensor(tensor)
+    if t.is_static:
+        return True
+    return view.op_types[idx] == "Shape" and _shape_slice_static(view.nodes[idx], t)
 
 
 def _shape_slice_static(node: onnx.NodeProto, t) -> bool:
@@ -252,12 +250,12 @@ def topo_order(view: GraphView) -> list[int]:
     """Node indices in topological order (the stored order when it already is one)."""
     n = len(view.nodes)
     producer = view.producer
-    if all(producer.get(t, -1) < i for i, node in enumerate(view.nodes) for t in node.input):
+    if all(producer.get(t, -1) < i for i, ins in enumerate(view.node_inputs) for t in ins):
         return list(range(n))
     indeg = [0] * n
-    for idx, node in enumerate(view.nodes):
-        for t in node.input:
-            if t in view.producer:
+    for idx, ins in enumerate(view.node_inputs):
+        for t in ins:
+            if t in producer:
                 indeg[idx] += 1
     ready = [i for i in range(n) if indeg[i] == 0]
     ready.reverse()
@@ -265,7 +263,7 @@ def topo_order(view: GraphView) -> list[int]:
     while ready:
         i = ready.pop()
         order.append(i)
-        for t in view.nodes[i].output:
+        for t in view.node_outputs[i]:
             for c in view.consumers.get(t, ()):
                 indeg[c] -= 1
                 if indeg[c] == 0:
@@ -310,24 +308,25 @@ def analyze_coverage(
     pins = _pinned_placements(model, op_target)
     frozen_constants = frozenset(constants)
     placements: list[NodePlacement] = []
-    for idx, node in enumerate(view.nodes):
-        name = view.names[idx]
-        macs = node_macs(view, idx)
+    names, op_types, domains = view.names, view.op_types, view.domains
+    for idx in range(len(view.nodes)):
+        name, op_type, domain = names[idx], op_types[idx], domains[idx]
         if foldable[idx]:
-            placements.append(NodePlacement(idx, name, node.op_type, "APU", foldable=True, macs=0))
+            placements.append(NodePlacement(idx, name, op_type, "APU", (), True))
             continue
-        pin = pins.get(name) or pins.get(node.op_type)
-        if node.domain not in ("", "ai.onnx"):
-            known = False
+        macs = node_macs(view, idx)
+        pin = (pins.get(name) or pins.get(op_type)) if pins else None
+        if domain not in ("", "ai.onnx"):
             reason = Reason(
                 "custom_op",
-                f"{node.op_type} is a custom op (domain {node.domain!r}); it runs on the APU",
+                f"{op_type} is a custom op (domain {domain!r}); it runs on the APU",
             )
             decision_proc, reasons, precisions = "APU", [reason], ()
         else:
-            known = _is_standard_op(node.op_type, "")
             decision = tgt.decide(
-                node.op_type, NodeContext(view, idx, frozen_constants), known_op=known
+                op_type,
+                NodeContext(view, idx, frozen_constants),
+                known_op=_is_standard_op(op_type, ""),
             )
             decision_proc, reasons, precisions = (
                 decision.processor,
@@ -355,7 +354,7 @@ def analyze_coverage(
             NodePlacement(
                 idx,
                 name,
-                node.op_type,
+                op_type,
                 decision_proc,
                 tuple(reasons),
                 False,
@@ -401,7 +400,7 @@ def _segment(
     bit = [0] * n  # original-group bit of each MLA node
     parent: list[int] = []  # union-find over group ids
     absorbed: list[int] = []  # mask of original ids merged into each root
-    members: list[list[int]] = []
+    members: list[set[int]] = []
     external: list[set[int]] = []  # producers outside the group, per root
 
     def find(g: int) -> int:
@@ -411,10 +410,13 @@ def _segment(
         return g
 
     group_of = [-1] * n
+    producer_of = view.producer
+    node_inputs = view.node_inputs
     for idx in order:
-        node = view.nodes[idx]
+        if placements[idx].foldable:
+            continue
         producers = {
-            view.producer[t] for t in node.input if t and t not in constants and t in view.producer
+            producer_of[t] for t in node_inputs[idx] if t in producer_of and t not in constants
         }
         mask = 0
         for p in producers:
@@ -437,7 +439,7 @@ def _segment(
             gid = len(parent)
             parent.append(gid)
             absorbed.append(1 << gid)
-            members.append([idx])
+            members.append({idx})
             external.append(set(producers))
             group_of[idx] = gid
             bit[idx] = 1 << gid
@@ -446,13 +448,15 @@ def _segment(
         for g in chosen[1:]:
             parent[g] = root
             absorbed[root] |= absorbed[g]
-            members[root].extend(members[g])
+            members[root] |= members[g]
             external[root] |= external[g]
-        members[root].append(idx)
+        member_set = members[root]
+        member_set.add(idx)
         group_of[idx] = root
         bit[idx] = 1 << root
-        member_set = set(members[root])
-        external[root] = {q for q in external[root] | producers if q not in member_set}
+        if len(chosen) > 1:
+            external[root] = {q for q in external[root] if q not in member_set}
+        external[root].update(q for q in producers if q not in member_set)
     roots = sorted(
         {find(group_of[i]) for i in range(n) if group_of[i] >= 0}, key=lambda g: min(members[g])
     )
@@ -487,11 +491,10 @@ def _describe_segment(
     outputs: list[str] = []
     graph_outputs = set(view.graph_outputs)
     for i in nodes:
-        node = view.nodes[i]
-        for t in node.input:
+        for t in view.node_inputs[i]:
             if t and t not in constants and view.producer.get(t) not in member and t not in inputs:
                 inputs.append(t)
-        for t in node.output:
+        for t in view.node_outputs[i]:
             if t and (
                 t in graph_outputs or any(c not in member for c in view.consumers.get(t, ()))
             ):

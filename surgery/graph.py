@@ -6,7 +6,6 @@ Coverage, queries and rules all need the same lookups; building them once per an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -86,42 +85,44 @@ def shape_from_type(tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None]:
     tt = tp.tensor_type
     if not tt.HasField("shape"):
         return tt.elem_type, None
-    dims: list[Dim] = []
-    for d in tt.shape.dim:
-        v = d.dim_value
-        if v > 0:
-            dims.append(v)
-        else:
-            dims.append(d.dim_param or None)
-    return tt.elem_type, tuple(dims)
+    dims = tt.shape.dim
+    values = [d.dim_value for d in dims]
+    if all(values):
+        return tt.elem_type, tuple(values)
+    return tt.elem_type, tuple(v if v > 0 else (d.dim_param or None) for v, d in zip(values, dims))
+
+
+_INT, _INTS, _FLOAT, _FLOATS = 2, 7, 1, 6
+_STRING, _STRINGS, _TENSOR, _GRAPH, _GRAPHS = 3, 8, 4, 5, 10
+
+
+def attribute_value(a: onnx.AttributeProto) -> object:
+    """One attribute as a plain Python value (tensors stay TensorProto; graphs GraphProto)."""
+    t = a.type
+    if t == _INT:
+        return a.i
+    if t == _INTS:
+        return list(a.ints)
+    if t == _FLOAT:
+        return a.f
+    if t == _FLOATS:
+        return list(a.floats)
+    if t == _STRING:
+        return a.s.decode("utf-8", "replace")
+    if t == _STRINGS:
+        return [s.decode("utf-8", "replace") for s in a.strings]
+    if t == _TENSOR:
+        return a.t
+    if t == _GRAPH:
+        return a.g
+    if t == _GRAPHS:
+        return list(a.graphs)
+    return onnx.helper.get_attribute_value(a)
 
 
 def attribute_values(node: onnx.NodeProto) -> dict[str, object]:
-    """Node attributes as plain Python values (tensors stay TensorProto; graphs stay GraphProto)."""
-    out: dict[str, object] = {}
-    for a in node.attribute:
-        t = a.type
-        if t == onnx.AttributeProto.INT:
-            out[a.name] = a.i
-        elif t == onnx.AttributeProto.INTS:
-            out[a.name] = list(a.ints)
-        elif t == onnx.AttributeProto.FLOAT:
-            out[a.name] = a.f
-        elif t == onnx.AttributeProto.FLOATS:
-            out[a.name] = list(a.floats)
-        elif t == onnx.AttributeProto.STRING:
-            out[a.name] = a.s.decode("utf-8", "replace")
-        elif t == onnx.AttributeProto.STRINGS:
-            out[a.name] = [s.decode("utf-8", "replace") for s in a.strings]
-        elif t == onnx.AttributeProto.TENSOR:
-            out[a.name] = a.t
-        elif t == onnx.AttributeProto.GRAPH:
-            out[a.name] = a.g
-        elif t == onnx.AttributeProto.GRAPHS:
-            out[a.name] = list(a.graphs)
-        else:
-            out[a.name] = onnx.helper.get_attribute_value(a)
-    return out
+    """Node attributes as plain Python values, by name."""
+    return {a.name: attribute_value(a) for a in node.attribute}
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
@@ -129,57 +130,85 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-@dataclass
 class GraphView:
-    """Lookups over one (top-level) graph. Built once; never mutates the model."""
+    """Lookups over one (top-level) graph. Built once; never mutates the model.
 
-    model: onnx.ModelProto
-    nodes: list[onnx.NodeProto] = field(init=False)
-    names: list[str] = field(init=False)
-    producer: dict[str, int] = field(init=False)
-    consumers: dict[str, list[int]] = field(init=False)
-    initializers: dict[str, onnx.TensorProto] = field(init=False)
-    tensors: dict[str, TensorInfo] = field(init=False, repr=False)
-    graph_inputs: list[str] = field(init=False)
-    graph_outputs: list[str] = field(init=False)
+    Per-node inputs/outputs/op types are copied out of the protobuf once: repeated protobuf
+    field access dominates analysis time on large graphs.
+    """
 
-    def __post_init__(self) -> None:
-        g = self.model.graph
-        self.nodes = list(g.node)
-        self.initializers = {t.name: t for t in g.initializer}
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        g = model.graph
+        self.nodes: list[onnx.NodeProto] = list(g.node)
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
         self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in g.output]
-        self.names = []
-        self.producer = {}
-        self.consumers = {}
+        names: list[str] = []
+        op_types: list[str] = []
+        domains: list[str] = []
+        node_inputs: list[tuple[str, ...]] = []
+        node_outputs: list[tuple[str, ...]] = []
+        producer: dict[str, int] = {}
+        consumers: dict[str, list[int]] = {}
         seen: set[str] = set()
         for idx, node in enumerate(self.nodes):
-            label = node_label(node, idx)
+            op = node.op_type
+            label = node.name or f"{op}_{idx}"
             if label in seen:
                 label = f"{label}#{idx}"
             seen.add(label)
-            self.names.append(label)
-            for out in node.output:
+            names.append(label)
+            op_types.append(op)
+            domains.append(node.domain)
+            ins = tuple(node.input)
+            outs = tuple(node.output)
+            node_inputs.append(ins)
+            node_outputs.append(outs)
+            for out in outs:
                 if out:
-                    self.producer[out] = idx
-            for inp in node.input:
+                    producer[out] = idx
+            for inp in ins:
                 if inp:
-                    self.consumers.setdefault(inp, []).append(idx)
+                    lst = consumers.get(inp)
+                    if lst is None:
+                        consumers[inp] = [idx]
+                    elif lst[-1] != idx:
+                        lst.append(idx)
+        self.names = names
+        self.op_types = op_types
+        self.domains = domains
+        self.node_inputs = node_inputs
+        self.node_outputs = node_outputs
+        self.producer = producer
+        self.consumers = consumers
+        self.reload_value_info()
+
+    def reload_value_info(self) -> None:
+        """Re-read tensor types after shape inference changed `graph.value_info`."""
+        g = self.model.graph
         value_infos: dict[str, onnx.ValueInfoProto] = {}
         for vi in (*g.output, *g.value_info, *g.input):
             value_infos[vi.name] = vi
         self._value_infos = value_infos
-        self.tensors = _LazyTensors(self)
+        self._tensors: dict[str, TensorInfo] = {}
 
     @cached_property
     def index_by_name(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}
 
     def tensor(self, name: str) -> TensorInfo:
-        info = self.tensors.get(name)
-        return info if info is not None else TensorInfo(name, 0, None)
+        """Type and shape of a tensor (rank None when unknown); parsed on first use."""
+        info = self._tensors.get(name)
+        if info is None:
+            info = self._make_tensor_info(name)
+            self._tensors[name] = info
+        return info
 
-    def _make_tensor_info(self, name: str) -> TensorInfo | None:
+    def has_tensor_info(self, name: str) -> bool:
+        return name in self.initializers or name in self._value_infos
+
+    def _make_tensor_info(self, name: str) -> TensorInfo:
         init = self.initializers.get(name)
         if init is not None:
             return TensorInfo(name, init.data_type, tuple(init.dims))
@@ -187,7 +216,7 @@ class GraphView:
         if vi is not None:
             elem, shape = shape_from_type(vi.type)
             return TensorInfo(name, elem, shape)
-        return None
+        return TensorInfo(name, 0, None)
 
     def is_initializer(self, name: str) -> bool:
         return name in self.initializers
@@ -211,41 +240,17 @@ class GraphView:
 
     def successors(self, idx: int) -> list[int]:
         out: list[int] = []
-        for t in self.nodes[idx].output:
+        for t in self.node_outputs[idx]:
             out.extend(self.consumers.get(t, ()))
         return out
 
     def predecessors(self, idx: int) -> list[int]:
         out: list[int] = []
-        for t in self.nodes[idx].input:
+        for t in self.node_inputs[idx]:
             p = self.producer.get(t)
             if p is not None:
                 out.append(p)
         return out
-
-
-class _LazyTensors(dict):
-    """name → TensorInfo, parsed from value_info on first use (most tensors never are)."""
-
-    def __init__(self, view: GraphView) -> None:
-        super().__init__()
-        self._view = view
-
-    def __missing__(self, name: str) -> TensorInfo:
-        info = self._view._make_tensor_info(name)
-        if info is None:
-            raise KeyError(name)
-        self[name] = info
-        return info
-
-    def get(self, name: str, default: TensorInfo | None = None) -> TensorInfo | None:  # type: ignore[override]
-        try:
-            return self[name]
-        except KeyError:
-            return default
-
-    def __contains__(self, name: object) -> bool:
-        return dict.__contains__(self, name) or self.get(name) is not None  # type: ignore[arg-type]
 
 
 def _constant_node_value(node: onnx.NodeProto, max_elements: int) -> np.ndarray | None:

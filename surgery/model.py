@@ -24,6 +24,7 @@ from surgery.errors import (
     SurgeryError,
     UnknownDomainError,
 )
+from surgery.graph import GraphView
 
 PROTOBUF_LIMIT = 2**31 - 1
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
@@ -87,62 +88,79 @@ def load_model(
     infer_shapes: bool = True,
 ) -> onnx.ModelProto:
     """Read, validate and shape-infer a model; `input_shapes` fixes dynamic input dimensions."""
+    return open_model(source, input_shapes, infer_shapes=infer_shapes)[0]
+
+
+def open_model(
+    source: str | os.PathLike | onnx.ModelProto,
+    input_shapes: InputShapes | None = None,
+    *,
+    infer_shapes: bool = True,
+) -> tuple[onnx.ModelProto, GraphView]:
+    """`load_model` plus the GraphView built while validating (analyses reuse it)."""
     model = read_model(source)
     label = (
         str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
     )
-    validate_graph(model, label)
+    view = validate_graph(model, label)
     if input_shapes:
         set_input_shapes(model, input_shapes)
     if infer_shapes:
-        infer_model_shapes(model, label)
-    return model
+        infer_model_shapes(model, label, view)
+    view.reload_value_info()
+    return model, view
 
 
-def validate_graph(model: onnx.ModelProto, label: str = "model") -> None:
+def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     """Raise a typed error for unknown domains, dangling tensors or cycles in the top graph."""
     declared = {o.domain for o in model.opset_import}
     if not any(d in ("", "ai.onnx") for d in declared):
         raise InvalidGraphError(f"{label}: no default-domain opset in opset_import")
     g = model.graph
-    available = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    produced: dict[str, int] = {}
-    for idx, node in enumerate(g.node):
-        if node.domain not in STANDARD_DOMAINS and node.domain not in declared:
+    view = GraphView(model)
+    for idx, domain in enumerate(view.domains):
+        if domain and domain not in STANDARD_DOMAINS and domain not in declared:
             raise UnknownDomainError(
-                f"{label}: node {node.name or idx!r} ({node.op_type}) uses domain {node.domain!r}, "
+                f"{label}: node {view.names[idx]!r} ({view.op_types[idx]}) uses domain {domain!r}, "
                 "which the model's opset_import does not declare"
             )
-        for out in node.output:
-            if out and out in produced:
+    produced = view.producer
+    if len(produced) != sum(1 for outs in view.node_outputs for o in outs if o):
+        seen: dict[str, int] = {}
+        for idx, outs in enumerate(view.node_outputs):
+            for out in outs:
+                if out and out in seen:
+                    raise InvalidGraphError(
+                        f"{label}: tensor {out!r} is produced twice (nodes "
+                        f"{view.names[seen[out]]!r} and {view.names[idx]!r})"
+                    )
+                seen[out] = idx
+    available = {i.name for i in g.input} | set(view.initializers) | {""}
+    for idx, ins in enumerate(view.node_inputs):
+        for inp in ins:
+            if inp not in produced and inp not in available:
                 raise InvalidGraphError(
-                    f"{label}: tensor {out!r} is produced twice (nodes "
-                    f"{_name(g.node[produced[out]], produced[out])!r} and {_name(node, idx)!r})"
+                    f"{label}: node {view.names[idx]!r} ({view.op_types[idx]}) reads tensor "
+                    f"{inp!r}, which no node, graph input or initializer provides "
+                    "(missing initializer?)"
                 )
-            if out:
-                produced[out] = idx
-    for idx, node in enumerate(g.node):
-        for inp in node.input:
-            if inp not in available and inp not in produced:
-                raise InvalidGraphError(
-                    f"{label}: node {_name(node, idx)!r} ({node.op_type}) reads tensor {inp!r}, "
-                    "which no node, graph input or initializer provides (missing initializer?)"
-                )
-    for out in g.output:
-        if out.name not in available and out.name not in produced:
-            raise InvalidGraphError(
-                f"{label}: graph output {out.name!r} is not produced by any node"
-            )
-    _check_acyclic(g, produced, label)
+    for out in view.graph_outputs:
+        if out not in available and out not in produced:
+            raise InvalidGraphError(f"{label}: graph output {out!r} is not produced by any node")
+    _check_acyclic(view, label)
+    return view
 
 
-def _check_acyclic(g: onnx.GraphProto, produced: dict[str, int], label: str) -> None:
-    n = len(g.node)
+def _check_acyclic(view: GraphView, label: str) -> None:
+    n = len(view.nodes)
+    producer = view.producer
+    if all(producer.get(t, -1) < i for i, ins in enumerate(view.node_inputs) for t in ins):
+        return  # already topologically sorted, the common case
     indegree = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
-    for idx, node in enumerate(g.node):
-        for inp in node.input:
-            p = produced.get(inp)
+    for idx, ins in enumerate(view.node_inputs):
+        for inp in ins:
+            p = producer.get(inp)
             if p is not None:
                 indegree[idx] += 1
                 users[p].append(idx)
@@ -156,7 +174,7 @@ def _check_acyclic(g: onnx.GraphProto, produced: dict[str, int], label: str) -> 
             if indegree[u] == 0:
                 ready.append(u)
     if seen != n:
-        stuck = [_name(g.node[i], i) for i in range(n) if indegree[i] > 0]
+        stuck = [view.names[i] for i in range(n) if indegree[i] > 0]
         raise InvalidGraphError(
             f"{label}: the graph has a cycle through {len(stuck)} node(s): {', '.join(stuck[:8])}"
             + (" …" if len(stuck) > 8 else "")
@@ -225,13 +243,15 @@ def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
     del model.graph.value_info[:]
 
 
-def infer_model_shapes(model: onnx.ModelProto, label: str = "model") -> None:
+def infer_model_shapes(
+    model: onnx.ModelProto, label: str = "model", view: GraphView | None = None
+) -> None:
     """Shape inference with data propagation, in place.
 
     Large weights are hidden from the C++ inferencer while it runs: they never affect shapes,
     serialising them dominates the time, and it keeps models over 2 GB inferrable.
     """
-    hidden = _hide_large_weights(model)
+    hidden = _hide_large_weights(model, view)
     try:
         inferred = shape_inference.infer_shapes(
             model, check_type=False, strict_mode=False, data_prop=True
@@ -249,7 +269,9 @@ def infer_model_shapes(model: onnx.ModelProto, label: str = "model") -> None:
             out.type.CopyFrom(new.type)
 
 
-def _hide_large_weights(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bytes]]:
+def _hide_large_weights(
+    model: onnx.ModelProto, view: GraphView | None = None
+) -> list[tuple[onnx.TensorProto, bytes]]:
     hidden: list[tuple[onnx.TensorProto, bytes]] = []
 
     def hide(t: onnx.TensorProto) -> None:
@@ -262,11 +284,16 @@ def _hide_large_weights(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, 
 
     for t in model.graph.initializer:
         hide(t)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    hide(a.t)
+    nodes = model.graph.node
+    constant_nodes = (
+        [nodes[i] for i, op in enumerate(view.op_types) if op == "Constant"]
+        if view is not None
+        else [n for n in nodes if n.op_type == "Constant"]
+    )
+    for node in constant_nodes:
+        for a in node.attribute:
+            if a.name == "value":
+                hide(a.t)
     return hidden
 
 

@@ -78,7 +78,7 @@ class InputSpec:
     dynamic_dims: tuple[int, ...] = ()
     """Indices of dimensions that were unknown in the model and set to 1."""
     range_source: str = ""
-    """Why the range was chosen (e.g. "embedding 'emb' has 10 rows"); empty for the default."""
+    """Why the range was chosen (e.g. "Gather table 'emb' has 10 rows"); empty by default."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +127,7 @@ def input_specs(
             low, high = 0, DEFAULT_INT_HIGH
             if bound is not None:
                 high, source = bound[0], f"Gather table {bound[1]!r} has {bound[0]} rows"
+            high = min(high, int(np.iinfo(dtype).max) + 1)  # no wrap-around in int8/uint8
         specs.append(InputSpec(vi.name, dtype, shape, low, high, dynamic, source))
     return specs
 
@@ -413,7 +414,7 @@ class VerifyResult:
 
     @property
     def worst(self) -> dict[str, float | None]:
-        """Worst max_abs, lowest cosine and lowest SQNR over all float outputs."""
+        """Worst max_abs, lowest cosine and lowest SQNR over the outputs that have them."""
         return {
             "max_abs": _extreme((o.max_abs for o in self.outputs), max),
             "min_cosine": _extreme((o.cosine for o in self.outputs), min),
@@ -642,8 +643,10 @@ def verify_models(
 
     `inputs` is a dict or an `.npz` path keyed by input name; otherwise random inputs are drawn
     from A's signature (`samples` trials, seeds `seed`, `seed+1`, …; metrics are worst-case).
-    Every failure to load, feed or run a model raises `VerifyError` naming model A or B;
-    mismatching outputs (including different shapes) are a failed result, not an exception.
+    `exact=True` ignores atol/rtol and allows float rounding only (for data-movement
+    rewrites). Every failure to load, feed or run a model raises `VerifyError` naming model A
+    or B; mismatching outputs (including different shapes) are a failed result, not an
+    exception.
     """
     if samples < 1:
         raise VerifyError(f"samples must be at least 1 (got {samples})")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from surgery.graph import FLOAT_TYPES, GraphView, TensorInfo, attribute_values, dtype_name
+from surgery.graph import FLOAT_TYPES, GraphView, TensorInfo, attribute_value, dtype_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +41,26 @@ class NodeContext:
     constants: set[str] | frozenset[str]
     processor: str = "MLA"
     _attrs: dict[str, Any] | None = None
+    _attr_protos: dict[str, onnx.AttributeProto] | None = None
     _data_inputs: list[TensorInfo] | None = None
     _outputs: list[TensorInfo] | None = None
+    _data_tensors: list[tuple[str, TensorInfo]] | None = None
 
-    @property
-    def attrs(self) -> dict[str, Any]:
-        if self._attrs is None:
-            self._attrs = attribute_values(self.node)
-        return self._attrs
 
     @property
     def node(self) -> onnx.NodeProto:
         return self.view.nodes[self.index]
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.view.node_inputs[self.index]
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.view.node_outputs[self.index]
+
     def input(self, k: int) -> TensorInfo | None:
-        ins = self.node.input
+        ins = self.view.node_inputs[self.index]
         if k >= len(ins) or not ins[k]:
             return None
         return self.view.tensor(ins[k])
@@ -64,25 +69,27 @@ class NodeContext:
         return name in self.constants
 
     def input_is_constant(self, k: int) -> bool:
-        ins = self.node.input
+        ins = self.view.node_inputs[self.index]
         return k < len(ins) and bool(ins[k]) and ins[k] in self.constants
 
     def input_value(self, k: int) -> np.ndarray | None:
-        ins = self.node.input
+        ins = self.view.node_inputs[self.index]
         if k >= len(ins) or not ins[k]:
             return None
         return self.view.constant_value(ins[k])
 
     def data_inputs(self) -> list[TensorInfo]:
         if self._data_inputs is None:
+            tensor, constants = self.view.tensor, self.constants
             self._data_inputs = [
-                self.view.tensor(n) for n in self.node.input if n and n not in self.constants
+                tensor(n) for n in self.view.node_inputs[self.index] if n and n not in constants
             ]
         return self._data_inputs
 
     def outputs(self) -> list[TensorInfo]:
         if self._outputs is None:
-            self._outputs = [self.view.tensor(n) for n in self.node.output if n]
+            tensor = self.view.tensor
+            self._outputs = [tensor(n) for n in self.view.node_outputs[self.index] if n]
         return self._outputs
 
     def rank(self) -> int | None:
@@ -94,7 +101,19 @@ class NodeContext:
         return first.rank if first is not None else None
 
     def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
+        """One attribute as a Python value; only the attributes asked for are converted."""
+        if self._attrs is not None and name in self._attrs:
+            return self._attrs[name]
+        if self._attr_protos is None:
+            self._attr_protos = {a.name: a for a in self.node.attribute}
+        proto = self._attr_protos.get(name)
+        if proto is None:
+            return default
+        value = attribute_value(proto)
+        if self._attrs is None:
+            self._attrs = {}
+        self._attrs[name] = value
+        return value
 
 
 Check = Callable[[NodeContext, dict[str, Any]], Reason | None]
@@ -138,7 +157,11 @@ def _selected_tensors(ctx: NodeContext, which: str) -> list[tuple[str, TensorInf
         return [("output", t) for t in ctx.outputs()]
     if which == "inputs":
         return [("input", t) for t in ctx.data_inputs()]
-    return [("input", t) for t in ctx.data_inputs()] + [("output", t) for t in ctx.outputs()]
+    if ctx._data_tensors is None:
+        ctx._data_tensors = [("input", t) for t in ctx.data_inputs()] + [
+            ("output", t) for t in ctx.outputs()
+        ]
+    return ctx._data_tensors
 
 
 @check("rank", "ranks")
@@ -149,13 +172,15 @@ def check_rank(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         if t.rank is None:
             return Reason(
                 "rank_unknown",
-                f"{role} {t.name!r} has unknown rank; the {ctx.processor} needs {_ranks_text(ranks)} tensors",
+                f"{role} {t.name!r} has unknown rank; the {ctx.processor} needs "
+                f"{_ranks_text(ranks)} tensors",
                 ctx.processor,
             )
         if t.rank not in ranks:
             return Reason(
                 "rank",
-                f"{role} {t.name!r} is rank {t.rank}; the {ctx.processor} needs {_ranks_text(ranks)} tensors",
+                f"{role} {t.name!r} is rank {t.rank}; the {ctx.processor} needs "
+                f"{_ranks_text(ranks)} tensors",
                 ctx.processor,
             )
     return None
@@ -169,7 +194,8 @@ def check_dtype(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         if t.elem_type and t.dtype not in allowed:
             return Reason(
                 "dtype",
-                f"{role} {t.name!r} is {t.dtype}; the {ctx.processor} takes {', '.join(sorted(allowed))}",
+                f"{role} {t.name!r} is {t.dtype}; the {ctx.processor} takes "
+                f"{', '.join(sorted(allowed))}",
                 ctx.processor,
             )
     return None
@@ -182,7 +208,8 @@ def check_static_shape(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         if t.shape is not None and not t.is_static:
             return Reason(
                 "dynamic_shape",
-                f"{role} {t.name!r} has dynamic shape {list(t.shape)}; the {ctx.processor} needs static shapes (use --input-shape)",
+                f"{role} {t.name!r} has dynamic shape {list(t.shape)}; the {ctx.processor} "
+                "needs static shapes (use --input-shape)",
                 ctx.processor,
             )
     return None
@@ -268,10 +295,10 @@ def check_depthwise_kernel_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | 
 def check_const_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Input {index} must be a constant."""
     k = p["index"]
-    if k < len(ctx.node.input) and ctx.node.input[k] and not ctx.input_is_constant(k):
+    if k < len(ctx.input_names) and ctx.input_names[k] and not ctx.input_is_constant(k):
         return Reason(
             "non_constant_input",
-            f"input {k} ({ctx.node.input[k]!r}) must be a constant on the {ctx.processor}",
+            f"input {k} ({ctx.input_names[k]!r}) must be a constant on the {ctx.processor}",
             ctx.processor,
         )
     return None
@@ -280,7 +307,7 @@ def check_const_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
 @check("single_data_input")
 def check_single_data_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Only the first input may be a computed tensor; the others must be constants."""
-    dynamic = [n for k, n in enumerate(ctx.node.input) if k > 0 and n and n not in ctx.constants]
+    dynamic = [n for k, n in enumerate(ctx.input_names) if k > 0 and n and n not in ctx.constants]
     if dynamic:
         return Reason(
             "non_constant_input",
@@ -319,7 +346,7 @@ def check_vector_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
 def _normalise_axes(ctx: NodeContext, p: dict[str, Any]) -> list[int] | None:
     """The axes a node works on, from an attribute or a constant input; None if unknown."""
     rank = ctx.rank()
-    if "input" in p and len(ctx.node.input) > p["input"] and ctx.node.input[p["input"]]:
+    if "input" in p and len(ctx.input_names) > p["input"] and ctx.input_names[p["input"]]:
         value = ctx.input_value(p["input"])
         if value is None:
             return None
@@ -481,14 +508,14 @@ def check_scalar_in(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
 @check("positive_steps")
 def check_positive_steps(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Slice starts, ends, axes and steps must be constant; steps at most {max_step} and positive."""
-    for k in range(1, len(ctx.node.input)):
-        if ctx.node.input[k] and not ctx.input_is_constant(k):
+    for k in range(1, len(ctx.input_names)):
+        if ctx.input_names[k] and not ctx.input_is_constant(k):
             return Reason(
                 "non_constant_input",
-                f"slice parameter {ctx.node.input[k]!r} is computed at run time (try fold-constants)",
+                f"slice parameter {ctx.input_names[k]!r} is computed at run time (try fold-constants)",
                 ctx.processor,
             )
-    steps = ctx.input_value(4) if len(ctx.node.input) > 4 and ctx.node.input[4] else None
+    steps = ctx.input_value(4) if len(ctx.input_names) > 4 and ctx.input_names[4] else None
     if steps is not None:
         if any(int(s) <= 0 for s in np.atleast_1d(steps)):
             return Reason(
@@ -508,7 +535,7 @@ def check_positive_steps(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
 @check("no_output", "index")
 def check_no_output(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Optional output {index} must be unused."""
-    outs = ctx.node.output
+    outs = ctx.output_names
     k = p["index"]
     if (
         k < len(outs)
@@ -533,14 +560,14 @@ def check_pad(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
             f"pad mode {mode!r}; the {ctx.processor} pads with constant zeros only",
             ctx.processor,
         )
-    pads = ctx.input_value(1) if len(ctx.node.input) > 1 else np.array(ctx.attr("pads", []))
+    pads = ctx.input_value(1) if len(ctx.input_names) > 1 else np.array(ctx.attr("pads", []))
     if pads is None:
         return Reason(
             "non_constant_input",
             "pads are computed at run time (try fold-constants)",
             ctx.processor,
         )
-    value = ctx.input_value(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
+    value = ctx.input_value(2) if len(ctx.input_names) > 2 and ctx.input_names[2] else None
     if value is not None and float(np.asarray(value).reshape(-1)[0]) != 0.0:
         return Reason(
             "attribute",
@@ -569,7 +596,7 @@ def _resize_scales(ctx: NodeContext) -> list[float] | None:
     x, y = ctx.input(0), (ctx.outputs() or [None])[0]
     if x is not None and y is not None and x.is_static and y.is_static:
         return [yo / xi for xi, yo in zip(x.shape, y.shape, strict=True)]  # type: ignore[operator, arg-type]
-    scales = ctx.input_value(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
+    scales = ctx.input_value(2) if len(ctx.input_names) > 2 and ctx.input_names[2] else None
     return None if scales is None or scales.size == 0 else [float(s) for s in scales]
 
 
@@ -639,7 +666,7 @@ def _scale_ok(s: float, rule: str, ctm: str, nearest_mode: str) -> bool:
 def check_einsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Einsum: two inputs; each index appears in at least two tensors, at most once per tensor."""
     eq = str(ctx.attr("equation", "")).replace(" ", "")
-    if "->" not in eq or len(ctx.node.input) != 2 or "..." in eq:
+    if "->" not in eq or len(ctx.input_names) != 2 or "..." in eq:
         return Reason(
             "attribute",
             f"einsum {eq!r}: the {ctx.processor} needs two inputs and an explicit output",

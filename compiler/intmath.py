@@ -1,0 +1,330 @@
+"""Integer arithmetic of the quantized model: the single source of truth.
+
+Every piece of integer math that the reference executor (`compiler.runtime`) performs, and that
+the MLA emulator must reproduce bit for bit, is defined here: integer type ranges and saturation,
+the rounding rules, the fixed-point representation of real multipliers (`quantize_multiplier`),
+the two requantization modes ("sima" and "tflite") and the lookup-table builder for nonlinear
+functions. docs/integer-semantics.md is the prose version of this module; the two must agree.
+
+All functions are vectorised over numpy arrays and compute in int64 (or, where stated, float64
+used as an exact carrier for integers below 2**53). Integer inputs may be any integer dtype;
+results are int64 unless the function says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+RequantizationMode = Literal["sima", "tflite"]
+REQUANTIZATION_MODES: tuple[RequantizationMode, ...] = ("sima", "tflite")
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+MULTIPLIER_BITS = 31
+"""M in `quantize_multiplier` is a Q0.31 fixed-point number in [2**30, 2**31)."""
+
+MIN_RIGHT_SHIFT = -30
+"""Real multipliers up to 2**30 are representable (a left shift of at most 30)."""
+
+MAX_RIGHT_SHIFT = 31
+"""Real multipliers below 2**-32 are represented as zero: |acc * real| < 0.5 for any int32 acc."""
+
+INTEGER_DTYPES: tuple[type[np.integer], ...] = (
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+)
+
+_EXACT_FLOAT64 = 2**53
+
+IntArray = npt.NDArray[np.integer]
+
+
+# --- integer types -------------------------------------------------------------------------------
+
+
+def dtype_range(dtype: npt.DTypeLike) -> tuple[int, int]:
+    """(min, max) of an integer dtype, as Python ints."""
+    info = np.iinfo(np.dtype(dtype))
+    return int(info.min), int(info.max)
+
+
+def saturate(x: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
+    """Clamp integers to the range of `dtype` and cast: overflow saturates, it never wraps."""
+    low, high = dtype_range(dtype)
+    return np.clip(np.asarray(x, dtype=np.int64), low, high).astype(dtype)
+
+
+def saturate_int32(x: npt.ArrayLike) -> np.ndarray:
+    """Clamp to the int32 range, keeping int64 storage (the accumulator saturation step)."""
+    return np.clip(np.asarray(x, dtype=np.int64), INT32_MIN, INT32_MAX)
+
+
+# --- rounding of real numbers (compile time: tables, multipliers, constants) ---------------------
+
+
+def round_half_even(x: npt.ArrayLike) -> np.ndarray:
+    """Round to nearest, ties to even (IEEE default; ONNX QuantizeLinear). Returns int64."""
+    return np.rint(np.asarray(x, dtype=np.float64)).astype(np.int64)
+
+
+def round_half_away(x: npt.ArrayLike) -> np.ndarray:
+    """Round to nearest, ties away from zero (C `round`, TFLite `TfLiteRound`). Returns int64."""
+    x = np.asarray(x, dtype=np.float64)
+    return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(np.int64)
+
+
+def round_half_up(x: npt.ArrayLike) -> np.ndarray:
+    """Round to nearest, ties towards +infinity: floor(x + 0.5). Returns int64."""
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
+
+
+# --- rounding of integers (run time) -------------------------------------------------------------
+
+
+def rounding_right_shift(x: npt.ArrayLike, shift: npt.ArrayLike) -> np.ndarray:
+    """x / 2**shift rounded half up (towards +inf), for shift >= 0: (x + 2**(shift-1)) >> shift.
+
+    `>>` is the arithmetic (flooring) shift, so adding half first gives round-half-up for
+    negative and positive x alike. shift == 0 returns x unchanged.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    if np.any(shift < 0):
+        raise ValueError("rounding_right_shift needs a non-negative shift")
+    half = np.where(shift > 0, np.left_shift(np.int64(1), np.maximum(shift - 1, 0)), 0)
+    return np.right_shift(x + half, shift)
+
+
+def divide_round_half_up(numerator: npt.ArrayLike, denominator: npt.ArrayLike) -> np.ndarray:
+    """numerator / denominator rounded half up, in integers, for a positive denominator."""
+    numerator = np.asarray(numerator, dtype=np.int64)
+    denominator = np.asarray(denominator, dtype=np.int64)
+    if np.any(denominator <= 0):
+        raise ValueError("divide_round_half_up needs a positive denominator")
+    return np.floor_divide(2 * numerator + denominator, 2 * denominator)
+
+
+def _divide_truncate(x: np.ndarray, divisor: int) -> np.ndarray:
+    """C-style integer division (towards zero), which gemmlowp relies on."""
+    quotient = np.abs(x) // divisor
+    return np.where(x < 0, -quotient, quotient)
+
+
+# --- fixed-point multipliers ---------------------------------------------------------------------
+
+
+def quantize_multiplier(real: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Represent a non-negative real multiplier as (M, n) with real ~= M * 2**-31 * 2**-n.
+
+    M is an int32 in [2**30, 2**31) (or 0) and n a right shift in [-30, 31]. This is TFLite's
+    `QuantizeMultiplier` with the sign of the shift flipped to mean "right": frexp gives
+    real = q * 2**e with q in [0.5, 1), M = round_half_away(q * 2**31) (if that rounds up to
+    2**31, halve it and bump e), n = -e. Multipliers too small for any int32 accumulator to reach
+    0.5 (n > 31) become (0, 0); multipliers of 2**30 or more are rejected.
+    The relative representation error is at most 2**-31.
+    """
+    real = np.asarray(real, dtype=np.float64)
+    if not np.all(np.isfinite(real)) or np.any(real < 0):
+        raise ValueError("quantize_multiplier needs finite, non-negative real multipliers")
+    mantissa, exponent = np.frexp(real)
+    multiplier = round_half_away(mantissa * 2.0**MULTIPLIER_BITS)
+    carry = multiplier == 2**MULTIPLIER_BITS
+    multiplier = np.where(carry, multiplier // 2, multiplier)
+    shift = -(exponent.astype(np.int64) + carry)
+    if np.any((shift < MIN_RIGHT_SHIFT) & (multiplier != 0)):
+        raise ValueError(f"real multiplier too large for a 31-bit fixed-point multiplier: {real}")
+    negligible = (shift > MAX_RIGHT_SHIFT) | (multiplier == 0)
+    multiplier = np.where(negligible, 0, multiplier).astype(np.int64)
+    shift = np.where(negligible, 0, shift).astype(np.int64)
+    return multiplier, shift
+
+
+def multiplier_to_real(multiplier: npt.ArrayLike, shift: npt.ArrayLike) -> np.ndarray:
+    """The real value M * 2**-31 * 2**-n that (M, n) stands for (float64)."""
+    multiplier = np.asarray(multiplier, dtype=np.float64)
+    shift = np.asarray(shift, dtype=np.float64)
+    return multiplier * 2.0 ** (-MULTIPLIER_BITS - shift)
+
+
+# --- gemmlowp / TFLite primitives ----------------------------------------------------------------
+
+
+def saturating_rounding_doubling_high_mul(a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
+    """gemmlowp `SaturatingRoundingDoublingHighMul`: round(a * b / 2**31), ties away from zero.
+
+    The int64 product gets a nudge of 2**30 (or 1 - 2**30 when negative) and is divided by
+    2**31 truncating towards zero. The one overflowing case, a == b == INT32_MIN, saturates to
+    INT32_MAX. a and b must be int32 values.
+    """
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    product = a * b
+    nudge = np.where(product >= 0, 1 << 30, 1 - (1 << 30))
+    high = _divide_truncate(product + nudge, 1 << 31)
+    overflow = (a == INT32_MIN) & (b == INT32_MIN)
+    return np.where(overflow, INT32_MAX, high)
+
+
+def rounding_divide_by_pot(x: npt.ArrayLike, exponent: npt.ArrayLike) -> np.ndarray:
+    """gemmlowp `RoundingDivideByPOT`: x / 2**exponent, ties away from zero.
+
+    mask = 2**exponent - 1, remainder = x & mask, threshold = mask >> 1 (+1 when x < 0);
+    result = (x >> exponent) + (remainder > threshold). exponent in [0, 31].
+    """
+    x = np.asarray(x, dtype=np.int64)
+    exponent = np.asarray(exponent, dtype=np.int64)
+    mask = np.left_shift(np.int64(1), exponent) - 1
+    remainder = np.bitwise_and(x, mask)
+    threshold = np.right_shift(mask, 1) + (x < 0)
+    return np.right_shift(x, exponent) + (remainder > threshold)
+
+
+def multiply_by_quantized_multiplier_tflite(
+    x: npt.ArrayLike, multiplier: npt.ArrayLike, shift: npt.ArrayLike
+) -> np.ndarray:
+    """TFLite `MultiplyByQuantizedMultiplier` with a right shift n (two roundings).
+
+    A negative n is applied first as a left shift of the int32 input (saturated to int32 where
+    C++ would overflow), then the doubling high-mul rounds, then RoundingDivideByPOT by max(n, 0)
+    rounds again.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    left = np.maximum(-shift, 0)
+    right = np.maximum(shift, 0)
+    shifted = saturate_int32(x * np.left_shift(np.int64(1), left))
+    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(shifted, multiplier), right)
+
+
+def multiply_by_quantized_multiplier_sima(
+    x: npt.ArrayLike, multiplier: npt.ArrayLike, shift: npt.ArrayLike
+) -> np.ndarray:
+    """The "sima" requantization: one rounding, (x * M + 2**(30 + n)) >> (31 + n), in int64.
+
+    This is round-half-up (towards +inf) of x * M * 2**-(31 + n). With |x| < 2**31,
+    M < 2**31 and n <= 31 nothing overflows int64.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    multiplier = np.asarray(multiplier, dtype=np.int64)
+    total_shift = MULTIPLIER_BITS + np.asarray(shift, dtype=np.int64)
+    return rounding_right_shift(x * multiplier, total_shift)
+
+
+def requantize(
+    acc: npt.ArrayLike,
+    multiplier: npt.ArrayLike,
+    shift: npt.ArrayLike,
+    mode: RequantizationMode,
+) -> np.ndarray:
+    """Scale int32 accumulators by the real multiplier (M, n) in the given mode (no zero point).
+
+    The accumulator is first saturated to int32: every requantization in the executor starts
+    from an int32 register.
+    """
+    acc32 = saturate_int32(acc)
+    if mode == "sima":
+        return multiply_by_quantized_multiplier_sima(acc32, multiplier, shift)
+    if mode == "tflite":
+        return multiply_by_quantized_multiplier_tflite(acc32, multiplier, shift)
+    raise ValueError(f"unknown requantization mode {mode!r}; expected one of {REQUANTIZATION_MODES}")
+
+
+# --- quantize / dequantize (ONNX QuantizeLinear / DequantizeLinear) ------------------------------
+
+
+def quantize_linear(
+    x: npt.ArrayLike, scale: npt.ArrayLike, zero_point: npt.ArrayLike, dtype: npt.DTypeLike
+) -> np.ndarray:
+    """ONNX QuantizeLinear: saturate(round_half_even(x / scale) + zero_point), x / scale in float32.
+
+    This is the float-to-integer boundary (graph inputs, the end of float islands), not part of
+    the integer program; it follows the ONNX operator exactly so it agrees with ONNX Runtime.
+    """
+    ratio = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+    return saturate(np.rint(ratio).astype(np.int64) + np.asarray(zero_point, np.int64), dtype)
+
+
+def dequantize_linear(
+    q: npt.ArrayLike, scale: npt.ArrayLike, zero_point: npt.ArrayLike
+) -> np.ndarray:
+    """ONNX DequantizeLinear: (q - zero_point) * scale in float32."""
+    centered = np.asarray(q, dtype=np.int64) - np.asarray(zero_point, dtype=np.int64)
+    return (centered.astype(np.float32) * np.asarray(scale, dtype=np.float32)).astype(np.float32)
+
+
+def quantize_constant(
+    x: npt.ArrayLike, scale: float, zero_point: int, dtype: npt.DTypeLike
+) -> np.ndarray:
+    """Compile-time quantization of a real constant (clip bounds, pad values) in float64."""
+    real = np.asarray(x, dtype=np.float64) / float(scale)
+    clipped = np.clip(real, -(2.0**62), 2.0**62)
+    return saturate(round_half_even(clipped) + int(zero_point), dtype)
+
+
+# --- exact integer matrix products ---------------------------------------------------------------
+
+
+def int_matmul(a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
+    """Exact integer np.matmul (numpy broadcasting rules), returning int64.
+
+    When every partial sum is provably below 2**53 the product is computed in float64, which
+    represents those integers exactly and uses BLAS; otherwise it falls back to int64 matmul.
+    The result is identical either way.
+    """
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    depth = a.shape[-1] if a.ndim else 1
+    bound = int(np.max(np.abs(a), initial=0)) * int(np.max(np.abs(b), initial=0)) * max(depth, 1)
+    if bound < _EXACT_FLOAT64:
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64)
+    return np.matmul(a, b)
+
+
+# --- lookup tables -------------------------------------------------------------------------------
+
+
+def lut_input_values(dtype: npt.DTypeLike) -> np.ndarray:
+    """All values of an 8- or 16-bit integer dtype in table order (index = q - dtype min)."""
+    low, high = dtype_range(dtype)
+    if high - low + 1 > 2**16:
+        raise ValueError(f"lookup tables are for 8- and 16-bit inputs, not {np.dtype(dtype)}")
+    return np.arange(low, high + 1, dtype=np.int64)
+
+
+def build_lut(
+    function: Callable[[np.ndarray], np.ndarray],
+    input_scale: float,
+    input_zero_point: int,
+    input_dtype: npt.DTypeLike,
+    output_scale: float,
+    output_zero_point: int,
+    output_dtype: npt.DTypeLike,
+) -> np.ndarray:
+    """Table of f over every input code: saturate(round_half_even(f((q - z_in) * s_in) / s_out) + z_out).
+
+    f is evaluated in float64 on float64 copies of the (float32) scales. +-inf saturates to the
+    type bounds; NaN (e.g. log of a negative number) maps to the output zero point (real 0).
+    The table has 256 entries for 8-bit inputs and 65536 for 16-bit inputs, indexed by
+    q - min(input dtype).
+    """
+    codes = lut_input_values(input_dtype)
+    real_in = (codes - int(input_zero_point)).astype(np.float64) * float(input_scale)
+    with np.errstate(all="ignore"):
+        real_out = np.asarray(function(real_in), dtype=np.float64) / float(output_scale)
+    real_out = np.where(np.isnan(real_out), 0.0, real_out)
+    return quantize_constant(real_out, 1.0, output_zero_point, output_dtype)
+
+
+def apply_lut(table: np.ndarray, q: np.ndarray, input_dtype: npt.DTypeLike) -> np.ndarray:
+    """Look every code of q up in a table built by `build_lut` (index = q - dtype min)."""
+    low, _ = dtype_range(input_dtype)
+    return table[np.asarray(q, dtype=np.int64) - low]
