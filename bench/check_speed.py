@@ -88,7 +88,12 @@ def main() -> None:
     worst = max((r["ratio"] for r in rows), default=0.0)
     print(f"worst ratio {worst:.2f} (bar: 1.50)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"target": args.target, "repeat": args.repeat, "rows": rows, "worst_ratio": worst}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {"target": args.target, "repeat": args.repeat, "rows": rows, "worst_ratio": worst},
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
-from contextlib import contextmanager
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 import onnx
 

@@ -211,7 +211,9 @@ def _is_standard_op(op_type: str, domain: str) -> bool:
         return False
 
 
-def constant_tensors(view: GraphView, order: list[int] | None = None) -> tuple[set[str], list[bool]]:
+def constant_tensors(
+    view: GraphView, order: list[int] | None = None
+) -> tuple[set[str], list[bool]]:
     """Tensors known before run time, and which nodes only compute such tensors (foldable)."""
     constants = set(view.initializers)
     foldable = [False] * len(view.nodes)

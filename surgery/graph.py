@@ -89,7 +89,9 @@ def shape_from_type(tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None]:
     values = [d.dim_value for d in dims]
     if all(values):
         return tt.elem_type, tuple(values)
-    return tt.elem_type, tuple(v if v > 0 else (d.dim_param or None) for v, d in zip(values, dims))
+    return tt.elem_type, tuple(
+        v if v > 0 else (d.dim_param or None) for v, d in zip(values, dims, strict=True)
+    )
 
 
 _INT, _INTS, _FLOAT, _FLOATS = 2, 7, 1, 6

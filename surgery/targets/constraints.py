@@ -46,7 +46,6 @@ class NodeContext:
     _outputs: list[TensorInfo] | None = None
     _data_tensors: list[tuple[str, TensorInfo]] | None = None
 
-
     @property
     def node(self) -> onnx.NodeProto:
         return self.view.nodes[self.index]
