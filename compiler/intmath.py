@@ -238,6 +238,44 @@ def requantize(
     raise ValueError(f"unknown requantization mode {mode!r}; expected one of {REQUANTIZATION_MODES}")
 
 
+# --- integer normalisation helpers (Softmax, LayerNormalization) --------------------------------
+
+RSQRT_ITERATIONS = 5
+"""Newton steps of `reciprocal_sqrt`; enough for a Q30 result from the chord initial guess."""
+
+
+def bit_length(x: npt.ArrayLike) -> np.ndarray:
+    """Number of significant bits of non-negative int64 values (0 for 0), computed exactly."""
+    x = np.asarray(x, dtype=np.int64)
+    if np.any(x < 0):
+        raise ValueError("bit_length needs non-negative values")
+    return sum((np.right_shift(x, bit) > 0).astype(np.int64) for bit in range(63))
+
+
+def reciprocal_sqrt(v: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """1 / sqrt(v) for positive int64 v, as (y, shift) with 1 / sqrt(v) ~= y * 2**-shift.
+
+    v is normalised by an even shift 2k to m = v * 2**-2k in [2**28, 2**30) (right shifts
+    truncate), read as mu = m * 2**-30 in [0.25, 1). y approximates 1 / sqrt(mu) in Q30 (so
+    y in (2**30, 2**31]): it starts on the chord 2 - (4/3)(mu - 1/4), which lies above the
+    convex 1/sqrt, and takes RSQRT_ITERATIONS Newton steps y <- y (3 - mu y**2) / 2, each
+    product rounded half up back to Q30. No intermediate exceeds 2**63. Then
+    1 / sqrt(v) = y * 2**-30 * 2**-(15 + k), i.e. shift = 45 + k.
+    """
+    v = np.asarray(v, dtype=np.int64)
+    if np.any(v <= 0):
+        raise ValueError("reciprocal_sqrt needs positive values")
+    k = (bit_length(v) - 1 - 28) // 2
+    m = np.where(k >= 0, np.right_shift(v, np.maximum(2 * k, 0)), np.left_shift(v, np.maximum(-2 * k, 0)))
+    one = np.int64(1 << 30)
+    y = 2 * one - ((m - (one >> 2)) * 4) // 3
+    for _ in range(RSQRT_ITERATIONS):
+        y_squared = rounding_right_shift(y * y, 30)
+        m_y_squared = rounding_right_shift(m * y_squared, 30)
+        y = rounding_right_shift(y * (3 * one - m_y_squared), 31)
+    return y, 45 + k
+
+
 # --- quantize / dequantize (ONNX QuantizeLinear / DequantizeLinear) ------------------------------
 
 

@@ -1,0 +1,408 @@
+"""Decide what gets quantized, and how, before any data is seen.
+
+Inputs: the prepared float model, the coverage report (only MLA nodes are quantized) and the
+user's settings. Output: a `QuantPlan` listing
+
+- the activation tensors that get a QuantizeLinear/DequantizeLinear pair (or a Cast pair for
+  bf16/fp16), each with its scheme and calibration method;
+- the constant inputs that are stored quantized: weights (per-channel axis or group-wise block),
+  biases (int32 at scale_in × scale_w) and constant operands of elementwise ops;
+- the decisions taken on the way (fusion, shared scales, precision fallbacks, unquantized nodes).
+
+Conventions (those of ONNX Runtime's QDQ format, so its tools and our integer executor agree):
+
+- The output of a Conv/ConvTranspose/Gemm/MatMul read only by a Relu or Clip gets no Q/DQ: the
+  integer kernel fuses conv + bias + requantize + activation, so the only rounding is after the
+  activation.
+- Data-movement ops (Reshape, Transpose, MaxPool, Resize, …) reuse their input's scale and zero
+  point, so they never requantize.
+- A tensor produced by a quantized node is quantized once, with the producer's scheme; every
+  reader (even one on the CVU/APU, or a graph output) sees the dequantized value, because that is
+  what the MLA hands over. A tensor produced elsewhere is quantized only on the way into the
+  quantized nodes that read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import onnx
+
+from compiler.defines import (
+    CalibrationMethod,
+    NodeQuantizationConfig,
+    QuantizationParams,
+    QuantizationScheme,
+    bfloat16_scheme,
+    float16_scheme,
+    quantization_scheme,
+)
+from compiler.quantize.errors import QuantizationError
+from surgery.coverage import CoverageReport
+from surgery.graph import GraphView
+from surgery.targets import Target
+
+__all__ = ["ActivationSpec", "ParamSpec", "QuantPlan", "make_plan", "WEIGHTED_OPS"]
+
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+SAME_SCALE_OPS = frozenset(
+    {
+        "MaxPool",
+        "GlobalMaxPool",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Split",
+        "Identity",
+        "Dropout",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Gather",
+        "Resize",
+        "Expand",
+        "Tile",
+        "Pad",
+    }
+)
+"""Ops whose outputs are input values moved around (or convex mixes of them, for Resize)."""
+
+ALL_OPERAND_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Concat", "MatMul", "Einsum"})
+"""Every input is data; constant inputs are stored quantized. Other ops quantize input 0 only
+(the rest are parameters: Clip bounds, Resize scales, Pad pads, norm scales …)."""
+
+_OPERAND_INDICES: dict[str, tuple[int, ...]] = {"Where": (1, 2), "GridSample": (0, 1)}
+
+_FLOAT_KINDS = {"bfloat16": "bf16", "float16": "fp16"}
+
+Role = Literal["weight", "bias", "constant"]
+
+
+@dataclass
+class ActivationSpec:
+    """One Q/DQ (or Cast) pair on an activation tensor."""
+
+    key: str
+    tensor: str
+    scheme: QuantizationScheme
+    method: CalibrationMethod
+    produced_by_quantized: bool
+    """True: the producer's output is renamed and every reader sees the dequantized value."""
+    consumers: list[tuple[int, int]] = field(default_factory=list)
+    """(node index, input index) rewired to the dequantized value (producer not quantized)."""
+    share_with: str | None = None
+    """Key of the activation whose scale and zero point this one reuses."""
+
+    @property
+    def needs_observer(self) -> bool:
+        return self.share_with is None and not self.scheme.is_float
+
+
+@dataclass
+class ParamSpec:
+    """A constant input stored quantized (weights, biases, constant operands)."""
+
+    node: int
+    input_index: int
+    tensor: str
+    role: Role
+    scheme: QuantizationScheme
+    axis: int | None = None
+    block_size: int | None = None
+    activation_key: str | None = None
+    """Bias only: the activation whose scale multiplies the weight scale."""
+    weight_tensor: str | None = None
+    """Bias only: the weight tensor whose scales multiply the activation scale."""
+
+
+@dataclass
+class QuantPlan:
+    quantized: list[int]
+    configs: dict[int, NodeQuantizationConfig]
+    activations: dict[str, ActivationSpec]
+    params: list[ParamSpec]
+    fused: dict[str, str] = field(default_factory=dict)
+    unquantized: dict[str, str] = field(default_factory=dict)
+    decisions: list[dict[str, str]] = field(default_factory=list)
+
+    def observed(self) -> dict[str, ActivationSpec]:
+        return {k: a for k, a in self.activations.items() if a.needs_observer}
+
+
+def check_target_precisions(params: QuantizationParams, target: Target) -> None:
+    """Float schemes need the target's MLA to offer them (BF16 on modalix, not on mlsoc)."""
+    offered = target.profile.processors["MLA"].precisions if "MLA" in target.profile.processors else []
+    for scheme in params.all_schemes():
+        wanted = _FLOAT_KINDS.get(scheme.kind)
+        if wanted and wanted not in offered:
+            raise QuantizationError(
+                f"{scheme.kind} scheme: the MLA of target {target.name!r} offers {', '.join(offered) or 'no precisions'}, "
+                f"not {wanted}",
+                hint="use integer schemes, or a target whose MLA has " + wanted,
+            )
+
+
+def make_plan(
+    model: onnx.ModelProto,
+    coverage: CoverageReport,
+    params: QuantizationParams,
+    *,
+    view: GraphView | None = None,
+) -> QuantPlan:
+    view = view or GraphView(model)
+    constants = set(view.initializers)
+    unquantized_request = set(params.unquantized_nodes)
+    plan = QuantPlan([], {}, {}, [])
+    for placement in coverage.placements:
+        idx, name = placement.index, view.names[placement.index]
+        if placement.processor != "MLA":
+            continue
+        if name in unquantized_request:
+            plan.unquantized[name] = "listed in unquantized_nodes"
+            continue
+        config = _node_config(params, name, placement.precisions, plan)
+        if config is None:
+            plan.unquantized[name] = f"no MLA precision among {', '.join(placement.precisions) or 'none'} fits the schemes"
+            continue
+        plan.quantized.append(idx)
+        plan.configs[idx] = config
+    quantized = set(plan.quantized)
+    plan.fused = _fused_tensors(view, quantized, plan.configs, constants)
+    for idx in plan.quantized:
+        _plan_node(view, idx, plan, constants)
+    _share_scales(view, plan)
+    return plan
+
+
+# --------------------------------------------------------------------------- per-node settings
+
+
+def _node_config(
+    params: QuantizationParams, name: str, precisions: tuple[str, ...], plan: QuantPlan
+) -> NodeQuantizationConfig | None:
+    """The node's settings, moved to a precision the node has on the MLA when needed."""
+    config = params.for_node(name)
+    act = config.activation_quantization_scheme
+    assert act is not None and config.weight_quantization_scheme is not None
+    offered = set(precisions)
+    wanted = _FLOAT_KINDS.get(act.kind, "int8")
+    if wanted in offered or not offered:
+        return config
+    if wanted == "int8" and "bf16" in offered:
+        plan.decisions.append({"node": name, "decision": "bf16", "reason": "the op runs on the MLA in bf16 only"})
+        return NodeQuantizationConfig(config.calibration_method, bfloat16_scheme(), bfloat16_scheme())
+    if wanted == "int8" and "fp16" in offered:
+        plan.decisions.append({"node": name, "decision": "fp16", "reason": "the op runs on the MLA in fp16 only"})
+        return NodeQuantizationConfig(config.calibration_method, float16_scheme(), config.weight_quantization_scheme)
+    if "int8" in offered:
+        plan.decisions.append({"node": name, "decision": "int8", "reason": f"the op has no {wanted} on the MLA"})
+        return NodeQuantizationConfig(
+            config.calibration_method,
+            quantization_scheme(asymmetric=True, per_channel=False),
+            quantization_scheme(asymmetric=False, per_channel=True),
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- fusion
+
+
+def _fused_tensors(
+    view: GraphView, quantized: set[int], configs: dict[int, NodeQuantizationConfig], constants: set[str]
+) -> dict[str, str]:
+    """Outputs of weighted ops read only by a quantized Relu/Clip: no Q/DQ between the two."""
+    fused: dict[str, str] = {}
+    outputs = set(view.graph_outputs)
+    for idx in quantized:
+        node = view.nodes[idx]
+        if node.op_type not in WEIGHTED_OPS or not node.output:
+            continue
+        tensor = node.output[0]
+        readers = view.consumers.get(tensor, [])
+        if tensor in outputs or len(readers) != 1 or readers[0] not in quantized:
+            continue
+        act = view.nodes[readers[0]]
+        if act.op_type not in FUSED_ACTIVATIONS or act.input[0] != tensor:
+            continue
+        if any(i and i not in constants for i in act.input[1:]):
+            continue
+        own, other = configs[idx].activation_quantization_scheme, configs[readers[0]].activation_quantization_scheme
+        if own is None or other is None or own.is_float or other.is_float:
+            continue
+        fused[tensor] = view.names[readers[0]]
+    return fused
+
+
+# --------------------------------------------------------------------------- one node
+
+
+def _is_float(view: GraphView, name: str) -> bool:
+    elem = view.tensor(name).elem_type
+    return elem in (0, onnx.TensorProto.FLOAT)
+
+
+def _operand_indices(node: onnx.NodeProto, weighted: bool) -> tuple[int, ...]:
+    if weighted:
+        return (0,)
+    if node.op_type in ALL_OPERAND_OPS:
+        return tuple(range(len(node.input)))
+    return _OPERAND_INDICES.get(node.op_type, (0,))
+
+
+def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str]) -> None:
+    node = view.nodes[idx]
+    config = plan.configs[idx]
+    act = config.activation_quantization_scheme
+    weight = config.weight_quantization_scheme
+    method = config.calibration_method
+    assert act is not None and weight is not None and method is not None
+    weighted = node.op_type in WEIGHTED_OPS and len(node.input) > 1 and node.input[1] in constants
+    input_key: str | None = None
+    for k in _operand_indices(node, weighted):
+        if k >= len(node.input) or not node.input[k] or not _is_float(view, node.input[k]):
+            continue
+        tensor = node.input[k]
+        if tensor in constants:
+            plan.params.append(ParamSpec(idx, k, tensor, "constant", _constant_scheme(act, weight)))
+            continue
+        if tensor in plan.fused:
+            continue
+        key = _consume(view, plan, tensor, idx, k, act, method)
+        if k == 0:
+            input_key = key
+    if weighted:
+        _plan_weight(view, idx, plan, act, weight, input_key, constants)
+    for out in node.output:
+        if out and out not in plan.fused and _is_float(view, out):
+            plan.activations[out] = ActivationSpec(out, out, act, method, produced_by_quantized=True)
+
+
+def _consume(
+    view: GraphView, plan: QuantPlan, tensor: str, idx: int, k: int, act: QuantizationScheme, method: CalibrationMethod
+) -> str:
+    """Register (node idx, input k) as a reader of `tensor` quantized with `act`; returns the key."""
+    producer = view.producer.get(tensor)
+    if producer is not None and producer in plan.configs:
+        primary = plan.activations.get(tensor)
+        if primary is None:  # producer planned later in a non-topological order: plan it first
+            out_scheme = plan.configs[producer].activation_quantization_scheme
+            out_method = plan.configs[producer].calibration_method
+            assert out_scheme is not None and out_method is not None
+            primary = ActivationSpec(tensor, tensor, out_scheme, out_method, produced_by_quantized=True)
+            plan.activations[tensor] = primary
+        if primary.scheme.is_float == act.is_float:
+            return tensor
+        key = f"{tensor}::{act.describe()}"
+        spec = plan.activations.setdefault(key, ActivationSpec(key, tensor, act, method, produced_by_quantized=False))
+        spec.consumers.append((idx, k))
+        return key
+    spec = plan.activations.get(tensor)
+    if spec is None:
+        spec = ActivationSpec(tensor, tensor, act, method, produced_by_quantized=False)
+        plan.activations[tensor] = spec
+    elif not spec.produced_by_quantized and _wider(act, spec.scheme):
+        spec.scheme, spec.method = act, method
+    spec.consumers.append((idx, k))
+    return tensor
+
+
+def _wider(a: QuantizationScheme, b: QuantizationScheme) -> bool:
+    return (a.bits, a.is_float) > (b.bits, b.is_float)
+
+
+def _constant_scheme(act: QuantizationScheme, weight: QuantizationScheme) -> QuantizationScheme:
+    """Constant operands of elementwise ops: the node's float type, or symmetric per tensor."""
+    if act.is_float:
+        return act
+    return quantization_scheme(asymmetric=False, per_channel=False, bits=weight.bits if weight.bits in (8, 16) else 8)
+
+
+# --------------------------------------------------------------------------- weights and biases
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def _plan_weight(
+    view: GraphView,
+    idx: int,
+    plan: QuantPlan,
+    act: QuantizationScheme,
+    weight: QuantizationScheme,
+    input_key: str | None,
+    constants: set[str],
+) -> None:
+    node = view.nodes[idx]
+    name = view.names[idx]
+    w_name = node.input[1]
+    shape = tuple(view.initializers[w_name].dims)
+    axis, reduce_axis = _weight_axes(node, shape)
+    scheme = weight
+    block = None
+    if weight.is_float:
+        axis = None
+    elif weight.group_size is not None:
+        if reduce_axis is None or (node.op_type in ("Conv", "ConvTranspose") and _attr(node, "group", 1) != 1):
+            scheme = quantization_scheme(asymmetric=False, per_channel=True)
+            plan.decisions.append(
+                {"node": name, "decision": "int8 per-channel weights", "reason": "group-wise 4-bit needs group=1 conv or a 2-D matmul weight"}
+            )
+        else:
+            axis, block = reduce_axis, weight.group_size
+    if not scheme.is_float and not scheme.per_channel and block is None:
+        axis = None
+    if scheme.per_channel and axis is None and block is None and not scheme.is_float:
+        plan.decisions.append({"node": name, "decision": "per-tensor weights", "reason": "no per-output-channel axis"})
+    plan.params.append(ParamSpec(idx, 1, w_name, "weight", scheme, axis, block))
+    if node.op_type == "MatMul" or len(node.input) < 3 or not node.input[2]:
+        return
+    bias = node.input[2]
+    if bias not in constants:
+        return
+    if act.is_float or scheme.is_float or input_key is None:
+        if act.is_float:
+            plan.params.append(ParamSpec(idx, 2, bias, "constant", act))
+        return
+    plan.params.append(
+        ParamSpec(idx, 2, bias, "bias", scheme, axis=0 if axis is not None else None, activation_key=input_key, weight_tensor=w_name)
+    )
+
+
+def _weight_axes(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """(output-channel axis, reduction axis) of a weight; None where there is none."""
+    op = node.op_type
+    if op == "Conv":
+        return 0, 1
+    if op == "ConvTranspose":
+        group = _attr(node, "group", 1)
+        if group == 1:
+            return 1, 0
+        return (0 if len(shape) > 1 and shape[1] == 1 else None), None
+    if op == "Gemm":
+        return (0, 1) if _attr(node, "transB", 0) else (1, 0)
+    if len(shape) >= 2:
+        return len(shape) - 1, len(shape) - 2
+    return None, None
+
+
+# --------------------------------------------------------------------------- shared scales
+
+
+def _share_scales(view: GraphView, plan: QuantPlan) -> None:
+    """Outputs of data-movement ops reuse their input's quantization parameters."""
+    for idx in plan.quantized:
+        node = view.nodes[idx]
+        if node.op_type not in SAME_SCALE_OPS or not node.input:
+            continue
+        src = plan.activations.get(node.input[0])
+        if src is None:
+            continue
+        for out in node.output:
+            spec = plan.activations.get(out)
+            if spec is not None and spec.scheme == src.scheme and not spec.scheme.is_float:
+                spec.share_with = src.share_with or src.key

@@ -1,0 +1,43 @@
+"""Integer op lowerings, one module per op family (modelled on onnx.reference.ops).
+
+`LOWERINGS` maps an ONNX op type (default domain) to the function that turns an `OpContext`
+into a `Lowered` kernel. `FUSES_ACTIVATION` lists the ops whose following Relu/Clip folds into
+their output clamp.
+"""
+
+from __future__ import annotations
+
+from compiler.runtime.ops import (
+    conv,
+    elementwise,
+    lut,
+    matmul,
+    movement,
+    normalization,
+    pool,
+    reduce,
+    resize,
+    softmax,
+)
+from compiler.runtime.ops.base import Lowered, OpContext
+
+LOWERINGS = {
+    **conv.LOWERINGS,
+    **matmul.LOWERINGS,
+    **elementwise.LOWERINGS,
+    **lut.LOWERINGS,
+    **pool.LOWERINGS,
+    **reduce.LOWERINGS,
+    **movement.LOWERINGS,
+    **resize.LOWERINGS,
+    **softmax.LOWERINGS,
+    **normalization.LOWERINGS,
+}
+
+FUSES_ACTIVATION = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul"})
+"""Ops with an output stage that can clamp: Relu/Clip between them and the QuantizeLinear fuse."""
+
+FUSES_BIAS = frozenset({"MatMul"})
+"""Ops without a bias input whose following Add of a constant folds into the accumulator."""
+
+__all__ = ["FUSES_ACTIVATION", "FUSES_BIAS", "LOWERINGS", "Lowered", "OpContext"]

@@ -1,0 +1,124 @@
+"""The steps of an integer program and how each one runs on a dictionary of named tensors.
+
+A program is a topologically ordered list of steps. Integer steps read and write integer tensors
+(the outputs of QuantizeLinear nodes in the QDQ model); quantize / dequantize steps are the
+float boundary (graph inputs and outputs, float islands); float steps run the ONNX reference
+implementation of a node the integer program cannot express.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from compiler.intmath import dequantize_linear, quantize_linear
+from compiler.runtime.errors import ExecutionError
+from compiler.runtime.ops.base import Kernel
+from compiler.runtime.qparams import NotLowerable, QuantParams
+
+StepKind = Literal["integer", "quantize", "dequantize", "float"]
+Values = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class IntegerStep:
+    """One integer op: an anchor node with its fused activation / bias and QuantizeLinear(s).
+
+    `pattern` names what was fused, e.g. "Conv+Relu" or "Mul(x, Sigmoid(x))".
+    """
+
+    name: str
+    pattern: str
+    kernel: Kernel
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_params: tuple[QuantParams | None, ...]
+    kind: StepKind = "integer"
+
+    def run(self, values: Values) -> None:
+        try:
+            results = self.kernel(*(values[name] for name in self.inputs))
+        except NotLowerable as error:
+            raise ExecutionError(f"{self.name} ({self.pattern}): {error}") from error
+        if not isinstance(results, tuple):
+            results = (results,)
+        for name, result in zip(self.outputs, results, strict=False):
+            if name:
+                values[name] = result
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizeStep:
+    """ONNX QuantizeLinear of a float tensor (a graph input or the end of a float island)."""
+
+    name: str
+    input: str
+    output: str
+    params: QuantParams
+    kind: StepKind = "quantize"
+    pattern: str = "QuantizeLinear"
+
+    def run(self, values: Values) -> None:
+        x = np.asarray(values[self.input])
+        scale = self.params.along(self.params.scale, x.ndim)
+        zero_point = self.params.along(self.params.zero_point, x.ndim)
+        values[self.output] = quantize_linear(x, scale, zero_point, self.params.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class DequantizeStep:
+    """ONNX DequantizeLinear of an integer tensor feeding float nodes or a graph output."""
+
+    name: str
+    input: str
+    output: str
+    params: QuantParams
+    kind: StepKind = "dequantize"
+    pattern: str = "DequantizeLinear"
+
+    def run(self, values: Values) -> None:
+        q = np.asarray(values[self.input])
+        scale = self.params.along(self.params.scale, q.ndim)
+        zero_point = self.params.along(self.params.zero_point, q.ndim)
+        values[self.output] = dequantize_linear(q, scale, zero_point)
+
+
+class FloatStep:
+    """A node run in float by onnx.reference (a float island, or an op with no integer form)."""
+
+    kind: StepKind = "float"
+
+    def __init__(
+        self,
+        node: onnx.NodeProto,
+        opsets: dict[str, int],
+        functions: list[onnx.FunctionProto],
+        reason: str,
+    ) -> None:
+        self.node = node
+        self.name = node.name or node.output[0]
+        self.pattern = node.op_type
+        self.reason = reason
+        self.inputs = tuple(dict.fromkeys(name for name in node.input if name))
+        self.outputs = tuple(node.output)
+        untyped = onnx.TypeProto()
+        graph = helper.make_graph(
+            [node],
+            f"float_island_{self.name}",
+            [helper.make_value_info(name, untyped) for name in self.inputs],
+            [helper.make_value_info(name, untyped) for name in self.outputs if name],
+        )
+        self._evaluator = ReferenceEvaluator(graph, opsets=opsets, functions=functions or None)
+
+    def run(self, values: Values) -> None:
+        results = self._evaluator.run(None, {name: values[name] for name in self.inputs})
+        for name, result in zip((o for o in self.outputs if o), results, strict=True):
+            values[name] = np.asarray(result)
+
+
+Step = IntegerStep | QuantizeStep | DequantizeStep | FloatStep

@@ -1,0 +1,221 @@
+"""`surgery rules`, `surgery apply` and `surgery fix`: the rewrite engine on the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from surgery.cli.app import (
+    EXIT_OK,
+    EXIT_VERDICT,
+    app,
+    console,
+    emit_json,
+    err_console,
+    handle_errors,
+)
+from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
+from surgery.errors import SurgeryError
+from surgery.model import load_model, parse_input_shapes, save_model
+from surgery.rules import all_rules, apply_rule, get_rule
+from surgery.rules.fix import fix_model
+from surgery.session import import_or_reuse, record_rewrite
+from surgery.workspace import Workspace
+
+WorkspaceOpt = Annotated[
+    Path,
+    typer.Option(
+        "--workspace", "-w", help="Workspace folder: every step is kept as a numbered version."
+    ),
+]
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Where to write the resulting model.")
+]
+
+
+@app.command("rules")
+@handle_errors
+def rules_command(
+    name: Annotated[str | None, typer.Argument(help="Explain one rule; omit to list all.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the rewrite rules, or explain one (parameters, exactness, example)."""
+    if name:
+        info = get_rule(name).describe()
+        if as_json:
+            emit_json(info)
+            return
+        console.print(
+            f"[bold]{info['name']}[/] ({info['category']}, {info['exactness']}): {info['summary']}"
+        )
+        console.print(info["doc"], highlight=False)
+        if info["params"]:
+            console.print("parameters:")
+            for key, spec in info["params"].items():
+                console.print(
+                    f"  --param {key}=…  {spec.get('description', '')} (default {spec.get('default')})",
+                    highlight=False,
+                )
+        if info["example"]:
+            console.print(f"example: [cyan]{info['example']}[/]", highlight=False)
+        return
+    rows = [cls.describe() for cls in all_rules()]
+    if as_json:
+        emit_json({"rules": rows})
+        return
+    table = Table("rule", "category", "exact", "summary", show_edge=False, header_style="bold")
+    for r in rows:
+        table.add_row(
+            r["name"], r["category"], "yes" if r["exactness"] == "exact" else "approx", r["summary"]
+        )
+    console.print(table)
+
+
+def _parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SurgeryError(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+@app.command("apply")
+@handle_errors
+def apply_command(
+    rule: Annotated[str, typer.Argument(help="Rule name (see `surgery rules`).")],
+    model: ModelArg,
+    nodes: Annotated[
+        str | None,
+        typer.Option("--nodes", help="Only matches touching these nodes (comma-separated)."),
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="Rule parameter KEY=VALUE (repeatable)."),
+    ] = None,
+    out: OutOpt = None,
+    workspace: WorkspaceOpt = Path(".surgery"),
+    target: TargetOpt = "mlsoc",
+    input_shape: InputShapeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply one rule, verify the result against the original, and save it as a new version."""
+    loaded = load_model(model, parse_input_shapes(input_shape or []))
+    result = apply_rule(
+        loaded,
+        rule,
+        target,
+        nodes=[n.strip() for n in nodes.split(",")] if nodes else None,
+        params=_parse_params(param or []),
+    )
+    ws = Workspace(workspace)
+    v0 = import_or_reuse(ws, model)
+    version = record_rewrite(ws, v0.name, v0.version, result, _parse_params(param or []))
+    output = save_model(result.model, out) if out else version.path
+    summary = {
+        **result.summary(),
+        "output": str(output),
+        "workspace_version": version.id,
+        "model": v0.name,
+    }
+    if as_json:
+        emit_json(summary)
+        return
+    v = result.verification
+    console.print(
+        f"[green]applied[/] {rule}: {len(result.matches)} match(es), "
+        f"-{len(result.nodes_removed)}/+{len(result.nodes_added)} nodes; verify {v.mode} "
+        f"{'passed' if v.passed else 'FAILED'} (max abs {v.worst_max_abs:.3g})"
+    )
+    console.print(
+        f"segments {summary['mla_segments_before']} → {summary['mla_segments_after']}, "
+        f"blockers {summary['blockers_before']} → {summary['blockers_after']}; "
+        f"saved {output} ({v0.name} {version.id})",
+        highlight=False,
+    )
+
+
+@app.command("fix")
+@handle_errors
+def fix_command(
+    model: ModelArg,
+    target: TargetOpt = "mlsoc",
+    out: OutOpt = None,
+    max_steps: Annotated[int, typer.Option(help="Stop after this many applied rules.")] = 30,
+    allow_approximate: Annotated[
+        bool,
+        typer.Option(
+            "--allow-approximate",
+            help="Also use rules that change the math within a declared bound (e.g. GELU → tanh).",
+        ),
+    ] = False,
+    skip: Annotated[
+        list[str] | None, typer.Option("--skip", help="Never use this rule (repeatable).")
+    ] = None,
+    workspace: WorkspaceOpt = Path(".surgery"),
+    input_shape: InputShapeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply verified rules until the model maps to one MLA segment (exit 0) or nothing helps (1)."""
+    loaded = load_model(model, parse_input_shapes(input_shape or []))
+
+    def show(step: dict) -> None:
+        if not as_json:
+            err_console.print(
+                f"  step {step['step']}: {step['rule']} ×{step['matches']} — segments "
+                f"{step['segments_before']}→{step['segments_after']}, blockers "
+                f"{step['blockers_before']}→{step['blockers_after']}, max abs {step['verify']['max_abs']:.2g}",
+                highlight=False,
+            )
+
+    result = fix_model(
+        loaded,
+        target,
+        max_steps=max_steps,
+        allow_approximate=allow_approximate,
+        skip=skip or [],
+        on_step=show,
+    )
+    ws = Workspace(workspace)
+    v0 = import_or_reuse(ws, model)
+    final = ws.add_version(
+        v0.name,
+        result.model,
+        parent=v0.version,
+        action="fix",
+        params={"target": result.target, "steps": [s["rule"] for s in result.steps]},
+        coverage={
+            "mla_segments": result.coverage_after.mla_segments,
+            "single_elf": result.single_elf,
+        },
+    )
+    output = save_model(result.model, out or Path(f"{Path(model).stem}_fixed.onnx"))
+    data = {**result.to_dict(str(output)), "workspace_version": final.id, "model": v0.name}
+    if as_json:
+        emit_json(data)
+    else:
+        verdict = (
+            "[bold green]single .elf[/]"
+            if result.single_elf
+            else f"[bold yellow]{data['mla_segments_after']} MLA segments[/]"
+        )
+        console.print(
+            f"{verdict}: segments {data['mla_segments_before']} → {data['mla_segments_after']}, MLA MAC share "
+            f"{100 * data['mla_mac_fraction_before']:.1f}% → {100 * data['mla_mac_fraction_after']:.1f}%, "
+            f"{len(result.steps)} verified step(s); wrote {output}",
+            highlight=False,
+        )
+        for group in data["remaining_blockers"][:8]:
+            console.print(
+                f"  {group['count']:>4} × {'/'.join(group['op_types'])}: {group['reason']}",
+                highlight=False,
+            )
+    raise typer.Exit(EXIT_OK if result.single_elf else EXIT_VERDICT)

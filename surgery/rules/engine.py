@@ -1,0 +1,261 @@
+"""Applying a rule: find → edit → cleanup → shape inference → checker → verify → coverage.
+
+Every application produces a new ModelProto or raises; the input model is never modified, so a
+failed rule is rolled back by construction. Verification compares the new model with its parent
+on seeded inputs: exact rules to float rounding, approximate rules to their declared bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from pydantic import ValidationError
+
+from surgery.coverage import CoverageReport
+from surgery.errors import SurgeryError
+from surgery.model import load_model
+from surgery.rules.base import Match, Rule, RuleContext, RuleParams
+from surgery.rules.graph_edit import export_graph, import_graph, with_unique_node_names
+from surgery.rules.registry import get_rule
+from surgery.targets import Target, resolve_target
+from surgery.verify import OutputComparison, compare_arrays, make_inputs, ort_session, run_model
+
+
+class RuleNotApplicableError(SurgeryError):
+    code = "rule_not_applicable"
+
+
+class RuleFailedError(SurgeryError):
+    """The rewrite broke the model (checker, shape inference) or failed verification."""
+
+    code = "rule_failed"
+
+
+class RuleParamsError(SurgeryError):
+    code = "bad_rule_params"
+
+
+@dataclass
+class Reference:
+    """Inputs and outputs of the parent model, computed once and reused for each child."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+    @classmethod
+    def of(
+        cls, model: onnx.ModelProto, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0
+    ) -> Reference:
+        feed = dict(inputs) if inputs is not None else make_inputs(model, seed=seed)
+        return cls(feed, run_model(ort_session(model, label="parent model"), feed))
+
+
+@dataclass
+class Verification:
+    passed: bool
+    mode: str
+    bound: float
+    outputs: list[OutputComparison]
+
+    @property
+    def worst_max_rel(self) -> float:
+        return max((o.max_rel or 0.0 for o in self.outputs if o.max_rel is not None), default=0.0)
+
+    @property
+    def worst_max_abs(self) -> float:
+        return max((o.max_abs or 0.0 for o in self.outputs if o.max_abs is not None), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "mode": self.mode,
+            "bound": self.bound,
+            "worst_max_abs": self.worst_max_abs,
+            "worst_max_rel": self.worst_max_rel,
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
+
+
+@dataclass
+class RewriteResult:
+    rule: str
+    model: onnx.ModelProto
+    matches: list[Match]
+    verification: Verification
+    coverage_before: CoverageReport
+    coverage_after: CoverageReport
+    nodes_added: list[str] = field(default_factory=list)
+    nodes_removed: list[str] = field(default_factory=list)
+    reference: Reference | None = None
+    """The child's own outputs on the same inputs: the reference for the next step."""
+
+    def summary(self) -> dict[str, Any]:
+        before, after = self.coverage_before, self.coverage_after
+        return {
+            "rule": self.rule,
+            "matches": [m.to_dict() for m in self.matches],
+            "nodes_added": self.nodes_added,
+            "nodes_removed": self.nodes_removed,
+            "verify": self.verification.to_dict(),
+            "mla_segments_before": before.mla_segments,
+            "mla_segments_after": after.mla_segments,
+            "blockers_before": len(before.blockers),
+            "blockers_after": len(after.blockers),
+            "mla_mac_fraction_before": round(before.mla_mac_fraction, 6),
+            "mla_mac_fraction_after": round(after.mla_mac_fraction, 6),
+        }
+
+
+def parse_params(rule: Rule, params: Mapping[str, Any] | RuleParams | None) -> RuleParams:
+    if isinstance(params, RuleParams):
+        return params
+    try:
+        return rule.Params.model_validate(dict(params or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "params"
+        raise RuleParamsError(f"rule {rule.name!r}: parameter {where}: {first['msg']}") from None
+
+
+def find_matches(
+    model: onnx.ModelProto,
+    rule: Rule | str,
+    target: str | Target = "mlsoc",
+    *,
+    params: Mapping[str, Any] | RuleParams | None = None,
+    ctx: RuleContext | None = None,
+) -> list[Match]:
+    """Where a rule applies (no edit)."""
+    rule = get_rule(rule) if isinstance(rule, str) else rule
+    ctx = ctx or RuleContext.build(with_unique_node_names(model), target)
+    return rule.find(ctx, parse_params(rule, params))
+
+
+def apply_rule(
+    model: onnx.ModelProto,
+    rule: Rule | str,
+    target: str | Target = "mlsoc",
+    *,
+    nodes: Sequence[str] | None = None,
+    params: Mapping[str, Any] | RuleParams | None = None,
+    reference: Reference | None = None,
+    ctx: RuleContext | None = None,
+    verify: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> RewriteResult:
+    """Apply every match of `rule` (or those touching `nodes`) and return the verified result.
+
+    `model` must be shape-inferred (as `load_model` returns it). Raises RuleNotApplicableError
+    when nothing matches, RuleFailedError when the result is invalid or fails verification.
+    """
+    rule = get_rule(rule) if isinstance(rule, str) else rule
+    tgt = resolve_target(target)
+    p = parse_params(rule, params)
+    model = with_unique_node_names(model)
+    ctx = ctx or RuleContext.build(model, tgt)
+    matches = rule.find(ctx, p)
+    if nodes:
+        wanted = set(nodes)
+        unknown = wanted - set(ctx.view.names)
+        if unknown:
+            raise RuleNotApplicableError(f"no node named {', '.join(sorted(unknown))} in the model")
+        matches = [m for m in matches if wanted & set(m.nodes)]
+    if not matches:
+        where = f" at {', '.join(nodes)}" if nodes else ""
+        raise RuleNotApplicableError(f"rule {rule.name!r} does not apply{where}")
+    if progress:
+        progress(f"{rule.name}: {len(matches)} match(es)")
+    graph = import_graph(model)
+    try:
+        applied = rule.apply_all(graph, matches, p, ctx)
+    except SurgeryError:
+        raise
+    except Exception as exc:  # a rule bug must not take the caller down with it
+        raise RuleFailedError(
+            f"rule {rule.name!r} failed while editing: {type(exc).__name__}: {exc}"
+        ) from exc
+    new = _finalise(export_graph(graph, model), rule)
+    before_names = set(ctx.view.names)
+    after_ctx = RuleContext.build(new, tgt)
+    after_names = set(after_ctx.view.names)
+    verification, child_reference = (
+        _verify(rule, model, new, reference)
+        if verify
+        else (
+            Verification(True, "skipped", 0.0, []),
+            None,
+        )
+    )
+    if not verification.passed:
+        worst = max(verification.outputs, key=lambda o: o.max_rel or 0.0, default=None)
+        detail = worst.message or f"max_rel {worst.max_rel:.3g}" if worst else "no outputs compared"
+        raise RuleFailedError(
+            f"rule {rule.name!r} changed the model's outputs beyond its bound "
+            f"({verification.mode}, {detail}); the rewrite was rolled back"
+        )
+    return RewriteResult(
+        rule=rule.name,
+        model=new,
+        matches=applied,
+        verification=verification,
+        coverage_before=ctx.coverage,
+        coverage_after=after_ctx.coverage,
+        nodes_added=sorted(after_names - before_names),
+        nodes_removed=sorted(before_names - after_names),
+        reference=child_reference,
+    )
+
+
+def _finalise(model: onnx.ModelProto, rule: Rule) -> onnx.ModelProto:
+    """Re-infer shapes and run the full checker; any failure is the rule's fault."""
+    try:
+        inferred = load_model(model)
+        onnx.checker.check_model(inferred, full_check=True)
+    except SurgeryError as exc:
+        raise RuleFailedError(
+            f"rule {rule.name!r} produced an invalid model: {exc.message}"
+        ) from None
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise RuleFailedError(f"rule {rule.name!r} produced an invalid model: {first}") from None
+    return inferred
+
+
+def _verify(
+    rule: Rule, parent: onnx.ModelProto, child: onnx.ModelProto, reference: Reference | None
+) -> tuple[Verification, Reference]:
+    ref = reference or Reference.of(parent)
+    outputs = run_model(ort_session(child, label=f"result of {rule.name}"), ref.inputs)
+    exact = rule.exactness == "exact"
+    comparisons = []
+    for name, expected in ref.outputs.items():
+        if name not in outputs:
+            if rule.changes_outputs:
+                continue
+            comparisons.append(
+                OutputComparison(
+                    name,
+                    name,
+                    "name",
+                    expected.shape,
+                    (),
+                    str(expected.dtype),
+                    "",
+                    False,
+                    message=f"output {name!r} disappeared",
+                )
+            )
+            continue
+        cmp = compare_arrays(expected, outputs[name], exact=exact, name=name)
+        if not exact and cmp.max_rel is not None and cmp.shape_a == cmp.shape_b:
+            cmp.passed = cmp.max_rel <= rule.error_bound
+        comparisons.append(cmp)
+    if rule.changes_outputs and not comparisons:
+        comparisons = []
+    passed = all(c.passed for c in comparisons)
+    verification = Verification(passed, rule.exactness, rule.error_bound, comparisons)
+    return verification, Reference(ref.inputs, outputs)

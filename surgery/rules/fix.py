@@ -1,0 +1,179 @@
+"""`surgery fix`: apply rules until the model maps to one MLA segment, or nothing helps.
+
+Each step re-checks coverage, asks every rule where it applies, and applies the rule whose
+matches remove the most current blockers (cleanup rules run first whenever they match). A step
+is kept only if it verifies and makes the model better by (segments, blockers, MLA MACs);
+otherwise it is rolled back and that rule is not tried again on the same model state. As a last
+resort, MLA islands under 1% of the MACs are pinned to the host (`place-on-host`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from surgery.coverage import CoverageReport
+from surgery.errors import SurgeryError
+from surgery.model import load_model
+from surgery.rules.base import Rule, RuleContext
+from surgery.rules.engine import Reference, RewriteResult, apply_rule
+from surgery.rules.graph_edit import with_unique_node_names
+from surgery.rules.registry import all_rules, get_rule
+from surgery.targets import Target, resolve_target
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class FixResult:
+    model: onnx.ModelProto
+    target: str
+    coverage_before: CoverageReport
+    coverage_after: CoverageReport
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def single_elf(self) -> bool:
+        return self.coverage_after.single_elf
+
+    def to_dict(self, output: str | None = None) -> dict[str, Any]:
+        before, after = self.coverage_before, self.coverage_after
+        return {
+            "target": self.target,
+            "single_elf": after.single_elf,
+            "mla_segments_before": before.mla_segments,
+            "mla_segments_after": after.mla_segments,
+            "mla_mac_fraction_before": round(before.mla_mac_fraction, 6),
+            "mla_mac_fraction_after": round(after.mla_mac_fraction, 6),
+            "blockers_before": len(before.blockers),
+            "blockers_after": len(after.blockers),
+            "steps": self.steps,
+            "rejected": self.rejected,
+            "output": output,
+            "remaining_blockers": after.blocker_groups(),
+            "notes": self.notes,
+        }
+
+
+def _score(cov: CoverageReport) -> tuple[int, int, float]:
+    """Lower is better: segments above one, then blockers, then MACs off the MLA."""
+    return (abs(cov.mla_segments - 1), len(cov.blockers), -cov.mla_mac_fraction)
+
+
+def _candidates(
+    rules: Sequence[Rule], ctx: RuleContext, tried: set[str]
+) -> list[tuple[int, int, Rule, int]]:
+    """(priority, -blockers removed, rule, matches) for every rule that applies."""
+    out = []
+    blockers = ctx.blocker_names
+    for order, rule in enumerate(rules):
+        if rule.name in tried:
+            continue
+        try:
+            matches = rule.find(ctx, rule.Params())
+        except SurgeryError:
+            continue
+        if not matches:
+            continue
+        removed = len({b for m in matches for b in m.blockers} & blockers)
+        if rule.category == "cleanup":
+            out.append((0, -removed, rule, len(matches)))
+        elif removed:
+            out.append((1, -removed, rule, order))
+    out.sort(key=lambda c: (c[0], c[1], c[3]))
+    return out
+
+
+def fix_model(
+    model: onnx.ModelProto,
+    target: str | Target = "mlsoc",
+    *,
+    max_steps: int = 30,
+    allow_approximate: bool = False,
+    skip: Sequence[str] = (),
+    on_step: StepCallback | None = None,
+    inputs: Mapping[str, Any] | None = None,
+) -> FixResult:
+    """Loop check → best rule → apply → verify → recheck until one MLA segment or no progress."""
+    tgt = resolve_target(target)
+    for name in skip:
+        get_rule(name)  # unknown names are an error, not silently ignored
+    rules = [
+        cls()
+        for cls in all_rules()
+        if cls.auto and cls.name not in skip and (allow_approximate or cls.exactness == "exact")
+    ]
+    current = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
+    ctx = RuleContext.build(current, tgt)
+    result = FixResult(current, tgt.name, ctx.coverage, ctx.coverage)
+    reference = Reference.of(current, inputs)
+    tried: set[str] = set()
+    while len(result.steps) < max_steps:
+        if ctx.coverage.single_elf and not ctx.coverage.blockers:
+            break
+        applied = False
+        for _, _, rule, _ in _candidates(rules, ctx, tried):
+            try:
+                step = apply_rule(current, rule, tgt, reference=reference, ctx=ctx)
+            except SurgeryError as exc:
+                result.rejected.append({"rule": rule.name, "reason": exc.message})
+                tried.add(rule.name)
+                continue
+            if _score(step.coverage_after) >= _score(ctx.coverage) and rule.category != "cleanup":
+                result.rejected.append(
+                    {
+                        "rule": rule.name,
+                        "reason": "no improvement in segments, blockers or MLA MACs",
+                    }
+                )
+                tried.add(rule.name)
+                continue
+            if rule.category == "cleanup" and _score(step.coverage_after) > _score(ctx.coverage):
+                result.rejected.append({"rule": rule.name, "reason": "made coverage worse"})
+                tried.add(rule.name)
+                continue
+            _record(result, step, on_step)
+            current, reference = step.model, step.reference or reference
+            ctx = RuleContext.build(current, tgt)
+            # Cleanup rules run once each; any other rule may be retried on the new model.
+            tried = {r for r in tried | {rule.name} if get_rule(r).category == "cleanup"}
+            applied = True
+            break
+        if not applied:
+            break
+    result.model = current
+    result.coverage_after = ctx.coverage
+    if not ctx.coverage.single_elf:
+        result.notes.append(
+            f"stopped at {ctx.coverage.mla_segments} MLA segments: no rule removes the remaining blockers"
+        )
+    return result
+
+
+def _record(result: FixResult, step: RewriteResult, on_step: StepCallback | None) -> None:
+    summary = step.summary()
+    entry = {
+        "step": len(result.steps) + 1,
+        "rule": step.rule,
+        "nodes": sorted({n for m in step.matches for n in m.nodes})[:50],
+        "matches": len(step.matches),
+        "verify": {
+            "passed": step.verification.passed,
+            "mode": step.verification.mode,
+            "max_abs": step.verification.worst_max_abs,
+            "max_rel": step.verification.worst_max_rel,
+        },
+        "segments_before": summary["mla_segments_before"],
+        "segments_after": summary["mla_segments_after"],
+        "blockers_before": summary["blockers_before"],
+        "blockers_after": summary["blockers_after"],
+        "mla_mac_fraction_after": summary["mla_mac_fraction_after"],
+    }
+    result.steps.append(entry)
+    if on_step:
+        on_step(entry)

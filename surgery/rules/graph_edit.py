@@ -1,0 +1,132 @@
+"""onnx-graphsurgeon plumbing shared by the rules: import/export, lookups, small edits."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+
+from surgery.graph import GraphView
+
+G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
+
+
+@contextlib.contextmanager
+def quiet_graphsurgeon() -> Iterator[None]:
+    previous = G_LOGGER.severity
+    G_LOGGER.severity = G_LOGGER.CRITICAL
+    try:
+        yield
+    finally:
+        G_LOGGER.severity = previous
+
+
+def with_unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every node the display name coverage uses (`<Op>_<i>` when unnamed, `#i` if taken).
+
+    Rules and users address nodes by name, so names must be unique before any edit. Renaming
+    nodes changes no numbers.
+    """
+    view = GraphView(model)
+    if all(node.name == label for node, label in zip(view.nodes, view.names, strict=True)):
+        return model
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    for node, label in zip(renamed.graph.node, view.names, strict=True):
+        node.name = label
+    return renamed
+
+
+def import_graph(model: onnx.ModelProto) -> gs.Graph:
+    with quiet_graphsurgeon():
+        return gs.import_onnx(model)
+
+
+def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
+    """Export, keeping the model-level fields graphsurgeon does not carry (IR, metadata, …)."""
+    with quiet_graphsurgeon():
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        model = gs.export_onnx(graph, do_type_check=False)
+    model.ir_version = like.ir_version
+    model.producer_name = like.producer_name
+    model.producer_version = like.producer_version
+    model.domain = like.domain
+    model.model_version = like.model_version
+    model.doc_string = like.doc_string
+    del model.metadata_props[:]
+    model.metadata_props.extend(like.metadata_props)
+    default = {o.domain: o.version for o in like.opset_import}
+    for o in model.opset_import:
+        if o.domain in default:
+            o.version = max(o.version, default[o.domain])
+    declared = {o.domain for o in model.opset_import}
+    for o in like.opset_import:
+        if o.domain not in declared:
+            model.opset_import.append(o)
+    del model.graph.value_info[:]  # stale after edits; the engine re-infers
+    return model
+
+
+def nodes_by_name(graph: gs.Graph) -> dict[str, gs.Node]:
+    return {n.name: n for n in graph.nodes}
+
+
+def constant(name: str, value: np.ndarray) -> gs.Constant:
+    return gs.Constant(name, np.ascontiguousarray(value))
+
+
+def fresh_name(graph: gs.Graph, base: str) -> str:
+    """A tensor/node name not yet used in the graph."""
+    taken = set(graph.tensors()) | {n.name for n in graph.nodes}
+    if base not in taken:
+        return base
+    k = 1
+    while f"{base}_{k}" in taken:
+        k += 1
+    return f"{base}_{k}"
+
+
+def replace_tensor_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
+    """Point every consumer (and graph output) of `old` at `new`."""
+    for node in list(old.outputs):
+        for k, t in enumerate(node.inputs):
+            if t is old:
+                node.inputs[k] = new
+    graph.outputs = [new if t is old else t for t in graph.outputs]
+
+
+def bypass_node(graph: gs.Graph, node: gs.Node, keep_input: int = 0) -> None:
+    """Remove a single-path node, wiring its consumers to its `keep_input`-th input.
+
+    When the node's output is a graph output, the producer's tensor is renamed so the graph
+    keeps its output name.
+    """
+    src, dst = node.inputs[keep_input], node.outputs[0]
+    if dst in graph.outputs:
+        if isinstance(src, gs.Variable) and src not in graph.inputs and len(src.outputs) == 1:
+            node.outputs.clear()
+            src.name, dst.name = dst.name, src.name + "__bypassed"
+            src.dtype, src.shape = dst.dtype or src.dtype, dst.shape or src.shape
+            graph.outputs = [src if t is dst else t for t in graph.outputs]
+            node.inputs.clear()
+            return
+        identity = gs.Node("Identity", name=node.name, inputs=[src], outputs=[dst])
+        node.inputs.clear()
+        node.outputs.clear()
+        graph.nodes.append(identity)
+        return
+    replace_tensor_uses(graph, dst, src)
+    node.inputs.clear()
+    node.outputs.clear()
+
+
+def const_value(tensor: gs.Tensor) -> np.ndarray | None:
+    return tensor.values if isinstance(tensor, gs.Constant) else None
+
+
+def shape_of(tensor: gs.Tensor) -> Sequence[int | str | None] | None:
+    return tensor.shape

@@ -1,0 +1,42 @@
+"""The rule registry: one place that knows every rule by name."""
+
+from __future__ import annotations
+
+from surgery.errors import SurgeryError
+from surgery.rules.base import Rule
+
+_RULES: dict[str, type[Rule]] = {}
+
+
+class UnknownRuleError(SurgeryError):
+    code = "unknown_rule"
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: add a rule to the registry under its kebab-case name."""
+    if cls.name in _RULES and _RULES[cls.name] is not cls:
+        raise ValueError(f"rule {cls.name!r} registered twice")
+    _RULES[cls.name] = cls
+    return cls
+
+
+def get_rule(name: str) -> Rule:
+    _load_catalogue()
+    cls = _RULES.get(name)
+    if cls is None:
+        close = [n for n in _RULES if name.split("-")[0] in n][:5]
+        raise UnknownRuleError(
+            f"unknown rule {name!r}",
+            hint=f"did you mean {', '.join(close)}?" if close else "list them with `surgery rules`",
+        )
+    return cls()
+
+
+def all_rules() -> list[type[Rule]]:
+    """Every rule, in registration order (cleanup first: the catalogue imports it first)."""
+    _load_catalogue()
+    return list(_RULES.values())
+
+
+def _load_catalogue() -> None:
+    from surgery.rules import catalogue  # noqa: F401  (importing registers the rules)
