@@ -235,7 +235,9 @@ def requantize(
         return multiply_by_quantized_multiplier_sima(acc32, multiplier, shift)
     if mode == "tflite":
         return multiply_by_quantized_multiplier_tflite(acc32, multiplier, shift)
-    raise ValueError(f"unknown requantization mode {mode!r}; expected one of {REQUANTIZATION_MODES}")
+    raise ValueError(
+        f"unknown requantization mode {mode!r}; expected one of {REQUANTIZATION_MODES}"
+    )
 
 
 # --- integer normalisation helpers (Softmax, LayerNormalization) --------------------------------
@@ -266,7 +268,9 @@ def reciprocal_sqrt(v: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     if np.any(v <= 0):
         raise ValueError("reciprocal_sqrt needs positive values")
     k = (bit_length(v) - 1 - 28) // 2
-    m = np.where(k >= 0, np.right_shift(v, np.maximum(2 * k, 0)), np.left_shift(v, np.maximum(-2 * k, 0)))
+    m = np.where(
+        k >= 0, np.right_shift(v, np.maximum(2 * k, 0)), np.left_shift(v, np.maximum(-2 * k, 0))
+    )
     one = np.int64(1 << 30)
     y = 2 * one - ((m - (one >> 2)) * 4) // 3
     for _ in range(RSQRT_ITERATIONS):

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import onnx
 
+import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
 from surgery.coverage import CoverageReport, analyze_coverage
 from surgery.model import open_model
 from surgery.targets import Target, resolve_target

@@ -198,9 +198,14 @@ def _generic(message: str, node: NodePlacement) -> str:
     return _QUOTED.sub("", message) if "'" in message else message
 
 
-RuleSuggester = Callable[[onnx.ModelProto, Target, CoverageReport], Mapping[str, list[str]]]
+RuleSuggester = Callable[
+    [onnx.ModelProto, Target, CoverageReport, GraphView, frozenset[str]], Mapping[str, list[str]]
+]
 SUGGESTERS: list[RuleSuggester] = []
-"""Hook filled by the rewrite engine: maps blocker node names to rule names that fix them."""
+"""Hook filled by the rewrite engine (surgery.rules.suggest): blocker node → rules that fix it.
+
+Called with the model, target, the report, its GraphView and the constant tensors, so a
+suggester reuses the analysis instead of redoing it."""
 
 
 @cache
@@ -373,14 +378,20 @@ def analyze_coverage(
     }
     report = CoverageReport(tgt.name, placements, segments, dynamic)
     if suggest and SUGGESTERS and report.blockers:
-        _attach_suggestions(model, tgt, report)
+        _attach_suggestions(model, tgt, report, view, frozen_constants)
     return report
 
 
-def _attach_suggestions(model: onnx.ModelProto, target: Target, report: CoverageReport) -> None:
+def _attach_suggestions(
+    model: onnx.ModelProto,
+    target: Target,
+    report: CoverageReport,
+    view: GraphView,
+    constants: frozenset[str],
+) -> None:
     merged: dict[str, set[str]] = {}
     for suggester in SUGGESTERS:
-        for node, rules in suggester(model, target, report).items():
+        for node, rules in suggester(model, target, report, view, constants).items():
             merged.setdefault(node, set()).update(rules)
     for b in report.blockers:
         if b.name in merged:

@@ -63,10 +63,7 @@ def activation_qparams(rng: Range, scheme: QuantizationScheme) -> ActivationQPar
     """Per-tensor scale and zero point; 0.0 is always exactly representable."""
     lo, hi = min(rng.lo, 0.0), max(rng.hi, 0.0)
     qmin, qmax = scheme.qmin, scheme.qmax
-    if scheme.asymmetric:
-        scale = (hi - lo) / (qmax - qmin)
-    else:
-        scale = max(-lo, hi) / qmax
+    scale = (hi - lo) / (qmax - qmin) if scheme.asymmetric else max(-lo, hi) / qmax
     if not math.isfinite(scale) or scale <= 1e-30:
         return ActivationQParams(1.0, 0, scheme, Range(lo, hi))
     if scheme.power_of_two:

@@ -10,6 +10,9 @@ from surgery.rules.engine import (
     find_matches,
 )
 from surgery.rules.registry import all_rules, get_rule, register
+from surgery.rules.suggest import enable as _enable_suggestions
+
+_enable_suggestions()
 
 __all__ = [
     "Match",

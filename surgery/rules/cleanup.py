@@ -112,7 +112,6 @@ class RemoveIdentity(Rule):
 
     def apply(self, graph: gs.Graph, match: Match, params: RuleParams, ctx: RuleContext) -> None:
         node = nodes_by_name(graph)[match.nodes[0]]
-        for extra in node.outputs[1:]:
-            extra.inputs.clear()
-        del node.outputs[1:]
+        while len(node.outputs) > 1:  # e.g. Dropout's unused mask
+            node.outputs.pop()
         bypass_node(graph, node)

@@ -218,9 +218,10 @@ def align_bias(
             and np.allclose(bias_scale, accumulator_scale, rtol=1e-6, atol=0.0)
         )
         if exact:
-            return np.broadcast_to(bias.value.astype(np.int64), np.broadcast_shapes(
-                bias.value.shape, np.shape(accumulator_scale)
-            )).copy()
+            return np.broadcast_to(
+                bias.value.astype(np.int64),
+                np.broadcast_shapes(bias.value.shape, np.shape(accumulator_scale)),
+            ).copy()
         real = params.dequantize_exact(bias.value)
     else:
         real = np.asarray(bias.value, dtype=np.float64)

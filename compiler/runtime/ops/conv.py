@@ -171,7 +171,9 @@ class ConvTransposeKernel:
         )
         rank = len(spatial)
         if self.output_shape is not None or self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            target = self.output_shape or tuple(n * s for n, s in zip(spatial, self.strides))
+            target = self.output_shape or tuple(
+                n * s for n, s in zip(spatial, self.strides, strict=True)
+            )
             totals = [f - t for f, t in zip(full, target[-rank:], strict=True)]
             if any(t < 0 for t in totals):
                 raise NotLowerable("output_shape larger than the transposed convolution")

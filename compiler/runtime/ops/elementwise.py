@@ -77,7 +77,9 @@ class MulKernel:
     stage: OutputStage
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        product = (a.astype(np.int64) - self.a_zero_point) * (b.astype(np.int64) - self.b_zero_point)
+        product = (a.astype(np.int64) - self.a_zero_point) * (
+            b.astype(np.int64) - self.b_zero_point
+        )
         return self.stage(product)
 
 
@@ -86,7 +88,9 @@ def lower_mul(ctx: OpContext) -> Lowered:
     b, b_scale, b_zero_point = ctx.activation_input(1)
     output = ctx.output(0)
     real = a_scale * b_scale / output.scalar_scale()
-    kernel = MulKernel(a_zero_point, b_zero_point, OutputStage.build(real, output, ctx.mode, ctx.activation))
+    kernel = MulKernel(
+        a_zero_point, b_zero_point, OutputStage.build(real, output, ctx.mode, ctx.activation)
+    )
     return Lowered(kernel, (a.name, b.name))
 
 

@@ -66,7 +66,9 @@ def _selu(ctx: OpContext) -> RealFunction:
 
 def _celu(ctx: OpContext) -> RealFunction:
     alpha = float(ctx.attr("alpha", 1.0))
-    return lambda x: np.maximum(x, 0.0) + np.minimum(0.0, alpha * np.expm1(np.minimum(x, 0) / alpha))
+    return lambda x: (
+        np.maximum(x, 0.0) + np.minimum(0.0, alpha * np.expm1(np.minimum(x, 0) / alpha))
+    )
 
 
 def _thresholded_relu(ctx: OpContext) -> RealFunction:

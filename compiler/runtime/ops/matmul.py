@@ -43,7 +43,9 @@ class MatMulKernel:
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a = a.T if self.trans_a else a
         b = b.T if self.trans_b else b
-        acc = int_matmul(a.astype(np.int64) - self.a_zero_point, b.astype(np.int64) - self.b_zero_point)
+        acc = int_matmul(
+            a.astype(np.int64) - self.a_zero_point, b.astype(np.int64) - self.b_zero_point
+        )
         return self.stage(acc + self.bias)
 
 
@@ -57,7 +59,9 @@ def lower_matmul(ctx: OpContext) -> Lowered:
         a_zero_point=a_zero_point,
         b_zero_point=b_zero_point,
         bias=align_bias(ctx.bias, accumulator_scale),
-        stage=OutputStage.build(accumulator_scale / output.scalar_scale(), output, ctx.mode, ctx.activation),
+        stage=OutputStage.build(
+            accumulator_scale / output.scalar_scale(), output, ctx.mode, ctx.activation
+        ),
     )
     return Lowered(kernel, (a.name, b.name))
 
@@ -76,7 +80,9 @@ def lower_gemm(ctx: OpContext) -> Lowered:
         a_zero_point=a_zero_point,
         b_zero_point=b_zero_point,
         bias=align_bias(ctx.input(2), accumulator_scale, factor=beta),
-        stage=OutputStage.build(accumulator_scale / output.scalar_scale(), output, ctx.mode, ctx.activation),
+        stage=OutputStage.build(
+            accumulator_scale / output.scalar_scale(), output, ctx.mode, ctx.activation
+        ),
         trans_a=trans_a,
         trans_b=trans_b,
     )

@@ -109,7 +109,9 @@ def space_to_depth(x: np.ndarray, blocksize: int) -> np.ndarray:
         batch, channels, height // blocksize, blocksize, width // blocksize, blocksize
     )
     blocks = blocks.transpose(0, 3, 5, 1, 2, 4)
-    return blocks.reshape(batch, channels * blocksize * blocksize, height // blocksize, width // blocksize)
+    return blocks.reshape(
+        batch, channels * blocksize * blocksize, height // blocksize, width // blocksize
+    )
 
 
 def expand(x: np.ndarray, shape: list[int]) -> np.ndarray:
@@ -134,9 +136,7 @@ def pad(
         x = np.pad(x, grow, mode="constant", constant_values=value)
     else:
         x = np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
-    crop = tuple(
-        slice(-min(b, 0), x.shape[i] + min(e, 0)) for i, (b, e) in enumerate(widths)
-    )
+    crop = tuple(slice(-min(b, 0), x.shape[i] + min(e, 0)) for i, (b, e) in enumerate(widths))
     return x[crop]
 
 
@@ -148,7 +148,9 @@ def _data(ctx: OpContext) -> QuantOperand:
 
 def _move(ctx: OpContext, move: Move) -> Lowered:
     data = _data(ctx)
-    return Lowered(MoveKernel(move, Rescale.build(data.params, ctx.output(0), ctx.mode)), (data.name,))
+    return Lowered(
+        MoveKernel(move, Rescale.build(data.params, ctx.output(0), ctx.mode)), (data.name,)
+    )
 
 
 def _required(values: list[int] | None, what: str) -> list[int]:
@@ -205,11 +207,15 @@ def lower_gather(ctx: OpContext) -> Lowered:
     indices = ctx.input(1)
     if isinstance(indices, QuantOperand) or indices is None:
         raise NotLowerable("Gather indices must be a constant integer tensor")
-    return _move(ctx, partial(gather, indices=indices.value.astype(np.int64), axis=int(ctx.attr("axis", 0))))
+    return _move(
+        ctx, partial(gather, indices=indices.value.astype(np.int64), axis=int(ctx.attr("axis", 0)))
+    )
 
 
 def lower_depth_to_space(ctx: OpContext) -> Lowered:
-    move = partial(depth_to_space, blocksize=int(ctx.attr("blocksize")), mode=ctx.attr("mode", "DCR"))
+    move = partial(
+        depth_to_space, blocksize=int(ctx.attr("blocksize")), mode=ctx.attr("mode", "DCR")
+    )
     return _move(ctx, move)
 
 
@@ -236,7 +242,9 @@ def lower_pad(ctx: OpContext) -> Lowered:
         pads, value, axes = ctx.attr("pads"), ctx.attr("value", 0.0), None
     real_value = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
     code = int(
-        quantize_constant(real_value, params.scalar_scale(), params.scalar_zero_point(), params.dtype)
+        quantize_constant(
+            real_value, params.scalar_scale(), params.scalar_zero_point(), params.dtype
+        )
     )
     mode = ctx.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge", "wrap"):
@@ -286,12 +294,16 @@ class SplitKernel:
 def lower_split(ctx: OpContext) -> Lowered:
     data = _data(ctx)
     sizes = ctx.ints(1) if ctx.opset >= 13 else ctx.attr("split")
-    rescales = tuple(Rescale.build(data.params, ctx.output(i), ctx.mode) for i in range(len(ctx.node.output)))
+    rescales = tuple(
+        Rescale.build(data.params, ctx.output(i), ctx.mode) for i in range(len(ctx.node.output))
+    )
     kernel = SplitKernel(int(ctx.attr("axis", 0)), tuple(sizes) if sizes else None, rescales)
     return Lowered(kernel, (data.name,))
 
 
-def lower_requantize(source: QuantOperand, target: QuantParams, mode: RequantizationMode) -> Lowered:
+def lower_requantize(
+    source: QuantOperand, target: QuantParams, mode: RequantizationMode
+) -> Lowered:
     """A DequantizeLinear feeding a QuantizeLinear directly: a pure rescale."""
     return Lowered(Rescale.build(source.params, target, mode), (source.name,))
 

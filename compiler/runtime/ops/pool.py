@@ -124,7 +124,9 @@ class AveragePoolKernel:
         )
         axes = tuple(range(-len(self.kernel), 0))
         centred = x.astype(np.int64) - self.input_zero_point
-        total = windows(pad_spatial(centred, begin, end, 0), self.kernel, self.strides, self.dilations)
+        total = windows(
+            pad_spatial(centred, begin, end, 0), self.kernel, self.strides, self.dilations
+        )
         total = total.sum(axis=axes)
         if self.count_include_pad:
             count = np.int64(math.prod(self.kernel))

@@ -35,9 +35,7 @@ _COORDINATE_MODES = (
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def input_coordinates(
-    out_size: int, in_size: int, scale: float, mode: str
-) -> np.ndarray:
+def input_coordinates(out_size: int, in_size: int, scale: float, mode: str) -> np.ndarray:
     """Input coordinate (float64) of every output index along one axis (ONNX Resize)."""
     x = np.arange(out_size, dtype=np.float64)
     if mode == "half_pixel":

@@ -49,9 +49,7 @@ class SoftmaxKernel:
         e = self.table[difference + span]
         total = e.sum(axis=-1, keepdims=True)
         reciprocal = divide_round_half_up(1 << RECIPROCAL_BITS, total)
-        probability = rounding_right_shift(
-            e * reciprocal, RECIPROCAL_BITS - PROBABILITY_BITS
-        )
+        probability = rounding_right_shift(e * reciprocal, RECIPROCAL_BITS - PROBABILITY_BITS)
         return self.stage(probability)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

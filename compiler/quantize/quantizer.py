@@ -1,0 +1,245 @@
+"""`quantize_model`: float ONNX + calibration data + settings → QDQ ONNX for one target.
+
+The steps, each in its own module:
+
+1. prepare   — name nodes, raise the opset, weights to initializers, fold BN (float-equivalent)
+2. coverage  — `surgery.coverage` decides which nodes run on the MLA; only those are quantized
+3. equalize  — optional cross-layer equalization (float-equivalent)
+4. plan      — which tensors get Q/DQ, with which scheme; weight axes; fusion; shared scales
+5. calibrate — one streaming pass; observers per tensor
+6. ranges    — calibration method → range → scale and zero point
+7. qdq       — write the QDQ model
+8. bias correction (optional) — a second pass comparing float and QDQ; rebuild
+
+Opset: int8 Q/DQ with per-channel axes needs opset 13; int16 activations and int4 weights need
+opset 21, where ONNX and ONNX Runtime (≥ 1.20) both accept them in the default domain. The model
+is converted upward with ONNX's version converter when needed (never downward).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from compiler.defines import QuantizationParams
+from compiler.quantize.bias_correction import correct_biases
+from compiler.quantize.calibrate import DEFAULT_MAX_OUTPUT_BYTES, Progress, calibrate
+from compiler.quantize.equalize import EqualizationReport, equalize
+from compiler.quantize.errors import QuantizationError
+from compiler.quantize.observers import Observer
+from compiler.quantize.plan import QuantPlan, check_target_precisions, make_plan
+from compiler.quantize.prepare import PreparedModel, prepare_model
+from compiler.quantize.qdq import BuildResult, build_qdq
+from compiler.quantize.qparams import ActivationQParams, activation_qparams
+from compiler.quantize.ranges import make_observer, select_range
+from compiler.quantize.samples import CalibrationData, SamplePasses
+from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
+from surgery.model import PROTOBUF_LIMIT, model_nbytes
+from surgery.targets import Target, resolve_target
+
+__all__ = ["METADATA_KEY", "QuantizedModel", "quantize_model", "required_opset"]
+
+METADATA_KEY = "surgery.quantization"
+"""`metadata_props` key of the JSON quantization record."""
+
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"})
+
+
+@dataclass
+class QuantizedModel:
+    """The QDQ model and what was decided to produce it."""
+
+    model: onnx.ModelProto
+    float_model: onnx.ModelProto
+    """The prepared float model (same node names; weights equalized/bias-corrected if asked)."""
+    params: QuantizationParams
+    target: str
+    report: dict[str, Any] = field(default_factory=dict)
+    """The record also stored in `model.metadata_props[surgery.quantization]`."""
+
+
+def required_opset(params: QuantizationParams) -> int:
+    wide = any(s.kind == "int" and s.bits in (4, 16) for s in params.all_schemes())
+    return 21 if wide else 13
+
+
+def quantize_model(
+    model: onnx.ModelProto,
+    calibration_data: CalibrationData,
+    params: QuantizationParams | Any = None,
+    *,
+    target: str | Target = "mlsoc",
+    progress: Progress | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+) -> QuantizedModel:
+    """Post-training quantization to standard QDQ ONNX (see the module docstring for the steps).
+
+    `params` is a `QuantizationParams` (default: `default_quantization`) or anything with
+    `to_quantization_params()` (an `RknnConfig`). `progress(done, total)` is called after each
+    calibration sample (total is None when the data has no length).
+    """
+    params = _resolve_params(params)
+    tgt = resolve_target(target)
+    check_target_precisions(params, tgt)
+    _reject_quantized(model)
+    data = SamplePasses(calibration_data)
+    if params.bias_correction and not data.reiterable:
+        raise QuantizationError(
+            "bias correction needs a second pass over the calibration data, and a one-shot iterator "
+            "(generator) gives only one",
+            hint="pass a list, a dataset from load_calibration_data, or a callable returning a fresh iterator",
+        )
+    prepared = prepare_model(model, opset=required_opset(params), input_shapes=input_shapes, add_biases=params.bias_correction)
+    _check_names(params, prepared)
+    coverage = analyze_coverage(prepared.model, tgt, suggest=False)
+    equalization = EqualizationReport()
+    if params.channel_equalization:
+        eligible = {p.name for p in coverage.placements if p.processor == "MLA" and p.name not in params.unquantized_nodes}
+        equalization = equalize(prepared.model, eligible)
+    plan = make_plan(prepared.model, coverage, params)
+    observers = {key: make_observer(spec.method) for key, spec in plan.observed().items()}
+    by_tensor: dict[str, list[Observer]] = {}
+    for key, obs in observers.items():
+        by_tensor.setdefault(plan.activations[key].tensor, []).append(obs)
+    stats = calibrate(prepared.model, by_tensor, data, progress=progress, max_output_bytes=max_output_bytes)
+    qparams = _activation_qparams(plan, observers)
+    built = build_qdq(prepared.model, plan, qparams)
+    corrections: dict[str, dict[str, float]] = {}
+    if params.bias_correction:
+        corrections = correct_biases(prepared.model, built, plan, data, progress=progress)
+        built = build_qdq(prepared.model, plan, qparams)
+    report = _report(params, tgt, prepared, plan, observers, qparams, built, equalization, corrections, stats.samples)
+    _write_metadata(built.model, report, plan, tgt, prepared)
+    _check(built.model)
+    return QuantizedModel(built.model, prepared.model, params, tgt.name, report)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _resolve_params(params: Any) -> QuantizationParams:
+    if params is None:
+        return QuantizationParams()
+    if isinstance(params, QuantizationParams):
+        return params
+    convert = getattr(params, "to_quantization_params", None)
+    if callable(convert):
+        return convert()
+    raise QuantizationError(f"quantization settings must be QuantizationParams or RknnConfig, got {type(params).__name__}")
+
+
+def _reject_quantized(model: Any) -> None:
+    if isinstance(model, onnx.ModelProto):
+        found = sorted({n.op_type for n in model.graph.node if n.op_type in _QDQ_OPS})
+        if found:
+            raise QuantizationError(f"the model is already quantized (it contains {', '.join(found)})")
+
+
+def _check_names(params: QuantizationParams, prepared: PreparedModel) -> None:
+    for field_name, names in (
+        ("unquantized_nodes", params.unquantized_nodes),
+        ("custom_quantization_configs", tuple(params.custom_quantization_configs)),
+    ):
+        unknown = [n for n in names if n not in prepared.names]
+        if unknown:
+            sample = ", ".join(sorted(prepared.names)[:8])
+            raise QuantizationError(
+                f"{field_name} names node(s) not in the model: {', '.join(map(repr, unknown))}",
+                hint=f"node names look like: {sample} …",
+            )
+
+
+def _activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) -> dict[str, ActivationQParams]:
+    qparams: dict[str, ActivationQParams] = {}
+    for key, obs in observers.items():
+        spec = plan.activations[key]
+        qparams[key] = activation_qparams(select_range(spec.method, obs, spec.scheme), spec.scheme)
+    return qparams
+
+
+def _report(
+    params: QuantizationParams,
+    target: Target,
+    prepared: PreparedModel,
+    plan: QuantPlan,
+    observers: Mapping[str, Observer],
+    qparams: Mapping[str, ActivationQParams],
+    built: BuildResult,
+    equalization: EqualizationReport,
+    corrections: Mapping[str, Mapping[str, float]],
+    samples: int,
+) -> dict[str, Any]:
+    tensors: dict[str, Any] = {}
+    for key, spec in plan.activations.items():
+        entry: dict[str, Any] = {"tensor": spec.tensor, "scheme": spec.scheme.describe()}
+        if spec.share_with is not None:
+            entry["shared_with"] = spec.share_with
+        elif key in qparams:
+            obs = observers[key]
+            entry.update(qparams[key].to_dict())
+            entry["method"] = spec.method.name
+            entry["observed_min"] = obs.min if not obs.empty else None
+            entry["observed_max"] = obs.max if not obs.empty else None
+        tensors[key] = entry
+    hybrid = list(plan.decisions)
+    hybrid += [{"node": n, "decision": "float", "reason": r} for n, r in plan.unquantized.items()]
+    hybrid += [{"node": n, "decision": "custom", "reason": json.dumps(c.to_dict())} for n, c in params.custom_quantization_configs.items()]
+    return {
+        "version": 1,
+        "target": target.name,
+        "requantization_mode": params.requantization_mode.value,
+        "calibration": {"method": params.calibration_method.to_dict(), "samples": samples},
+        "activation_scheme": params.activation_quantization_scheme.describe(),
+        "weight_scheme": params.weight_quantization_scheme.describe(),
+        "activation_storage": "signed: asymmetric schemes store int8/int16 with a zero point",
+        "params": params.to_dict(),
+        "preparation": prepared.to_dict(),
+        "quantized_nodes": len(plan.quantized),
+        "unquantized_nodes": dict(plan.unquantized),
+        "fused": dict(plan.fused),
+        "hybrid": hybrid,
+        "equalization": equalization.to_dict(),
+        "bias_correction": dict(corrections),
+        "tensors": tensors,
+        "weights": built.weights,
+        "notes": built.notes,
+    }
+
+
+def _write_metadata(model: onnx.ModelProto, report: Mapping[str, Any], plan: QuantPlan, target: Target, prepared: PreparedModel) -> None:
+    """The JSON record, and placement pins so coverage of the QDQ model keeps float nodes off the MLA."""
+    props = {p.key: p.value for p in model.metadata_props}
+    props[METADATA_KEY] = json.dumps(report, sort_keys=True, default=_json_default)
+    if plan.unquantized:
+        pins = json.loads(props.get(PLACEMENT_METADATA_KEY, "{}"))
+        by_name = {n.name: n.op_type for n in prepared.model.graph.node}
+        for name in plan.unquantized:
+            op = by_name.get(name, "")
+            pins[name] = "CVU" if target.supports(op, "CVU") else "APU"
+        props[PLACEMENT_METADATA_KEY] = json.dumps(pins, sort_keys=True)
+    del model.metadata_props[:]
+    for key in sorted(props):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, props[key]
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)
+
+
+def _check(model: onnx.ModelProto) -> None:
+    if model_nbytes(model) >= PROTOBUF_LIMIT - 64 * 2**20:
+        return  # the checker needs a path for models this large; ORT still loads them
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise QuantizationError(f"the QDQ model fails onnx.checker (a quantizer bug): {str(exc).splitlines()[0][:300]}") from None

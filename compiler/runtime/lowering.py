@@ -1,0 +1,420 @@
+"""From a QDQ ONNX graph to an integer program.
+
+The QDQ convention: a float op whose inputs come from DequantizeLinear (DQ) nodes and whose
+output goes to a QuantizeLinear (Q) node is an integer op with the quantization parameters of
+those DQ inputs and Q outputs. `build_program` finds these patterns:
+
+* anchor op -> Q                                  one integer step
+* Conv/ConvTranspose/MatMul/Gemm/Add/Sub/Mul -> Relu|Clip -> Q   activation fused as a clamp
+* MatMul -> Add(constant) [-> Relu|Clip] -> Q     bias fused into the accumulator
+* Mul(x, Sigmoid(x) | HardSigmoid(x)) -> Q        one lookup table of x * gate(x)
+* DQ -> Q                                         a requantization (Rescale)
+
+Quantize nodes on constants are folded (weights stored as float + Q). Everything else runs as
+it is written: Q nodes quantize float tensors, DQ nodes dequantize integer tensors that float
+nodes or graph outputs need, and other nodes run in float (onnx.reference).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from compiler.intmath import INTEGER_DTYPES, RequantizationMode, quantize_linear
+from compiler.runtime.errors import QdqModelError, UnsupportedQuantizedOpError
+from compiler.runtime.ops import FUSES_ACTIVATION, FUSES_BIAS, LOWERINGS, Lowered, OpContext
+from compiler.runtime.ops.lut import lower_gated
+from compiler.runtime.ops.movement import lower_requantize
+from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
+from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
+
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+ACTIVATIONS = ("Relu", "Clip")
+GATES = ("Sigmoid", "HardSigmoid")
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class QdqGraph:
+    """Read-only view of a QDQ model: constants, producers, consumers, quantization parameters."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        graph = model.graph
+        self.opsets = {
+            ("" if o.domain in _DEFAULT_DOMAINS else o.domain): o.version
+            for o in model.opset_import
+        }
+        self.opset = self.opsets.get("", 1)
+        self.functions = list(model.functions)
+        self.constants: dict[str, np.ndarray] = {
+            init.name: numpy_helper.to_array(init) for init in graph.initializer
+        }
+        self.input_names = [i.name for i in graph.input if i.name not in self.constants]
+        self.output_names = [o.name for o in graph.output]
+        self.input_types = {
+            i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            for i in graph.input
+            if i.type.HasField("tensor_type") and i.type.tensor_type.elem_type
+        }
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self.nodes = self._fold_constants(_topological_order(graph))
+        for node in self.nodes:
+            for name in node.output:
+                if name:
+                    self.producer[name] = node
+            for name in dict.fromkeys(node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+
+    def _fold_constants(self, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+        """Evaluate Constant nodes and QuantizeLinear of constants (float weights + Q)."""
+        kept = []
+        for node in nodes:
+            if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
+                (value,) = ReferenceEvaluator(node).run(None, {})
+                self.constants[node.output[0]] = np.asarray(value)
+            elif node.op_type == QUANTIZE and node.input[0] in self.constants:
+                params = self.params(node)
+                x = self.constants[node.input[0]]
+                scale = params.along(params.scale, x.ndim)
+                zero_point = params.along(params.zero_point, x.ndim)
+                self.constants[node.output[0]] = quantize_linear(x, scale, zero_point, params.dtype)
+            else:
+                kept.append(node)
+        return kept
+
+    def constant(self, name: str, what: str) -> np.ndarray:
+        if name not in self.constants:
+            raise QdqModelError(f"the {what} {name!r} is not a constant")
+        return self.constants[name]
+
+    def params(self, node: onnx.NodeProto) -> QuantParams:
+        """QuantParams of a QuantizeLinear / DequantizeLinear node."""
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attributes.get("block_size"):
+            raise QdqModelError(
+                f"{node.name or node.op_type}: blocked quantization is not supported"
+            )
+        scale = np.asarray(self.constant(node.input[1], "scale"), dtype=np.float32)
+        if len(node.input) > 2 and node.input[2]:
+            zero_point = self.constant(node.input[2], "zero point")
+            dtype = zero_point.dtype
+        else:
+            zero_point = np.zeros(scale.shape, dtype=np.int64)
+            dtype = self._default_dtype(node, attributes)
+        if np.dtype(dtype).type not in INTEGER_DTYPES:
+            raise QdqModelError(
+                f"{node.name or node.op_type}: {np.dtype(dtype)} quantization is not supported"
+            )
+        per_axis = scale.size > 1
+        return QuantParams(
+            scale=scale.reshape(-1) if per_axis else scale.reshape(()),
+            zero_point=np.asarray(zero_point, dtype=np.int64).reshape(scale.shape).reshape(-1)
+            if per_axis
+            else np.asarray(zero_point, dtype=np.int64).reshape(()),
+            dtype=np.dtype(dtype),
+            axis=int(attributes.get("axis", 1)) if per_axis else None,
+        )
+
+    def _default_dtype(self, node: onnx.NodeProto, attributes: dict) -> np.dtype:
+        """Storage type when the zero point is omitted (ONNX: uint8 unless stated otherwise)."""
+        if node.op_type == QUANTIZE:
+            output_dtype = attributes.get("output_dtype", 0)
+            return helper.tensor_dtype_to_np_dtype(output_dtype) if output_dtype else np.uint8
+        source = node.input[0]
+        if source in self.constants:
+            return self.constants[source].dtype
+        if source in self.input_types:
+            return self.input_types[source]
+        producer = self.producer.get(source)
+        if producer is not None and producer.op_type == QUANTIZE:
+            return self.params(producer).dtype
+        return np.dtype(np.uint8)
+
+    def sole_consumer(self, name: str) -> onnx.NodeProto | None:
+        """The only node reading `name`, when it is not also a graph output."""
+        consumers = self.consumers.get(name, [])
+        if len(consumers) == 1 and name not in self.output_names:
+            return consumers[0]
+        return None
+
+    def operand(self, name: str) -> Operand:
+        """What an op input is: an integer tensor seen through DQ, a plain constant, or absent."""
+        if not name:
+            return None
+        producer = self.producer.get(name)
+        if producer is not None and producer.op_type == DEQUANTIZE:
+            source = producer.input[0]
+            return QuantOperand(source, self.params(producer), self.constants.get(source))
+        if name in self.constants:
+            return ConstOperand(name, self.constants[name])
+        raise NotLowerable(
+            f"input {name!r} is a float tensor, not the output of a DequantizeLinear"
+        )
+
+
+def _topological_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes in dependency order, keeping the file order among independent nodes."""
+    nodes = list(graph.node)
+    producers = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    waiting = [
+        {producers[name] for name in node.input if name in producers and producers[name] != i}
+        for i, node in enumerate(nodes)
+    ]
+    dependents: dict[int, list[int]] = {}
+    for i, needs in enumerate(waiting):
+        for j in needs:
+            dependents.setdefault(j, []).append(i)
+    ready = [i for i, needs in enumerate(waiting) if not needs]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for k in dependents.get(i, []):
+            waiting[k].discard(i)
+            if not waiting[k]:
+                heapq.heappush(ready, k)
+    if len(order) != len(nodes):
+        raise QdqModelError("the graph has a cycle")
+    return order
+
+
+@dataclass(frozen=True, eq=False)
+class Match:
+    """A lowered pattern: its anchor, every node it absorbs, and the integer step."""
+
+    anchor: onnx.NodeProto
+    absorbed: tuple[onnx.NodeProto, ...]
+    step: IntegerStep
+
+
+def _activation_bounds(graph: QdqGraph, node: onnx.NodeProto) -> tuple[float, float]:
+    """Real clamp range of a Relu or a Clip with constant bounds."""
+    if node.op_type == "Relu":
+        return 0.0, np.inf
+    if graph.opset >= 11:
+        bounds = []
+        for index, default in ((1, -np.inf), (2, np.inf)):
+            operand = graph.operand(node.input[index]) if len(node.input) > index else None
+            if operand is None:
+                bounds.append(default)
+            elif isinstance(operand, ConstOperand):
+                bounds.append(float(np.asarray(operand.value).reshape(-1)[0]))
+            elif operand.value is not None:
+                bounds.append(float(operand.params.dequantize_exact(operand.value).reshape(-1)[0]))
+            else:
+                raise NotLowerable("Clip bounds must be constants")
+        return bounds[0], bounds[1]
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return float(attributes.get("min", -np.inf)), float(attributes.get("max", np.inf))
+
+
+def _constant_operand(graph: QdqGraph, name: str) -> Operand:
+    try:
+        operand = graph.operand(name)
+    except NotLowerable:
+        return None
+    if isinstance(operand, QuantOperand) and operand.value is None:
+        return None
+    return operand
+
+
+def _gate(graph: QdqGraph, node: onnx.NodeProto) -> tuple[onnx.NodeProto, str] | None:
+    """For Mul(x, gate(x)): the Sigmoid/HardSigmoid node and x."""
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return None
+    for gated, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+        producer = graph.producer.get(gated)
+        if (
+            producer is not None
+            and producer.op_type in GATES
+            and producer.input[0] == other
+            and graph.sole_consumer(gated) is node
+        ):
+            return producer, other
+    return None
+
+
+def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) -> Match:
+    """Lower one node with what it fuses, or raise NotLowerable saying why not."""
+    if node.domain not in _DEFAULT_DOMAINS:
+        raise NotLowerable(f"{node.domain}.{node.op_type} has no integer implementation")
+    absorbed: list[onnx.NodeProto] = []
+    lowering = LOWERINGS.get(node.op_type)
+    pattern = node.op_type
+    gate = _gate(graph, node)
+    if gate is not None:
+        gate_node, gated_input = gate
+        absorbed.append(gate_node)
+        lowering, pattern = lower_gated, f"Mul(x, {gate_node.op_type}(x))"
+        inputs: tuple[Operand, ...] = (graph.operand(gated_input),)
+    elif lowering is None:
+        raise NotLowerable(f"{node.op_type} has no integer implementation")
+    else:
+        inputs = tuple(graph.operand(name) for name in node.input)
+    activation = None
+    bias: Operand = None
+    output_names: list[str] = []
+    output_params: list[QuantParams | None] = []
+    for name in node.output:
+        if not name or (name not in graph.consumers and name not in graph.output_names):
+            output_names.append("")
+            output_params.append(None)
+            continue
+        tail = name
+        follower = graph.sole_consumer(tail)
+        if node.op_type in FUSES_BIAS and follower is not None and follower.op_type == "Add":
+            other = [n for n in follower.input if n != tail]
+            bias = _constant_operand(graph, other[0]) if len(other) == 1 else None
+            if bias is not None:
+                absorbed.append(follower)
+                pattern += "+Add"
+                tail = follower.output[0]
+                follower = graph.sole_consumer(tail)
+        if (
+            node.op_type in FUSES_ACTIVATION
+            and follower is not None
+            and follower.op_type in ACTIVATIONS
+        ):
+            activation = _activation_bounds(graph, follower)
+            absorbed.append(follower)
+            pattern += f"+{follower.op_type}"
+            tail = follower.output[0]
+            follower = graph.sole_consumer(tail)
+        if follower is None or follower.op_type != QUANTIZE:
+            raise NotLowerable(f"output {name!r} is not quantized by a single QuantizeLinear")
+        absorbed.append(follower)
+        output_names.append(follower.output[0])
+        output_params.append(graph.params(follower))
+    ctx = OpContext(
+        node=node,
+        opset=graph.opset,
+        mode=mode,
+        inputs=inputs,
+        outputs=tuple(output_params),
+        activation=activation,
+        bias=bias,
+        gate=gate[0] if gate is not None else None,
+    )
+    lowered: Lowered = lowering(ctx)
+    step = IntegerStep(
+        name=node.name or node.output[0],
+        pattern=pattern,
+        kernel=lowered.kernel,
+        inputs=lowered.inputs,
+        outputs=tuple(output_names),
+        output_params=tuple(output_params),
+    )
+    return Match(node, tuple(absorbed), step)
+
+
+def _is_wrapped(graph: QdqGraph, node: onnx.NodeProto) -> bool:
+    """A node that reads a DequantizeLinear and whose every used output feeds a QuantizeLinear."""
+    reads_dq = any(
+        graph.producer.get(name) is not None and graph.producer[name].op_type == DEQUANTIZE
+        for name in node.input
+    )
+    used = [name for name in node.output if name and name in graph.consumers]
+    writes_q = bool(used) and all(
+        all(c.op_type == QUANTIZE for c in graph.consumers[name]) for name in used
+    )
+    return reads_dq and writes_q
+
+
+@dataclass(frozen=True)
+class Program:
+    """The integer program of a QDQ model and what could not be made integer."""
+
+    steps: tuple[Step, ...]
+    float_nodes: tuple[tuple[str, str], ...]
+    tensor_params: dict[str, QuantParams]
+
+
+def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = False) -> Program:
+    """Match every node, then emit steps in topological order (see the module docstring)."""
+    matches: dict[int, Match] = {}
+    absorbed: set[int] = set()
+    reasons: dict[int, str] = {}
+    for node in graph.nodes:
+        if node.op_type in (QUANTIZE, DEQUANTIZE) or id(node) in absorbed:
+            continue
+        try:
+            match = match_node(graph, node, mode)
+        except NotLowerable as error:
+            reasons[id(node)] = str(error)
+            continue
+        if any(id(n) in absorbed or id(n) in matches for n in match.absorbed):
+            reasons[id(node)] = "its fused nodes already belong to another pattern"
+            continue
+        matches[id(node)] = match
+        absorbed.update(id(n) for n in match.absorbed)
+
+    integer_readers: set[int] = set(matches) | absorbed
+    steps: list[Step] = []
+    requantize_steps: dict[int, IntegerStep] = {}
+    for node in graph.nodes:
+        if node.op_type == QUANTIZE and id(node) not in absorbed:
+            producer = graph.producer.get(node.input[0])
+            if producer is not None and producer.op_type == DEQUANTIZE:
+                source = graph.operand(node.input[0])
+                lowered = lower_requantize(source, graph.params(node), mode)
+                requantize_steps[id(node)] = IntegerStep(
+                    node.name or node.output[0],
+                    "Requantize",
+                    lowered.kernel,
+                    lowered.inputs,
+                    (node.output[0],),
+                    (graph.params(node),),
+                )
+                integer_readers.add(id(node))
+
+    for node in graph.nodes:
+        key = id(node)
+        if key in matches:
+            steps.append(matches[key].step)
+        elif key in absorbed:
+            continue
+        elif key in requantize_steps:
+            steps.append(requantize_steps[key])
+        elif node.op_type == QUANTIZE:
+            steps.append(
+                QuantizeStep(
+                    node.name or node.output[0], node.input[0], node.output[0], graph.params(node)
+                )
+            )
+        elif node.op_type == DEQUANTIZE:
+            output = node.output[0]
+            readers = graph.consumers.get(output, [])
+            if output in graph.output_names or any(id(r) not in integer_readers for r in readers):
+                steps.append(
+                    DequantizeStep(node.name or output, node.input[0], output, graph.params(node))
+                )
+        else:
+            reason = reasons.get(key, "not part of a quantized pattern")
+            if strict and _is_wrapped(graph, node):
+                raise UnsupportedQuantizedOpError(
+                    f"{node.name or node.op_type} ({node.op_type}) has no integer form: {reason}",
+                    hint="pass strict=False to run it in float",
+                )
+            steps.append(FloatStep(node, graph.opsets, graph.functions, reason))
+
+    float_nodes = tuple(
+        (s.name, f"{s.pattern}: {s.reason}") for s in steps if isinstance(s, FloatStep)
+    )
+    tensor_params: dict[str, QuantParams] = {}
+    for step in steps:
+        if isinstance(step, IntegerStep):
+            for name, params in zip(step.outputs, step.output_params, strict=True):
+                if name and params is not None:
+                    tensor_params[name] = params
+        elif isinstance(step, QuantizeStep):
+            tensor_params[step.output] = step.params
+    return Program(tuple(steps), float_nodes, tensor_params)
