@@ -129,7 +129,7 @@ def quantize_multiplier(real: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     `QuantizeMultiplier` with the sign of the shift flipped to mean "right": frexp gives
     real = q * 2**e with q in [0.5, 1), M = round_half_away(q * 2**31) (if that rounds up to
     2**31, halve it and bump e), n = -e. Multipliers too small for any int32 accumulator to reach
-    0.5 (n > 31) become (0, 0); multipliers of 2**30 or more are rejected.
+    0.5 (n > 31) become (0, 0); multipliers that round to 2**30 or more are rejected.
     The relative representation error is at most 2**-31.
     """
     real = np.asarray(real, dtype=np.float64)
@@ -159,11 +159,13 @@ def multiplier_to_real(multiplier: npt.ArrayLike, shift: npt.ArrayLike) -> np.nd
 
 
 def saturating_rounding_doubling_high_mul(a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
-    """gemmlowp `SaturatingRoundingDoublingHighMul`: round(a * b / 2**31), ties away from zero.
+    """gemmlowp `SaturatingRoundingDoublingHighMul`: a * b / 2**31 rounded, ties towards +inf.
 
     The int64 product gets a nudge of 2**30 (or 1 - 2**30 when negative) and is divided by
-    2**31 truncating towards zero. The one overflowing case, a == b == INT32_MIN, saturates to
-    INT32_MAX. a and b must be int32 values.
+    2**31 truncating towards zero. For a positive product a tie rounds up (away from zero); for
+    a negative one the nudge is one short of half, so -0.5 becomes 0 and -1.5 becomes -1: ties
+    go towards +infinity in both cases (often mis-described as "away from zero"). The one
+    overflowing case, a == b == INT32_MIN, saturates to INT32_MAX. a and b must be int32 values.
     """
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)

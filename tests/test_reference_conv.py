@@ -23,7 +23,14 @@ from tests.test_reference_support import (
     steps_apart,
 )
 
-ACTIVATION_TYPES = st.sampled_from([QuantType.QInt8, QuantType.QUInt8])
+TYPE_PAIRS = st.sampled_from(
+    [
+        (QuantType.QInt8, QuantType.QInt8),
+        (QuantType.QUInt8, QuantType.QInt8),
+        (QuantType.QUInt8, QuantType.QUInt8),
+    ]
+)
+"""(activation, weight) types ORT's quantizer accepts; uint8 weights have non-zero zero points."""
 
 
 @st.composite
@@ -45,7 +52,7 @@ def conv_cases(draw: st.DrawFn) -> dict:
         "bias": draw(st.booleans()),
         "relu": draw(st.booleans()),
         "per_channel": draw(st.booleans()),
-        "activation_type": draw(ACTIVATION_TYPES),
+        "types": draw(TYPE_PAIRS),
         "seed": draw(st.integers(0, 2**16)),
     }
 
@@ -74,17 +81,20 @@ def _conv_model(case: dict, rng: np.random.Generator):
     return nodes, output, initializers
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(case=conv_cases(), mode=st.sampled_from(["sima", "tflite"]))
 def test_conv_matches_ort_within_one_step(case: dict, mode: str) -> None:
     rng = np.random.default_rng(case["seed"])
     nodes, output, initializers = _conv_model(case, rng)
-    model = float_model(nodes, {"x": (1, case["in_channels"], *case["size"])}, [output], initializers)
+    model = float_model(
+        nodes, {"x": (1, case["in_channels"], *case["size"])}, [output], initializers
+    )
     qdq = ort_quantize(
         model,
         random_feeds(model, rng, 8),
         per_channel=case["per_channel"],
-        activation_type=case["activation_type"],
+        activation_type=case["types"][0],
+        weight_type=case["types"][1],
     )
     executor = IntegerExecutor(qdq, mode, strict=True)
     assert steps_apart(executor, qdq, random_feeds(model, rng, 2))[output] <= 1
@@ -99,6 +109,21 @@ def test_conv_with_same_upper_auto_pad_matches_ort() -> None:
     }
     qdq, feeds = quantized_single_op(node, {"x": (1, 2, 7, 8)}, weights, rng=rng)
     assert steps_apart(IntegerExecutor(qdq, strict=True), qdq, feeds)["y"] <= 1
+
+
+def test_conv_with_int16_activations_matches_ort() -> None:
+    rng = np.random.default_rng(33)
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])
+    weights = {
+        "W": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "B": rng.standard_normal(4).astype(np.float32),
+    }
+    qdq, feeds = quantized_single_op(
+        node, {"x": (1, 3, 6, 6)}, weights, rng=rng, activation_type=QuantType.QInt16
+    )
+    executor = IntegerExecutor(qdq, strict=True)
+    assert executor.input_params["x"].dtype == np.int16
+    assert steps_apart(executor, qdq, feeds)["y"] <= 1
 
 
 def test_conv_1d_matches_ort() -> None:

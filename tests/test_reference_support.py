@@ -25,8 +25,6 @@ from onnxruntime.quantization import (
 
 from compiler.runtime import IntegerExecutor
 
-logging.getLogger().setLevel(logging.ERROR)
-
 Feeds = dict[str, np.ndarray]
 
 
@@ -58,7 +56,10 @@ def random_feeds(
         i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input
     }
     return [
-        {name: (scale * rng.standard_normal(shape)).astype(np.float32) for name, shape in shapes.items()}
+        {
+            name: (scale * rng.standard_normal(shape)).astype(np.float32)
+            for name, shape in shapes.items()
+        }
         for _ in range(count)
     ]
 
@@ -79,23 +80,33 @@ def ort_quantize(
     activation_type: QuantType = QuantType.QInt8,
     weight_type: QuantType = QuantType.QInt8,
     op_types: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
     extra_options: dict | None = None,
 ) -> onnx.ModelProto:
-    """QDQ model produced by onnxruntime.quantization.quantize_static (MinMax calibration)."""
+    """QDQ model produced by onnxruntime.quantization.quantize_static (MinMax calibration).
+
+    ForceQuantizeNoInputCheck makes ORT wrap data movement and pooling ops even when their input
+    comes straight from a graph input, so single-op models are quantized too.
+    """
     with tempfile.TemporaryDirectory() as folder:
         source, target = Path(folder) / "float.onnx", Path(folder) / "qdq.onnx"
         onnx.save(model, source)
-        quantize_static(
-            str(source),
-            str(target),
-            _Reader(calibration),
-            quant_format=QuantFormat.QDQ,
-            per_channel=per_channel,
-            activation_type=activation_type,
-            weight_type=weight_type,
-            op_types_to_quantize=list(op_types) if op_types else None,
-            extra_options=extra_options,
-        )
+        logging.disable(logging.WARNING)  # ORT's "consider pre-processing" advice, every call
+        try:
+            quantize_static(
+                str(source),
+                str(target),
+                _Reader(calibration),
+                quant_format=QuantFormat.QDQ,
+                per_channel=per_channel,
+                activation_type=activation_type,
+                weight_type=weight_type,
+                op_types_to_quantize=list(op_types) if op_types else None,
+                nodes_to_exclude=list(nodes_to_exclude) if nodes_to_exclude else None,
+                extra_options={"ForceQuantizeNoInputCheck": True, **(extra_options or {})},
+            )
+        finally:
+            logging.disable(logging.NOTSET)
         return onnx.load(target)
 
 

@@ -39,6 +39,7 @@ from compiler.defines import (
     quantization_scheme,
 )
 from compiler.quantize.errors import QuantizationError
+from compiler.quantize.groups import ElementwiseGroup, find_groups
 from surgery.coverage import CoverageReport
 from surgery.graph import GraphView
 from surgery.targets import Target
@@ -126,6 +127,9 @@ class QuantPlan:
     activations: dict[str, ActivationSpec]
     params: list[ParamSpec]
     fused: dict[str, str] = field(default_factory=dict)
+    groups: list[ElementwiseGroup] = field(default_factory=list)
+    internal: set[str] = field(default_factory=set)
+    """Tensors inside an elementwise group: no Q/DQ."""
     unquantized: dict[str, str] = field(default_factory=dict)
     decisions: list[dict[str, str]] = field(default_factory=list)
 
@@ -172,8 +176,9 @@ def make_plan(
         plan.configs[idx] = config
     quantized = set(plan.quantized)
     plan.fused = _fused_tensors(view, quantized, plan.configs, constants)
+    plan.groups, plan.internal, grouped = find_groups(view, plan.quantized, plan.configs, constants, plan.fused)
     for idx in plan.quantized:
-        _plan_node(view, idx, plan, constants)
+        _plan_node(view, idx, plan, constants, in_group=idx in grouped)
     _share_scales(view, plan)
     return plan
 
@@ -253,7 +258,7 @@ def _operand_indices(node: onnx.NodeProto, weighted: bool) -> tuple[int, ...]:
     return _OPERAND_INDICES.get(node.op_type, (0,))
 
 
-def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str]) -> None:
+def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str], *, in_group: bool) -> None:
     node = view.nodes[idx]
     config = plan.configs[idx]
     act = config.activation_quantization_scheme
@@ -267,9 +272,10 @@ def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str]) 
             continue
         tensor = node.input[k]
         if tensor in constants:
-            plan.params.append(ParamSpec(idx, k, tensor, "constant", _constant_scheme(act, weight)))
+            if not in_group:  # group constants are part of the table / affine map, kept float
+                plan.params.append(_constant_param(view, idx, k, tensor, act, weight))
             continue
-        if tensor in plan.fused:
+        if tensor in plan.fused or tensor in plan.internal:
             continue
         key = _consume(view, plan, tensor, idx, k, act, method)
         if k == 0:
@@ -277,7 +283,7 @@ def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str]) 
     if weighted:
         _plan_weight(view, idx, plan, act, weight, input_key, constants)
     for out in node.output:
-        if out and out not in plan.fused and _is_float(view, out):
+        if out and out not in plan.fused and out not in plan.internal and _is_float(view, out):
             plan.activations[out] = ActivationSpec(out, out, act, method, produced_by_quantized=True)
 
 
@@ -314,11 +320,20 @@ def _wider(a: QuantizationScheme, b: QuantizationScheme) -> bool:
     return (a.bits, a.is_float) > (b.bits, b.is_float)
 
 
-def _constant_scheme(act: QuantizationScheme, weight: QuantizationScheme) -> QuantizationScheme:
-    """Constant operands of elementwise ops: the node's float type, or symmetric per tensor."""
+def _constant_param(
+    view: GraphView, idx: int, k: int, tensor: str, act: QuantizationScheme, weight: QuantizationScheme
+) -> ParamSpec:
+    """Constant operands of elementwise ops: the node's float type, or symmetric integers —
+    per axis when the constant varies along exactly one axis (a per-channel multiplier or
+    offset), since one scale for values of different magnitudes would flatten the small ones."""
     if act.is_float:
-        return act
-    return quantization_scheme(asymmetric=False, per_channel=False, bits=weight.bits if weight.bits in (8, 16) else 8)
+        return ParamSpec(idx, k, tensor, "constant", act)
+    bits = weight.bits if weight.bits in (8, 16) else 8
+    dims = tuple(view.initializers[tensor].dims)
+    varying = [d for d, n in enumerate(dims) if n > 1]
+    if len(varying) == 1:
+        return ParamSpec(idx, k, tensor, "constant", quantization_scheme(False, True, bits), axis=varying[0])
+    return ParamSpec(idx, k, tensor, "constant", quantization_scheme(False, False, bits))
 
 
 # --------------------------------------------------------------------------- weights and biases

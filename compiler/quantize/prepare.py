@@ -8,7 +8,9 @@
   weight in one) and constant subgraphs (evaluated once with ONNX Runtime). ONNX Runtime's
   quantizer treats such weights as activations; that is how it reaches 2.3 dB on PP-OCRv4.
 - BatchNormalization after a Conv/ConvTranspose is folded into its weights and bias, as the MLA
-  does; quantizing the unfolded pair would quantize the conv output twice.
+  does, and so are per-channel Mul/Add/Sub/Div by constants (Paddle exports BN as such a chain).
+  Quantizing the unfolded chain would round the conv output once per op and quantize a
+  per-channel multiplier with one per-tensor scale.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class PreparedModel:
     original_opset: int
     opset: int
     folded_constants: int = 0
-    folded_bias_adds: list[str] = field(default_factory=list)
-    folded_batchnorms: list[str] = field(default_factory=list)
+    folded_affine: list[str] = field(default_factory=list)
+    """BatchNormalization and per-channel Mul/Add/Sub/Div nodes folded into convs."""
     added_biases: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
@@ -53,8 +55,7 @@ class PreparedModel:
             "original_opset": self.original_opset,
             "opset": self.opset,
             "folded_constants": self.folded_constants,
-            "folded_bias_adds": self.folded_bias_adds,
-            "folded_batchnorms": self.folded_batchnorms,
+            "folded_affine": self.folded_affine,
             "added_biases": self.added_biases,
         }
 
@@ -80,8 +81,7 @@ def prepare_model(
     prepared = PreparedModel(proto, frozenset(names), original, max(original, opset))
     prepared.folded_constants = _constants_to_initializers(proto)
     prepared.folded_constants += _fold_constant_subgraphs(proto)
-    prepared.folded_bias_adds = _fold_bias_adds(proto)
-    prepared.folded_batchnorms = _fold_batchnorms(proto)
+    prepared.folded_affine = _fold_affine(proto)
     if add_biases:
         prepared.added_biases = _add_zero_biases(proto)
     remove_unused_initializers(proto)
@@ -238,7 +238,7 @@ def remove_unused_initializers(model: onnx.ModelProto) -> None:
         g.initializer.extend(keep)
 
 
-# --------------------------------------------------------------------------- bias adds and batch norm
+# --------------------------------------------------------------------------- per-channel affine folding
 
 
 def _conv_channels(conv: onnx.NodeProto, weight: onnx.TensorProto) -> int:
@@ -249,47 +249,106 @@ def _conv_channels(conv: onnx.NodeProto, weight: onnx.TensorProto) -> int:
 def _per_channel(value: np.ndarray, channels: int) -> np.ndarray | None:
     """`value` as a (channels,) vector when it broadcasts per channel over NCHW, else None."""
     if value.size == 1:
-        return np.full(channels, value.reshape(()), dtype=np.float64)
+        return np.full(channels, float(value.reshape(())), dtype=np.float64)
     if value.ndim >= 3 and value.size == channels and value.shape[-3] == channels:
         return value.reshape(channels).astype(np.float64)
     return None
 
 
-def _fold_bias_adds(model: onnx.ModelProto) -> list[str]:
-    """Fold Add(conv(x), per-channel constant) into the conv bias (a Paddle export pattern)."""
+def _affine_of(
+    view: GraphView, idx: int, src: str, inits: dict[str, onnx.TensorProto], channels: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) with node(src) == src·scale + shift per channel, or None."""
+    node = view.nodes[idx]
+    op = node.op_type
+    if op == "BatchNormalization":
+        if node.input[0] != src or len([o for o in node.output if o]) != 1 or not all(n in inits for n in node.input[1:5]):
+            return None
+        if any(a.name == "training_mode" and a.i for a in node.attribute):
+            return None
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64).reshape(-1) for n in node.input[1:5])
+        if gamma.size != channels:
+            return None
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        scale = gamma / np.sqrt(var + eps)
+        return scale, beta - mean * scale
+    if op not in ("Add", "Sub", "Mul", "Div") or len(node.input) != 2 or src not in node.input:
+        return None
+    k = list(node.input).index(src)
+    const = node.input[1 - k]
+    if const not in inits or node.input[0] == node.input[1]:
+        return None
+    c = _per_channel(numpy_helper.to_array(inits[const]), channels)
+    if c is None:
+        return None
+    ones, zeros = np.ones(channels), np.zeros(channels)
+    if op == "Add":
+        return ones, c
+    if op == "Mul":
+        return c, zeros
+    if op == "Sub":
+        return (ones, -c) if k == 0 else (-ones, c)
+    if k == 0 and np.all(c != 0):
+        return 1.0 / c, zeros
+    return None
+
+
+def _scale_weight(conv: onnx.NodeProto, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    if conv.op_type == "Conv":
+        return weight * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    cin, cout_g = weight.shape[0], weight.shape[1]
+    grouped = weight.reshape(group, cin // group, cout_g, *weight.shape[2:])
+    return (grouped * scale.reshape(group, 1, cout_g, *([1] * (weight.ndim - 2)))).reshape(weight.shape)
+
+
+def _fold_affine(model: onnx.ModelProto) -> list[str]:
+    """Fold per-channel Mul/Add/Sub/Div by constants and BatchNormalization into the preceding
+    Conv/ConvTranspose, repeatedly (Paddle exports BN as Mul + Add chains)."""
+    folded: list[str] = []
+    while True:
+        done = _fold_affine_pass(model)
+        if not done:
+            return folded
+        folded.extend(done)
+
+
+def _fold_affine_pass(model: onnx.ModelProto) -> list[str]:
     view = GraphView(model)
     inits = {t.name: t for t in model.graph.initializer}
     graph_outputs = set(view.graph_outputs)
     removed: set[int] = set()
+    touched: set[int] = set()
     folded: list[str] = []
-    for idx, add in enumerate(view.nodes):
-        if add.op_type != "Add" or len(add.input) != 2:
+    for p, conv in enumerate(view.nodes):
+        if conv.op_type not in _CONV_OPS or len(conv.input) < 2 or conv.input[1] not in inits or p in touched:
             continue
-        for k in (0, 1):
-            src, const = add.input[k], add.input[1 - k]
-            p = view.producer.get(src)
-            if p is None or p in removed or const not in inits or view.nodes[p].op_type not in _CONV_OPS:
-                continue
-            conv = view.nodes[p]
-            if conv.input[1] not in inits or src in graph_outputs or len(view.consumers.get(src, [])) != 1:
-                continue
-            has_bias = len(conv.input) > 2 and bool(conv.input[2])
-            if has_bias and (conv.input[2] not in inits or _shared(view, conv.input[2])):
-                continue
-            channels = _conv_channels(conv, inits[conv.input[1]])
-            extra = _per_channel(numpy_helper.to_array(inits[const]), channels)
-            if extra is None:
-                continue
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(inits[conv.input[1]].data_type)
-            if has_bias:
-                bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-                _replace_initializer(inits, conv.input[2], (bias + extra).astype(dtype))
-            else:
-                _set_bias(model, inits, conv, (extra).astype(dtype))
-            conv.output[0] = add.output[0]
-            removed.add(idx)
-            folded.append(add.name)
-            break
+        src = conv.output[0]
+        readers = view.consumers.get(src, [])
+        if len(readers) != 1 or src in graph_outputs or _shared(view, conv.input[1]):
+            continue
+        has_bias = len(conv.input) > 2 and bool(conv.input[2])
+        if has_bias and (conv.input[2] not in inits or _shared(view, conv.input[2])):
+            continue
+        channels = _conv_channels(conv, inits[conv.input[1]])
+        affine = _affine_of(view, readers[0], src, inits, channels)
+        if affine is None:
+            continue
+        scale, shift = affine
+        w_tensor = inits[conv.input[1]]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(w_tensor.data_type)
+        weight = numpy_helper.to_array(w_tensor).astype(np.float64)
+        _replace_initializer(inits, conv.input[1], _scale_weight(conv, weight, scale).astype(dtype))
+        bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64).reshape(-1) if has_bias else np.zeros(channels)
+        new_bias = (bias * scale + shift).astype(dtype)
+        if has_bias:
+            _replace_initializer(inits, conv.input[2], new_bias)
+        else:
+            _set_bias(model, inits, conv, new_bias)
+        conv.output[0] = view.nodes[readers[0]].output[0]
+        removed.add(readers[0])
+        touched.add(p)
+        folded.append(view.names[readers[0]])
     _remove_nodes(model, removed)
     return folded
 
@@ -315,70 +374,8 @@ def _remove_nodes(model: onnx.ModelProto, removed: set[int]) -> None:
         model.graph.node.extend(keep)
 
 
-def _fold_batchnorms(model: onnx.ModelProto) -> list[str]:
-    """Fold BN(conv(x)) into the conv when the conv output feeds only the BN."""
-    view = GraphView(model)
-    inits = {t.name: t for t in model.graph.initializer}
-    graph_outputs = set(view.graph_outputs)
-    removed: set[int] = set()
-    folded: list[str] = []
-    for idx, bn in enumerate(view.nodes):
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
-            continue
-        if any(a.name == "training_mode" and a.i for a in bn.attribute):
-            continue
-        src = bn.input[0]
-        p = view.producer.get(src)
-        if p is None or p in removed or view.nodes[p].op_type not in _CONV_OPS:
-            continue
-        conv = view.nodes[p]
-        if len(view.consumers.get(src, [])) != 1 or src in graph_outputs:
-            continue
-        if not all(name in inits for name in bn.input[1:5]) or conv.input[1] not in inits:
-            continue
-        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
-            continue
-        if _shared(view, conv.input[1]) or (len(conv.input) > 2 and conv.input[2] and _shared(view, conv.input[2])):
-            continue
-        if not _fold_one(model, conv, bn, inits):
-            continue
-        removed.add(idx)
-        folded.append(bn.name)
-    _remove_nodes(model, removed)
-    return folded
-
-
 def _shared(view: GraphView, name: str) -> bool:
     return len(view.consumers.get(name, [])) > 1
-
-
-def _fold_one(model: onnx.ModelProto, conv: onnx.NodeProto, bn: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
-    gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:5])
-    eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-    weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
-    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
-    scale = gamma / np.sqrt(var + eps)
-    if conv.op_type == "Conv":
-        if weight.shape[0] != scale.size:
-            return False
-        new_weight = weight * scale.reshape(-1, *([1] * (weight.ndim - 1)))
-    else:
-        cin, cout_g = weight.shape[0], weight.shape[1]
-        if cout_g * group != scale.size:
-            return False
-        grouped = weight.reshape(group, cin // group, cout_g, *weight.shape[2:])
-        new_weight = (grouped * scale.reshape(group, 1, cout_g, *([1] * (weight.ndim - 2)))).reshape(weight.shape)
-    has_bias = len(conv.input) > 2 and bool(conv.input[2])
-    bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(scale.size)
-    new_bias = (bias - mean) * scale + beta
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(inits[conv.input[1]].data_type)
-    _replace_initializer(inits, conv.input[1], new_weight.astype(dtype))
-    if has_bias:
-        _replace_initializer(inits, conv.input[2], new_bias.astype(dtype))
-    else:
-        _set_bias(model, inits, conv, new_bias.astype(dtype))
-    conv.output[0] = bn.output[0]
-    return True
 
 
 def _replace_initializer(inits: dict[str, onnx.TensorProto], name: str, value: np.ndarray) -> None:

@@ -202,6 +202,7 @@ def _report(
         "quantized_nodes": len(plan.quantized),
         "unquantized_nodes": dict(plan.unquantized),
         "fused": dict(plan.fused),
+        "elementwise_groups": [g.to_dict() for g in plan.groups],
         "hybrid": hybrid,
         "equalization": equalization.to_dict(),
         "bias_correction": dict(corrections),

@@ -8,8 +8,8 @@ Three histogram criteria, all vectorised and O(bins) or O(bins·candidates) per 
   ranges are found by a coarse 2-D grid over (lo, hi) bin edges, refined at full resolution.
 - **Entropy**: TensorRT's KL-divergence threshold on the |x| histogram — the candidate
   distribution keeps `i` bins (outliers folded into the last one) and is compared with its
-  quantization into 2**(bits-1) levels (2**bits when the data is one-signed and the scheme is
-  asymmetric). With 2048 bins the threshold can sit well inside the data range, so outliers
+  quantization into 2**(bits-1) − 1 levels (2**bits − 1 when the data is one-signed and the
+  scheme is asymmetric). With 2048 bins the threshold can sit well inside the data range, so outliers
   are clipped; with 128 bins and 128 levels (ONNX Runtime's default) it cannot.
 - **Percentile**: the (100 − p)-th and p-th percentiles (|x|'s p-th for symmetric schemes),
   interpolated inside bins.
@@ -188,23 +188,13 @@ def _abs_histogram(hist: HistogramObserver) -> tuple[np.ndarray, bool]:
     return out[:last], two_signed
 
 
-def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
-    zeros = p == 0
-    n_zero = int(zeros.sum())
-    n_nonzero = p.size - n_zero
-    if n_nonzero == 0:
-        return None
-    eps1 = eps * n_zero / n_nonzero
-    out = p + eps * zeros - eps1 * (~zeros)
-    return out if (out > 0).all() else np.where(out > 0, out, eps * 1e-3)
-
-
 def _kl_for(abs_hist: np.ndarray, i: int, levels: int) -> float:
+    """KL(P‖Q) for threshold bin i: P folds the tail into bin i−1, Q is P's `levels`-level
+    quantization spread back over the non-empty bins (TensorRT's recipe)."""
     sliced = abs_hist[:i]
     p = sliced.copy()
     p[-1] += abs_hist[i:].sum()
-    merged = max(1, i // levels)
-    chunk = np.minimum(np.arange(i) // merged, levels - 1)
+    chunk = np.minimum((np.arange(i) * levels) // i, levels - 1)
     nonzero = sliced != 0
     q_sum = np.bincount(chunk, weights=sliced, minlength=levels)
     q_cnt = np.bincount(chunk, weights=nonzero.astype(np.float64), minlength=levels)
@@ -212,21 +202,49 @@ def _kl_for(abs_hist: np.ndarray, i: int, levels: int) -> float:
     p_total, q_total = p.sum(), q.sum()
     if p_total <= 0 or q_total <= 0:
         return math.inf
-    ps = _smooth(p / p_total)
-    qs = _smooth(q / q_total)
+    ps, qs = _smooth(p / p_total), _smooth(q / q_total)
     if ps is None or qs is None:
         return math.inf
     return float(np.sum(ps * np.log(ps / qs)))
 
 
+def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
+    """Move eps of mass onto empty bins (ONNX Runtime's smoothing), so a tail that lands in an
+    empty bin costs a finite divergence instead of ruling the candidate out."""
+    zeros = p == 0
+    n_zero = int(zeros.sum())
+    n_nonzero = p.size - n_zero
+    if n_nonzero == 0:
+        return None
+    out = p + eps * zeros - (eps * n_zero / n_nonzero) * (~zeros)
+    return np.where(out > 0, out, eps * 1e-3)
+
+
+_MIN_COUNT_PER_BIN = 16
+"""Sparse histograms are coarsened until bins hold this many values on average (KL on a
+histogram with a few values per bin picks noise, not a threshold)."""
+
+
 def entropy_range(hist: HistogramObserver, bits: int, symmetric: bool) -> Range:
-    """TensorRT-style KL threshold on |x| (see the module docstring)."""
+    """TensorRT-style KL threshold on |x| (see the module docstring).
+
+    The bin at 0 takes its neighbour's count, as in NVIDIA's recipe: ReLU outputs put half
+    their mass exactly at 0, which would otherwise dominate the divergence.
+    """
     abs_hist, two_signed = _abs_histogram(hist)
-    levels = 2 ** (bits - 1) if (symmetric or two_signed) else 2**bits
+    levels = 2 ** (bits - 1) - 1 if (symmetric or two_signed) else 2**bits - 1
+    width = hist.width
+    factor = max(1, math.ceil(len(abs_hist) * _MIN_COUNT_PER_BIN / max(abs_hist.sum(), 1.0)))
+    if factor > 1:
+        padded = np.pad(abs_hist, (0, (-len(abs_hist)) % factor))
+        abs_hist = padded.reshape(-1, factor).sum(axis=1)
+        width *= factor
     n = len(abs_hist)
     if n <= levels:
-        threshold = n * hist.width
+        threshold = n * width
     else:
+        abs_hist = abs_hist.copy()
+        abs_hist[0] = abs_hist[1]
         stride = max(1, (n - levels) // 128)
         coarse = list(range(levels, n + 1, stride))
         if coarse[-1] != n:
@@ -235,7 +253,7 @@ def entropy_range(hist: HistogramObserver, bits: int, symmetric: bool) -> Range:
         best = coarse[int(np.argmin(kls))]
         fine = range(max(levels, best - stride), min(n, best + stride) + 1)
         kls = [_kl_for(abs_hist, i, levels) for i in fine]
-        threshold = fine[int(np.argmin(kls))] * hist.width
+        threshold = fine[int(np.argmin(kls))] * width
     if symmetric:
         return Range(-threshold, threshold)
     return Range(max(hist.min, -threshold), min(hist.max, threshold))

@@ -6,7 +6,7 @@ from surgery.errors import SurgeryError
 
 
 class QdqModelError(SurgeryError):
-    """The QDQ model cannot be read as a quantized program (e.g. a scale that is not constant)."""
+    """The QDQ model cannot be read as a program at all (its graph has a cycle)."""
 
     code = "invalid_qdq_model"
 

@@ -5,7 +5,7 @@ output goes to a QuantizeLinear (Q) node is an integer op with the quantization 
 those DQ inputs and Q outputs. `build_program` finds these patterns:
 
 * anchor op -> Q                                  one integer step
-* Conv/ConvTranspose/MatMul/Gemm/Add/Sub/Mul -> Relu|Clip -> Q   activation fused as a clamp
+* Conv/ConvTranspose/MatMul/Gemm/Add/Sub/Mul/Div -> Relu|Clip -> Q   activation as a clamp
 * MatMul -> Add(constant) [-> Relu|Clip] -> Q     bias fused into the accumulator
 * Mul(x, Sigmoid(x) | HardSigmoid(x)) -> Q        one lookup table of x * gate(x)
 * DQ -> Q                                         a requantization (Rescale)
@@ -81,7 +81,11 @@ class QdqGraph:
                 (value,) = ReferenceEvaluator(node).run(None, {})
                 self.constants[node.output[0]] = np.asarray(value)
             elif node.op_type == QUANTIZE and node.input[0] in self.constants:
-                params = self.params(node)
+                try:
+                    params = self.params(node)
+                except NotLowerable:
+                    kept.append(node)
+                    continue
                 x = self.constants[node.input[0]]
                 scale = params.along(params.scale, x.ndim)
                 zero_point = params.along(params.zero_point, x.ndim)
@@ -92,16 +96,18 @@ class QdqGraph:
 
     def constant(self, name: str, what: str) -> np.ndarray:
         if name not in self.constants:
-            raise QdqModelError(f"the {what} {name!r} is not a constant")
+            raise NotLowerable(f"the {what} {name!r} is not a constant")
         return self.constants[name]
 
     def params(self, node: onnx.NodeProto) -> QuantParams:
-        """QuantParams of a QuantizeLinear / DequantizeLinear node."""
+        """QuantParams of a QuantizeLinear / DequantizeLinear node.
+
+        Raises NotLowerable for what the integer program does not model (blocked quantization,
+        int4 / float8 storage, non-constant scales); such nodes then run in float.
+        """
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attributes.get("block_size"):
-            raise QdqModelError(
-                f"{node.name or node.op_type}: blocked quantization is not supported"
-            )
+            raise NotLowerable(f"{node.name or node.op_type}: blocked quantization")
         scale = np.asarray(self.constant(node.input[1], "scale"), dtype=np.float32)
         if len(node.input) > 2 and node.input[2]:
             zero_point = self.constant(node.input[2], "zero point")
@@ -110,9 +116,7 @@ class QdqGraph:
             zero_point = np.zeros(scale.shape, dtype=np.int64)
             dtype = self._default_dtype(node, attributes)
         if np.dtype(dtype).type not in INTEGER_DTYPES:
-            raise QdqModelError(
-                f"{node.name or node.op_type}: {np.dtype(dtype)} quantization is not supported"
-            )
+            raise NotLowerable(f"{node.name or node.op_type}: {np.dtype(dtype)} quantization")
         per_axis = scale.size > 1
         return QuantParams(
             scale=scale.reshape(-1) if per_axis else scale.reshape(()),
@@ -317,16 +321,25 @@ def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) 
 
 
 def _is_wrapped(graph: QdqGraph, node: onnx.NodeProto) -> bool:
-    """A node that reads a DequantizeLinear and whose every used output feeds a QuantizeLinear."""
+    """A node meant to be integer: it reads a DequantizeLinear, every used output feeds a
+    QuantizeLinear, and it has no float weights (a float constant of rank >= 2), which mark a
+    node the quantizer deliberately left in float.
+    """
     reads_dq = any(
         graph.producer.get(name) is not None and graph.producer[name].op_type == DEQUANTIZE
+        for name in node.input
+    )
+    float_weights = any(
+        name in graph.constants
+        and np.issubdtype(graph.constants[name].dtype, np.floating)
+        and graph.constants[name].ndim >= 2
         for name in node.input
     )
     used = [name for name in node.output if name and name in graph.consumers]
     writes_q = bool(used) and all(
         all(c.op_type == QUANTIZE for c in graph.consumers[name]) for name in used
     )
-    return reads_dq and writes_q
+    return reads_dq and writes_q and not float_weights
 
 
 @dataclass(frozen=True)
@@ -338,8 +351,10 @@ class Program:
     tensor_params: dict[str, QuantParams]
 
 
-def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = False) -> Program:
-    """Match every node, then emit steps in topological order (see the module docstring)."""
+def _match_all(
+    graph: QdqGraph, mode: RequantizationMode
+) -> tuple[dict[int, Match], set[int], dict[int, str]]:
+    """Lower every op node that can be; remember why the others cannot."""
     matches: dict[int, Match] = {}
     absorbed: set[int] = set()
     reasons: dict[int, str] = {}
@@ -356,55 +371,79 @@ def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = F
             continue
         matches[id(node)] = match
         absorbed.update(id(n) for n in match.absorbed)
+    return matches, absorbed, reasons
 
-    integer_readers: set[int] = set(matches) | absorbed
-    steps: list[Step] = []
-    requantize_steps: dict[int, IntegerStep] = {}
+
+def _match_requantizers(
+    graph: QdqGraph, mode: RequantizationMode, absorbed: set[int]
+) -> dict[int, IntegerStep]:
+    """QuantizeLinear nodes that read a DequantizeLinear directly: integer rescales."""
+    steps: dict[int, IntegerStep] = {}
     for node in graph.nodes:
-        if node.op_type == QUANTIZE and id(node) not in absorbed:
-            producer = graph.producer.get(node.input[0])
-            if producer is not None and producer.op_type == DEQUANTIZE:
-                source = graph.operand(node.input[0])
-                lowered = lower_requantize(source, graph.params(node), mode)
-                requantize_steps[id(node)] = IntegerStep(
-                    node.name or node.output[0],
-                    "Requantize",
-                    lowered.kernel,
-                    lowered.inputs,
-                    (node.output[0],),
-                    (graph.params(node),),
-                )
-                integer_readers.add(id(node))
+        producer = graph.producer.get(node.input[0]) if node.input else None
+        if node.op_type != QUANTIZE or id(node) in absorbed or producer is None:
+            continue
+        if producer.op_type != DEQUANTIZE:
+            continue
+        try:
+            source = graph.operand(node.input[0])
+            target = graph.params(node)
+            source.params.scalar_scale()
+            target.scalar_scale()
+        except NotLowerable:
+            continue
+        lowered = lower_requantize(source, target, mode)
+        name = node.name or node.output[0]
+        steps[id(node)] = IntegerStep(
+            name, "Requantize", lowered.kernel, lowered.inputs, (node.output[0],), (target,)
+        )
+    return steps
 
+
+def _dequantize_needed(graph: QdqGraph, node: onnx.NodeProto, integer_readers: set[int]) -> bool:
+    """A DequantizeLinear runs only if a float node or a graph output reads it."""
+    output = node.output[0]
+    readers = graph.consumers.get(output, [])
+    return output in graph.output_names or any(id(r) not in integer_readers for r in readers)
+
+
+def _unmatched_step(
+    graph: QdqGraph, node: onnx.NodeProto, reason: str | None, strict: bool
+) -> Step:
+    """Quantize / dequantize boundary steps, or a float step for everything else."""
+    name = node.name or node.output[0]
+    if node.op_type in (QUANTIZE, DEQUANTIZE):
+        try:
+            params = graph.params(node)
+        except NotLowerable as error:
+            return FloatStep(node, graph.opsets, graph.functions, str(error))
+        step_type = QuantizeStep if node.op_type == QUANTIZE else DequantizeStep
+        return step_type(name, node.input[0], node.output[0], params)
+    reason = reason or "not part of a quantized pattern"
+    if strict and _is_wrapped(graph, node):
+        raise UnsupportedQuantizedOpError(
+            f"{name} ({node.op_type}) has no integer form: {reason}",
+            hint="pass strict=False to run it in float",
+        )
+    return FloatStep(node, graph.opsets, graph.functions, reason)
+
+
+def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = False) -> Program:
+    """Match every node, then emit steps in topological order (see the module docstring)."""
+    matches, absorbed, reasons = _match_all(graph, mode)
+    requantizers = _match_requantizers(graph, mode, absorbed)
+    integer_readers = set(matches) | absorbed | set(requantizers)
+    steps: list[Step] = []
     for node in graph.nodes:
         key = id(node)
         if key in matches:
             steps.append(matches[key].step)
-        elif key in absorbed:
-            continue
-        elif key in requantize_steps:
-            steps.append(requantize_steps[key])
-        elif node.op_type == QUANTIZE:
-            steps.append(
-                QuantizeStep(
-                    node.name or node.output[0], node.input[0], node.output[0], graph.params(node)
-                )
-            )
-        elif node.op_type == DEQUANTIZE:
-            output = node.output[0]
-            readers = graph.consumers.get(output, [])
-            if output in graph.output_names or any(id(r) not in integer_readers for r in readers):
-                steps.append(
-                    DequantizeStep(node.name or output, node.input[0], output, graph.params(node))
-                )
-        else:
-            reason = reasons.get(key, "not part of a quantized pattern")
-            if strict and _is_wrapped(graph, node):
-                raise UnsupportedQuantizedOpError(
-                    f"{node.name or node.op_type} ({node.op_type}) has no integer form: {reason}",
-                    hint="pass strict=False to run it in float",
-                )
-            steps.append(FloatStep(node, graph.opsets, graph.functions, reason))
+        elif key in requantizers:
+            steps.append(requantizers[key])
+        elif key not in absorbed and (
+            node.op_type != DEQUANTIZE or _dequantize_needed(graph, node, integer_readers)
+        ):
+            steps.append(_unmatched_step(graph, node, reasons.get(key), strict))
 
     float_nodes = tuple(
         (s.name, f"{s.pattern}: {s.reason}") for s in steps if isinstance(s, FloatStep)

@@ -8,6 +8,7 @@ only the pattern and the edit.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -134,5 +135,5 @@ class Rule:
             "example": cls.example,
             "changes_outputs": cls.changes_outputs,
             "auto": cls.auto,
-            "doc": (cls.__doc__ or "").strip(),
+            "doc": inspect.cleandoc(cls.__doc__ or ""),
         }

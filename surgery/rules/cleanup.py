@@ -1,16 +1,32 @@
-"""Cleanup and canonicalisation rules: fold constants, remove no-op nodes.
+"""Cleanup and canonicalisation rules: fold constants, remove no-op nodes, fuse BatchNorm,
+merge Transpose and Reshape chains, fix dynamic input shapes.
 
 They rarely unblock an op by themselves, but they turn exports into the plain form the other
-rules pattern-match on (constants as initializers, no Identity chains).
+rules pattern-match on (constants as initializers, no Identity chains, static shapes).
 """
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
+from pydantic import Field
 
+from surgery.coverage import analyze_coverage
+from surgery.model import infer_model_shapes, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
+from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import bypass_node, nodes_by_name, quiet_graphsurgeon
 from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    fmt_shape,
+    freed_blockers,
+    probe_node,
+)
 
 _NEEDS_VALUE = {"non_constant_input", "axis_unknown"}
 
@@ -55,7 +71,9 @@ class FoldConstants(Rule):
                 out = node.outputs[0]
                 const = gs.Constant(out.name, node.attrs["value"].values)
                 for consumer in list(out.outputs):
-                    consumer.inputs[:] = [const if t is out else t for t in consumer.inputs]
+                    for k, t in enumerate(consumer.inputs):  # gs lists reject slice assignment
+                        if t is out:
+                            consumer.inputs[k] = const
                 node.outputs.clear()
         return matches
 
@@ -115,3 +133,376 @@ class RemoveIdentity(Rule):
         while len(node.outputs) > 1:  # e.g. Dropout's unused mask
             node.outputs.pop()
         bypass_node(graph, node)
+
+
+# --------------------------------------------------------------------------- fuse-batchnorm
+
+_CONVS = ("Conv", "ConvTranspose")
+
+
+@register
+class FuseBatchNorm(GraphRule):
+    """Fold an inference-mode BatchNormalization into the Conv or ConvTranspose before it.
+
+    BN(conv(x)) = conv'(x) with each output channel's weights scaled by s = scale/√(var+eps)
+    and the bias becoming (b − mean)·s + B: one node instead of two, and the form the MLA
+    compiler fuses anyway. Parameters may be initializers, Constant nodes or constant
+    subgraphs (Caffe2 exports build weights with ConstantOfShape). The arithmetic is done in
+    float64 and rounded once, so results match to float rounding. Skipped when the convolution
+    output has other readers, when a BN parameter is computed at run time, or in training mode.
+    """
+
+    name = "fuse-batchnorm"
+    summary = "Fold BatchNormalization into the preceding Conv/ConvTranspose weights and bias."
+    category = "cleanup"
+    example = "surgery apply fuse-batchnorm ppocr_mobile_v2_cls.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for bn in pat.nodes("BatchNormalization"):
+            conv = self._fusable_conv(pat, bn)
+            if conv is None:
+                continue
+            found.append(
+                self.match(
+                    [pat.name(conv), pat.name(bn)],
+                    f"{pat.name(bn)} folds into {pat.op(conv)} {pat.name(conv)}",
+                    freed_blockers(ctx, [pat.name(bn)]),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _fusable_conv(pat: Pattern, bn: int) -> int | None:
+        ins = pat.ins(bn)
+        conv = pat.producer(ins[0], *_CONVS)
+        if conv is None or not pat.private(ins[0]) or len(ins) < 5:
+            return None
+        attrs = pat.attrs(bn)
+        if attrs.get("training_mode", 0) or not attrs.get("spatial", 1):
+            return None
+        if not all(pat.is_const(t) for t in ins[1:5]) or not pat.unused_extra_outputs(bn):
+            return None
+        conv_ins = pat.ins(conv)
+        if not pat.is_const(conv_ins[1]) or (
+            len(conv_ins) > 2 and conv_ins[2] and not pat.is_const(conv_ins[2])
+        ):
+            return None
+        scale = pat.view.tensor(ins[1])
+        return conv if scale.rank == 1 and pat.is_float(ins[0]) else None
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        conv, bn = ed.node_named(match.nodes[0]), ed.node_named(match.nodes[1])
+        assert conv is not None and bn is not None
+        values = [ed.value(t) for t in (conv.inputs[1], *bn.inputs[1:5])]
+        has_bias = len(conv.inputs) > 2 and conv.inputs[2].name
+        bias = ed.value(conv.inputs[2]) if has_bias else None
+        if any(v is None for v in values) or (has_bias and bias is None):
+            return False
+        w, scale, beta, mean, var = (np.asarray(v, np.float64) for v in values)
+        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        group = int(conv.attrs.get("group", 1))
+        new_w = _scale_output_channels(w, s, conv.op == "ConvTranspose", group)
+        b = np.zeros_like(s) if bias is None else np.asarray(bias, np.float64)
+        new_b = (b - mean) * s + beta
+        dtype = np.asarray(values[0]).dtype
+        w_t = ed.const(f"{conv.name}_bn_weight", new_w.astype(dtype))
+        b_t = ed.const(f"{conv.name}_bn_bias", new_b.astype(dtype))
+        conv.inputs[1] = w_t
+        if has_bias:
+            conv.inputs[2] = b_t
+        else:
+            conv.inputs.append(b_t)
+        y = bn.outputs[0]
+        ed.detach(bn)
+        conv.outputs[0] = y
+        return True
+
+
+def _scale_output_channels(
+    w: np.ndarray, s: np.ndarray, transposed: bool, group: int
+) -> np.ndarray:
+    """Multiply each output channel's kernel by s: axis 0 of a Conv weight [M, C/g, k…]; for a
+    ConvTranspose weight [C, M/g, k…] the output channel is (group, axis 1)."""
+    if not transposed:
+        return w * s.reshape(-1, *([1] * (w.ndim - 1)))
+    c_in, m_per_group = w.shape[0], w.shape[1]
+    grouped = w.reshape(group, c_in // group, m_per_group, *w.shape[2:])
+    factor = s.reshape(group, 1, m_per_group, *([1] * (w.ndim - 2)))
+    return (grouped * factor).reshape(w.shape)
+
+
+# --------------------------------------------------------------------------- merge-transposes
+
+
+def _perm(attrs: dict, rank: int | None) -> list[int] | None:
+    perm = attrs.get("perm")
+    if perm:
+        return list(perm)
+    return list(reversed(range(rank))) if rank is not None else None
+
+
+@register
+class MergeTransposes(GraphRule):
+    """Compose consecutive Transposes into one; drop the result when it is the identity.
+
+    Exports often permute to channels-last and straight back (NCHW→NHWC→NCHW around a
+    layer norm or a reshape that later rules removed), leaving pairs that cancel. Transpose(p2)
+    after Transpose(p1) equals one Transpose with perm p1[p2]. Data movement only: exact.
+    """
+
+    name = "merge-transposes"
+    summary = "Compose consecutive Transposes into one; remove it when the result is identity."
+    category = "cleanup"
+    example = "surgery apply merge-transposes model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for t2 in pat.nodes("Transpose"):
+            x = pat.ins(t2)[0]
+            t1 = pat.producer(x, "Transpose")
+            if t1 is None:
+                continue
+            src = pat.ins(t1)[0]
+            rank = pat.view.tensor(src).rank
+            p1, p2 = _perm(pat.attrs(t1), rank), _perm(pat.attrs(t2), rank)
+            if p1 is None or p2 is None:
+                continue
+            composed = [p1[i] for i in p2]
+            identity = composed == sorted(composed)
+            changed = [pat.name(t1), pat.name(t2)] if pat.private(x) else [pat.name(t2)]
+            on_mla = identity or (
+                probe_node(
+                    ctx,
+                    "Transpose",
+                    [pat.spec(src)],
+                    [pat.spec(pat.outs(t2)[0])],
+                    {"perm": composed},
+                )
+                is None
+            )
+            what = "cancel out" if identity else f"compose to perm {composed}"
+            found.append(
+                self.match(
+                    [pat.name(t1), pat.name(t2)],
+                    f"{pat.name(t1)} and {pat.name(t2)} {what}",
+                    freed_blockers(ctx, changed, on_mla),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        t2 = ed.node_named(match.nodes[1])
+        assert t2 is not None
+        x = t2.inputs[0]
+        t1 = x.inputs[0] if x.inputs else None
+        if t1 is None or t1.op != "Transpose":
+            return False
+        src = t1.inputs[0]
+        rank = len(src.shape) if src.shape is not None else None
+        p1, p2 = _perm(t1.attrs, rank), _perm(t2.attrs, rank)
+        if p1 is None or p2 is None:
+            return False
+        composed = [p1[i] for i in p2]
+        t2.inputs[0] = src
+        t2.attrs["perm"] = composed
+        if composed == sorted(composed):
+            bypass_node(ed.graph, t2)
+        return True
+
+
+# --------------------------------------------------------------------------- merge-reshapes
+
+_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+@register
+class MergeReshapes(GraphRule):
+    """Collapse a chain of Reshape/Flatten/Squeeze/Unsqueeze into one Reshape.
+
+    Each of these only reinterprets the same row-major data, so a chain equals a single
+    Reshape to the chain's final (static) shape — and when that shape is the input's own, the
+    chain disappears. Fewer nodes, and a Reshape is what the MLA accepts where Flatten,
+    Squeeze and Unsqueeze are CVU-only. Needs the final shape known (fix dynamic inputs first).
+    """
+
+    name = "merge-reshapes"
+    summary = "Collapse consecutive Reshape/Flatten/Squeeze/Unsqueeze into one Reshape."
+    category = "cleanup"
+    example = "surgery apply merge-reshapes model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for last in pat.nodes(*_RESHAPES):
+            out = pat.outs(last)[0]
+            if pat.sole_consumer(out, *_RESHAPES) is not None:
+                continue  # not the end of its chain
+            chain = self._chain(pat, last)
+            shape = pat.shape(out)
+            if len(chain) < 2 or shape is None or 0 in shape:
+                continue
+            x = pat.ins(chain[0])[0]
+            names = [pat.name(i) for i in chain]
+            identity = pat.shape(x) == shape
+            on_mla = (
+                identity
+                or probe_node(
+                    ctx,
+                    "Reshape",
+                    [pat.spec(x), TensorSpec.const(np.array(shape, np.int64))],
+                    [pat.spec(out)],
+                )
+                is None
+            )
+            what = "cancel out" if identity else f"become one Reshape to {fmt_shape(shape)}"
+            found.append(
+                self.match(
+                    names,
+                    f"{len(chain)} reshapes ({' → '.join(pat.op(i) for i in chain)}) {what}",
+                    freed_blockers(ctx, names, on_mla),
+                    shape=list(shape),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _chain(pat: Pattern, last: int) -> list[int]:
+        chain = [last]
+        while True:
+            prev = pat.producer(pat.ins(chain[0])[0], *_RESHAPES)
+            if prev is None or not pat.private(pat.outs(prev)[0]):
+                return chain
+            chain.insert(0, prev)
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        nodes = [ed.node_named(n) for n in match.nodes]
+        first, last = nodes[0], nodes[-1]
+        assert first is not None and last is not None
+        x = first.inputs[0]
+        shape = match.data["shape"]
+        last.op = "Reshape"
+        last.attrs.clear()
+        last.inputs.clear()
+        last.inputs.extend([x, ed.const(f"{last.name}_shape", np.array(shape, np.int64))])
+        ed.detach(*(n for n in nodes[:-1] if n is not None))
+        if x.shape is not None and list(x.shape) == shape:
+            bypass_node(ed.graph, last)
+        return True
+
+
+# --------------------------------------------------------------------------- fix-input-shapes
+
+
+class FixInputShapesParams(RuleParams):
+    shapes: dict[str, list[int]] | None = Field(
+        default=None,
+        description='Static shape per input name, e.g. {"images": [1, 3, 640, 640]}. '
+        "Without it, symbolic batch dimensions (dim 0) become 1.",
+    )
+
+
+@register
+class FixInputShapes(GraphRule):
+    """Make dynamic graph inputs static: the MLA needs static shapes everywhere.
+
+    With `shapes`, each named input gets that shape (a dimension fixed in the model cannot be
+    changed). Without parameters, only the symbolic batch dimension (dim 0) of each input is set
+    to 1 — the match says so, and names the dimensions that stay dynamic; pass `shapes` for
+    those (image height/width, sequence length). Shape inference then makes every downstream
+    shape static. The rule only matches models with dynamic inputs, so `surgery fix` uses it
+    exactly when it is needed.
+    """
+
+    name = "fix-input-shapes"
+    summary = "Make dynamic inputs static (given shapes, or batch dimension 1 by default)."
+    category = "cleanup"
+    Params = FixInputShapesParams
+    example = (
+        "surgery apply fix-input-shapes nudenet_320n.onnx "
+        "-p 'shapes={\"images\": [1, 3, 320, 320]}'"
+    )
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        assert isinstance(params, FixInputShapesParams)
+        dynamic = ctx.coverage.dynamic_inputs
+        if not dynamic and not params.shapes:
+            return []
+        shapes, notes = (
+            _given_shapes(params.shapes) if params.shapes else _batch_one_shapes(dynamic)
+        )
+        if not shapes:
+            left = ", ".join(f"{n} {d}" for n, d in dynamic.items())
+            raise RuleNotApplicableError(
+                f"fix-input-shapes: no symbolic batch dimension to set ({left})",
+                hint="pass the shapes: -p 'shapes={\"NAME\": [1, 3, 640, 640]}'",
+            )
+        fixed = _with_input_shapes(ctx.model, shapes)
+        after = {b.name for b in analyze_coverage(fixed, ctx.target, suggest=False).blockers}
+        freed = sorted(b for b in ctx.blocker_names if b not in after)
+        return [self.match([], "; ".join(notes), freed, shapes=shapes)]
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        shapes = matches[0].data["shapes"]
+        for tensor in graph.inputs:
+            if tensor.name in shapes:
+                tensor.shape = [
+                    new if isinstance(new, int) else old
+                    for new, old in zip(shapes[tensor.name], tensor.shape or [], strict=False)
+                ] or list(shapes[tensor.name])
+        for tensor in graph.outputs:
+            if tensor.shape is not None and not all(isinstance(d, int) for d in tensor.shape):
+                tensor.shape = None  # re-inferred from the now static inputs
+        return matches[:1]
+
+
+def _given_shapes(given: dict[str, list[int]]) -> tuple[dict[str, list[int | str]], list[str]]:
+    return (
+        {n: list(s) for n, s in given.items()},
+        [f"input {n!r} set to {fmt_shape(s)}" for n, s in given.items()],
+    )
+
+
+def _batch_one_shapes(dynamic: dict[str, list]) -> tuple[dict[str, list[int | str]], list[str]]:
+    """Dim 0 → 1 where it is symbolic; other symbolic dims stay (and the note says so)."""
+    shapes: dict[str, list[int | str]] = {}
+    notes = []
+    for name, dims in dynamic.items():
+        if not dims or isinstance(dims[0], int):
+            continue
+        shapes[name] = [1, *(d if isinstance(d, int) else str(d or "?") for d in dims[1:])]
+        label = repr(dims[0]) if dims[0] else "(unnamed)"
+        note = f"input {name!r}: dynamic batch dimension {label} set to 1 (no shapes given)"
+        rest = [f"{k} ({d})" for k, d in enumerate(dims) if k and not isinstance(d, int)]
+        if rest:
+            note += f"; dims {', '.join(rest)} stay dynamic (pass shapes to fix them)"
+        notes.append(note)
+    return shapes, notes
+
+
+def _with_input_shapes(
+    model: onnx.ModelProto, shapes: dict[str, list[int | str]]
+) -> onnx.ModelProto:
+    """A shape-inferred copy with the inputs' dims replaced (ints fixed, strings symbolic).
+
+    Fully static requests go through `set_input_shapes`, whose errors name the problem (unknown
+    input, wrong rank, a fixed dimension changed)."""
+    static = {n: s for n, s in shapes.items() if all(isinstance(d, int) for d in s)}
+    copy = read_model(model)
+    set_input_shapes(copy, static)  # type: ignore[arg-type]
+    inputs = {i.name: i for i in copy.graph.input}
+    for name, dims in shapes.items():
+        if name in static:
+            continue
+        shape = inputs[name].type.tensor_type.shape
+        for dim, value in zip(shape.dim, dims, strict=True):
+            if isinstance(value, int):
+                dim.Clear()
+                dim.dim_value = value
+    del copy.graph.value_info[:]
+    infer_model_shapes(copy, "fix-input-shapes")
+    return copy

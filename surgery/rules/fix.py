@@ -146,6 +146,12 @@ def fix_model(
             break
         if not applied:
             break
+    if (
+        ctx.coverage.mla_segments > 1
+        and "place-on-host" not in skip
+        and len(result.steps) < max_steps
+    ):
+        current, ctx = _place_small_islands(result, current, ctx, tgt, reference, on_step)
     result.model = current
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
@@ -153,6 +159,33 @@ def fix_model(
             f"stopped at {ctx.coverage.mla_segments} MLA segments: no rule removes the remaining blockers"
         )
     return result
+
+
+def _place_small_islands(
+    result: FixResult,
+    current: onnx.ModelProto,
+    ctx: RuleContext,
+    target: Target,
+    reference: Reference,
+    on_step: StepCallback | None,
+) -> tuple[onnx.ModelProto, RuleContext]:
+    """Last resort: pin MLA islands under 1% of the MACs to the host so they stop being .elfs."""
+    from surgery.rules.structure import small_islands
+
+    if not small_islands(ctx.coverage, max_fraction=0.01):
+        return current, ctx
+    try:
+        step = apply_rule(current, "place-on-host", target, reference=reference, ctx=ctx)
+    except SurgeryError as exc:
+        result.rejected.append({"rule": "place-on-host", "reason": exc.message})
+        return current, ctx
+    _record(result, step, on_step)
+    pinned = step.coverage_before.mla_segments - step.coverage_after.mla_segments
+    result.notes.append(
+        f"place-on-host pinned {pinned} MLA island(s) under 1% of the MACs to the CVU/APU "
+        f"(MLA share of MACs now {100 * step.coverage_after.mla_mac_fraction:.2f}%)"
+    )
+    return step.model, RuleContext.build(step.model, target)
 
 
 def _record(result: FixResult, step: RewriteResult, on_step: StepCallback | None) -> None:

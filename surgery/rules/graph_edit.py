@@ -14,6 +14,10 @@ from surgery.graph import GraphView
 
 G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
 
+GRAPH_METADATA_ATTR = "surgery_metadata"
+"""A rule that changes model metadata (e.g. placement pins) stores {key: value} in
+`vars(graph)[GRAPH_METADATA_ATTR]`; `export_graph` writes it into `metadata_props`."""
+
 
 @contextlib.contextmanager
 def quiet_graphsurgeon() -> Iterator[None]:
@@ -57,8 +61,12 @@ def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
     model.domain = like.domain
     model.model_version = like.model_version
     model.doc_string = like.doc_string
+    updates = vars(graph).get(GRAPH_METADATA_ATTR) or {}  # not getattr: gs.Graph logs misses
+    kept = [p for p in like.metadata_props if p.key not in updates]
     del model.metadata_props[:]
-    model.metadata_props.extend(like.metadata_props)
+    model.metadata_props.extend(kept)
+    for key, value in updates.items():
+        model.metadata_props.add(key=key, value=value)
     default = {o.domain: o.version for o in like.opset_import}
     for o in model.opset_import:
         if o.domain in default:

@@ -34,7 +34,9 @@ LOWERINGS = {
     **normalization.LOWERINGS,
 }
 
-FUSES_ACTIVATION = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul"})
+FUSES_ACTIVATION = frozenset(
+    {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div"}
+)
 """Ops with an output stage that can clamp: Relu/Clip between them and the QuantizeLinear fuse."""
 
 FUSES_BIAS = frozenset({"MatMul"})

@@ -54,7 +54,7 @@ class OpContext:
     activation: tuple[float, float] | None = None
     bias: Operand = None
     gate: onnx.NodeProto | None = None
-    _attributes: dict[str, Any] = field(default_factory=dict)
+    _attributes: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for attribute in self.node.attribute:

@@ -1,4 +1,4 @@
-"""LayerNormalization in integers: exact moments, fixed-point rsqrt, per-channel gamma.
+"""LayerNormalization in integers: exact moments, fixed-point rsqrt, per-channel gamma and beta.
 
 Over the normalised axes (from `axis` to the end, N elements), with x = q - z_in:
 
@@ -8,12 +8,14 @@ Over the normalised axes (from `axis` to the end, N elements), with x = q - z_in
        E = max(1, round_half_up(eps * N**2 / s_in**2))
   (y, shift) = reciprocal_sqrt(V)                   1 / sqrt(V) ~= y * 2**-shift (intmath)
   z  = (d * y) >> (shift - 16), rounded half up     the normalised value in Q16
-  out = clamp(requantize(sign(g) * z, |g| * 2**-16 / s_out) + round_half_even(b / s_out) + z_out)
+  f  = requantize(sign(g) * z, |g| * 2**(8 - 16) / s_out)      output units in Q8
+  out = clamp(requantize(f + round_half_even(b * 2**8 / s_out), 2**-8) + z_out)
 
 gamma (g) and beta (b) are constants whatever their encoding in the model (int8 + DQ, int32 +
 DQ or float): they are read as reals at build time and become one (M, n) multiplier and one
-integer offset per normalised element. The bias is thus rounded separately from the product, so
-the result is within a few output steps of float LayerNormalization; it is deterministic.
+integer offset per normalised element. The product is first requantized to output units with 8
+extra fractional bits so that beta is added before the final rounding; the result is within one
+or two output steps of float LayerNormalization, and deterministic.
 Bounds: |x| * N < 2**32 keeps every product inside int64.
 """
 
@@ -37,6 +39,7 @@ from compiler.runtime.ops.base import Lowered, OpContext
 from compiler.runtime.qparams import NotLowerable
 
 NORMALISED_BITS = 16
+OUTPUT_FRACTION_BITS = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +54,7 @@ class LayerNormKernel:
     multiplier: np.ndarray
     shift: np.ndarray
     offset: np.ndarray
+    zero_point: int
     low: int
     high: int
     dtype: np.dtype
@@ -66,8 +70,10 @@ class LayerNormKernel:
         variance = count * s2 - s1 * s1 + epsilon
         reciprocal, shift = reciprocal_sqrt(variance)
         normalised = rounding_right_shift((count * x - s1) * reciprocal, shift - NORMALISED_BITS)
-        scaled = requantize(self.sign * normalised, self.multiplier, self.shift, self.mode)
-        return np.clip(scaled + self.offset, self.low, self.high).astype(self.dtype)
+        fine = requantize(self.sign * normalised, self.multiplier, self.shift, self.mode)
+        unit, unit_shift = quantize_multiplier(2.0**-OUTPUT_FRACTION_BITS)
+        scaled = requantize(fine + self.offset, unit, unit_shift, self.mode) + self.zero_point
+        return np.clip(scaled, self.low, self.high).astype(self.dtype)
 
 
 def lower_layer_normalization(ctx: OpContext) -> Lowered:
@@ -82,7 +88,8 @@ def lower_layer_normalization(ctx: OpContext) -> Lowered:
     output = ctx.output(0)
     out_scale, out_zero_point = output.scalar_scale(), output.scalar_zero_point()
     gamma = np.asarray(gamma, dtype=np.float64)
-    multiplier, shift = quantize_multiplier(np.abs(gamma) * 2.0**-NORMALISED_BITS / out_scale)
+    fraction = OUTPUT_FRACTION_BITS - NORMALISED_BITS
+    multiplier, shift = quantize_multiplier(np.abs(gamma) * 2.0**fraction / out_scale)
     low, high = output.bounds
     kernel = LayerNormKernel(
         axis=int(ctx.attr("axis", -1)),
@@ -92,7 +99,8 @@ def lower_layer_normalization(ctx: OpContext) -> Lowered:
         sign=np.sign(gamma).astype(np.int64),
         multiplier=multiplier,
         shift=shift,
-        offset=round_half_even(beta / out_scale) + out_zero_point,
+        offset=round_half_even(beta * 2.0**OUTPUT_FRACTION_BITS / out_scale),
+        zero_point=out_zero_point,
         low=low,
         high=high,
         dtype=output.dtype,

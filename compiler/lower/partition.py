@@ -1,0 +1,455 @@
+"""Partition a QDQ model's integer program into MLA segments and CVU / APU stages.
+
+Placement is decided once, by `surgery.coverage` (the same table and segmentation as
+`surgery check`), never re-derived here. Coverage on the QDQ graph itself would be wrong: every
+QuantizeLinear / DequantizeLinear between two MLA ops is a CVU node, so each op would become its
+own segment. We therefore run coverage on the model's *float view*: the QDQ graph with every
+activation QuantizeLinear -> DequantizeLinear pair removed (the consumers read the float tensor
+again) and the weight DequantizeLinear nodes kept (coverage folds them as constants). The float
+view has the node names, topology and shapes of the float model the quantizer started from, and
+keeps the placement pins the quantizer wrote into the metadata, so its segments are exactly what
+`surgery check` reports for that float model.
+
+Every step of the integer program (`compiler.runtime.lowering.build_program`) is then assigned:
+
+* an integer step whose anchor node coverage puts on the MLA -> that node's segment;
+* a requantization (DequantizeLinear -> QuantizeLinear, no anchor in the float view) -> the
+  segment of the step producing its input, else of a step reading its output, else the CVU;
+* QuantizeLinear / DequantizeLinear steps -> CVU `quantize` / `dequantize` kernels;
+* float steps and integer steps off the MLA -> a CVU or APU `onnx` stage, per coverage;
+* steps that read only constants -> evaluated now (constant folding), they vanish.
+
+Units (one per MLA segment, one per other step) are ordered topologically, preferring to stay
+on the same processor; neighbouring non-MLA units with the same kernel merge into one stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import onnx
+
+from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
+from compiler.lower.errors import CompileError
+from compiler.runtime.lowering import DEQUANTIZE, QUANTIZE, QdqGraph, build_program
+from compiler.runtime.program import (
+    DequantizeStep,
+    FloatStep,
+    IntegerStep,
+    QuantizeStep,
+    Step,
+)
+from compiler.runtime.qparams import QuantParams
+from surgery.coverage import CoverageReport, analyze_coverage
+from surgery.targets import Target, resolve_target
+
+Processor = Literal["MLA", "CVU", "APU"]
+QUANTIZATION_METADATA_KEY = "surgery.quantization"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A run of steps on one processor: one MLA segment, or one host kernel invocation.
+
+    `inputs` are the run-time tensors the stage reads from other stages (or the pipeline
+    inputs); `outputs` the ones it hands on. `segment` names the coverage segment of an MLA stage.
+    """
+
+    name: str
+    processor: Processor
+    kernel: str
+    steps: tuple[Step, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    segment: str | None = None
+
+
+@dataclass
+class Partition:
+    """The integer program of a QDQ model cut into stages, with what the cut was based on."""
+
+    model: onnx.ModelProto
+    graph: QdqGraph
+    mode: RequantizationMode
+    coverage: CoverageReport
+    stages: list[Stage]
+    tensor_params: dict[str, QuantParams]
+    constants: dict[str, np.ndarray]
+    input_names: list[str]
+    output_names: list[str]
+    folded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mla_stages(self) -> list[Stage]:
+        return [s for s in self.stages if s.processor == "MLA"]
+
+
+def requantization_mode_of(model: onnx.ModelProto) -> RequantizationMode:
+    """The mode the quantizer recorded in the model metadata ("sima" when absent)."""
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZATION_METADATA_KEY:
+            try:
+                mode = json.loads(prop.value).get("requantization_mode", "sima")
+            except (json.JSONDecodeError, AttributeError):
+                return "sima"
+            return mode if mode in REQUANTIZATION_MODES else "sima"
+    return "sima"
+
+
+def with_unique_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose nodes all have distinct, non-empty names (steps are keyed by node name)."""
+    named = copy.deepcopy(model)
+    seen: set[str] = set()
+    for index, node in enumerate(named.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        while name in seen:
+            name = f"{name}_{index}"
+        node.name = name
+        seen.add(name)
+    return named
+
+
+def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The QDQ graph without its activation Q -> DQ pairs: what coverage should look at.
+
+    Consumers of a DequantizeLinear whose input comes from a QuantizeLinear of a run-time tensor
+    read that tensor directly. A pair whose DequantizeLinear output is a graph output renames the
+    float tensor to the output name. Weight DequantizeLinear nodes stay: they fold to constants.
+    """
+    model = copy.deepcopy(qdq_model)
+    graph = model.graph
+    constants = {init.name for init in graph.initializer}
+    constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = {out: node for node in graph.node for out in node.output if out}
+    graph_inputs = {i.name for i in graph.input}
+    alias: dict[str, str] = {}
+    dropped: set[int] = set()
+    for node in graph.node:
+        if node.op_type != DEQUANTIZE or not node.input:
+            continue
+        quantizer = producer.get(node.input[0])
+        if quantizer is None or quantizer.op_type != QUANTIZE:
+            continue
+        source = quantizer.input[0]
+        if source in constants:
+            continue
+        alias[node.output[0]] = source
+        dropped.add(id(node))
+        dropped.add(id(quantizer))
+    # A QuantizeLinear also read by something other than a DequantizeLinear must stay.
+    for node in graph.node:
+        if id(node) in dropped or node.op_type == DEQUANTIZE:
+            continue
+        for name in node.input:
+            quantizer = producer.get(name)
+            if quantizer is not None and id(quantizer) in dropped:
+                dropped.discard(id(quantizer))
+    output_names = [o.name for o in graph.output]
+    for name in output_names:
+        quantizer = producer.get(name)
+        if quantizer is not None and quantizer.op_type == QUANTIZE:
+            dropped.discard(id(quantizer))
+    rename: dict[str, str] = {}
+    for name in output_names:
+        source = alias.get(name)
+        if source is not None and source not in graph_inputs and source not in rename:
+            rename[source] = name
+    kept = [n for n in graph.node if id(n) not in dropped]
+
+    def resolve(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return rename.get(name, name)
+
+    for node in kept:
+        for k, name in enumerate(node.input):
+            if name:
+                node.input[k] = resolve(name)
+        for k, name in enumerate(node.output):
+            node.output[k] = rename.get(name, name)
+    del graph.node[:]
+    graph.node.extend(kept)
+    produced = {out for node in kept for out in node.output}
+    keep = [v for v in graph.value_info if v.name in produced]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+    return model
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are a convenience here; execution fills gaps
+        return model
+
+
+def partition_model(
+    qdq_model: onnx.ModelProto,
+    target: str | Target = "mlsoc",
+    *,
+    requantization_mode: RequantizationMode | None = None,
+) -> Partition:
+    """Lower the QDQ model to an integer program and cut it into stages (module docstring)."""
+    model = _infer_shapes(with_unique_names(qdq_model))
+    mode = requantization_mode or requantization_mode_of(model)
+    graph = QdqGraph(model)
+    program = build_program(graph, mode)
+    coverage = analyze_coverage(float_view(model), target, suggest=False)
+    constants = dict(graph.constants)
+    steps, folded = _fold_constant_steps(program.steps, constants)
+    notes: list[str] = []
+    assignment = _assign(steps, coverage, resolve_target(target), notes)
+    units = _order_units(steps, assignment, constants)
+    stages = _make_stages(units, steps, assignment, constants, graph.output_names)
+    return Partition(
+        model=model,
+        graph=graph,
+        mode=mode,
+        coverage=coverage,
+        stages=stages,
+        tensor_params=dict(program.tensor_params),
+        constants=constants,
+        input_names=list(graph.input_names),
+        output_names=list(graph.output_names),
+        folded=folded,
+        notes=notes,
+    )
+
+
+def _fold_constant_steps(
+    steps: tuple[Step, ...], constants: dict[str, np.ndarray]
+) -> tuple[list[Step], list[str]]:
+    """Run steps whose inputs are all constants now; their outputs join the constants."""
+    kept: list[Step] = []
+    folded: list[str] = []
+    for step in steps:
+        inputs = _step_inputs(step)
+        if inputs and all(name in constants for name in inputs):
+            values = {name: constants[name] for name in inputs}
+            step.run(values)
+            for name in _step_outputs(step):
+                constants[name] = np.asarray(values[name])
+            folded.append(step.name)
+        else:
+            kept.append(step)
+    return kept, folded
+
+
+def _step_inputs(step: Step) -> tuple[str, ...]:
+    if isinstance(step, QuantizeStep | DequantizeStep):
+        return (step.input,)
+    return tuple(name for name in step.inputs if name)
+
+
+def _step_outputs(step: Step) -> tuple[str, ...]:
+    if isinstance(step, QuantizeStep | DequantizeStep):
+        return (step.output,)
+    return tuple(name for name in step.outputs if name)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Where one step goes: (processor, kernel, segment name or None)."""
+
+    processor: Processor
+    kernel: str
+    segment: str | None = None
+
+
+def _assign(
+    steps: list[Step], coverage: CoverageReport, target: Target, notes: list[str]
+) -> list[_Unit]:
+    placement = {p.name: p for p in coverage.placements}
+    segment_of = {node: seg.name for seg in coverage.segments for node in seg.nodes}
+    producer: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        for name in _step_outputs(step):
+            producer[name] = index
+    readers: dict[str, list[int]] = {}
+    for index, step in enumerate(steps):
+        for name in _step_inputs(step):
+            readers.setdefault(name, []).append(index)
+    units: list[_Unit | None] = [None] * len(steps)
+    deferred: list[int] = []
+    for index, step in enumerate(steps):
+        if isinstance(step, QuantizeStep):
+            units[index] = _Unit("CVU", "quantize")
+        elif isinstance(step, DequantizeStep):
+            units[index] = _Unit("CVU", "dequantize")
+        elif isinstance(step, IntegerStep):
+            if step.name in segment_of:
+                units[index] = _Unit("MLA", "mla", segment_of[step.name])
+            elif step.pattern == "Requantize":
+                deferred.append(index)
+            else:
+                units[index] = _Unit("CVU", "onnx")
+        else:
+            where = placement.get(step.name)
+            processor = where.processor if where is not None else "APU"
+            if processor == "MLA":
+                notes.append(
+                    f"{step.name} ({step.pattern}) is on the MLA by the target's op table but the "
+                    f"QDQ model gives it no integer form ({step.reason}); it runs on the "
+                    f"{_host_for(step.pattern, target)}"
+                )
+                processor = _host_for(step.pattern, target)
+            units[index] = _Unit(processor, "onnx")
+    for index in deferred:
+        step = steps[index]
+        source = producer.get(step.inputs[0])
+        unit = units[source] if source is not None else None
+        if unit is None or unit.processor != "MLA":
+            candidates = [units[r] for name in step.outputs for r in readers.get(name, [])]
+            unit = next((u for u in candidates if u is not None and u.processor == "MLA"), None)
+        units[index] = unit or _Unit("CVU", "onnx")
+    return _split_segments(steps, [u for u in units if u is not None], producer, notes)
+
+
+def _host_for(op_type: str, target: Target) -> Processor:
+    return "CVU" if target.supports(op_type, "CVU") else "APU"
+
+
+def _split_segments(
+    steps: list[Step], units: list[_Unit], producer: Mapping[str, int], notes: list[str]
+) -> list[_Unit]:
+    """Cut a segment where a path leaves it and comes back (only after a step moved off it).
+
+    For segment S, every step gets a level: steps of S inherit the highest level of their S
+    producers and of host steps on a path from S, and a host step reached from level k of S
+    carries k + 1. Each level of S is convex (a path that leaves S raises the level), so each
+    becomes its own segment. Without moved steps every segment has one level.
+    """
+    for segment in dict.fromkeys(u.segment for u in units if u.segment is not None):
+        level: dict[int, int] = {}
+        for index, step in enumerate(steps):
+            inside = units[index].segment == segment
+            value = 0 if inside else -1
+            for name in _step_inputs(step):
+                source = producer.get(name)
+                if source is None or level.get(source, -1) < 0:
+                    continue
+                carried = level[source]
+                if units[source].segment == segment and not inside:
+                    carried += 1
+                value = max(value, carried)
+            level[index] = value
+        levels = sorted({level[i] for i, u in enumerate(units) if u.segment == segment})
+        if len(levels) > 1:
+            notes.append(f"{segment} is split into {len(levels)} MLA programs around host steps")
+            rank = {value: k for k, value in enumerate(levels)}
+            for index, unit in enumerate(units):
+                if unit.segment == segment and rank[level[index]]:
+                    units[index] = _Unit("MLA", "mla", f"{segment}.{rank[level[index]]}")
+    return units
+
+
+def _order_units(
+    steps: list[Step], assignment: list[_Unit], constants: Mapping[str, np.ndarray]
+) -> list[list[int]]:
+    """Group steps into units and sort the units topologically, staying on one processor."""
+    keys: list[str] = []
+    members: dict[str, list[int]] = {}
+    for index, unit in enumerate(assignment):
+        key = unit.segment if unit.segment is not None else f"step{index}"
+        if key not in members:
+            members[key] = []
+            keys.append(key)
+        members[key].append(index)
+    unit_of = {i: key for key, indices in members.items() for i in indices}
+    producer = {name: unit_of[i] for i, s in enumerate(steps) for name in _step_outputs(s)}
+    needs: dict[str, set[str]] = {key: set() for key in keys}
+    for index, step in enumerate(steps):
+        for name in _step_inputs(step):
+            source = producer.get(name)
+            if source is not None and source != unit_of[index] and name not in constants:
+                needs[unit_of[index]].add(source)
+    dependents: dict[str, list[str]] = {key: [] for key in keys}
+    for key, sources in needs.items():
+        for source in sources:
+            dependents[source].append(key)
+    first = {key: min(indices) for key, indices in members.items()}
+    waiting = {key: len(sources) for key, sources in needs.items()}
+    ready = [key for key in keys if waiting[key] == 0]
+    order: list[list[int]] = []
+    last: tuple[str, str] | None = None
+    while ready:
+        same = [k for k in ready if _kind(assignment, members[k]) == last]
+        key = min(same or ready, key=lambda k: first[k])
+        ready.remove(key)
+        order.append(members[key])
+        last = _kind(assignment, members[key])
+        for dependent in dependents[key]:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                ready.append(dependent)
+    if len(order) != len(keys):
+        raise CompileError(
+            "the MLA segments and host stages depend on each other in a cycle",
+            hint="this is a partitioner bug: coverage segments are convex by construction",
+        )
+    return order
+
+
+def _kind(assignment: list[_Unit], indices: list[int]) -> tuple[str, str]:
+    unit = assignment[indices[0]]
+    return unit.processor, unit.kernel
+
+
+def _make_stages(
+    units: list[list[int]],
+    steps: list[Step],
+    assignment: list[_Unit],
+    constants: Mapping[str, np.ndarray],
+    graph_outputs: list[str],
+) -> list[Stage]:
+    groups: list[list[int]] = []
+    for indices in units:
+        unit = assignment[indices[0]]
+        previous = assignment[groups[-1][0]] if groups else None
+        if (
+            previous is not None
+            and unit.processor != "MLA"
+            and (previous.processor, previous.kernel) == (unit.processor, unit.kernel)
+        ):
+            groups[-1].extend(indices)
+        else:
+            groups.append(list(indices))
+    read_by: dict[str, set[int]] = {}
+    for group_index, indices in enumerate(groups):
+        for i in indices:
+            for name in _step_inputs(steps[i]):
+                read_by.setdefault(name, set()).add(group_index)
+    outputs_wanted = set(graph_outputs)
+    stages: list[Stage] = []
+    for group_index, indices in enumerate(groups):
+        unit = assignment[indices[0]]
+        members = tuple(steps[i] for i in sorted(indices))
+        produced = [name for step in members for name in _step_outputs(step)]
+        produced_set = set(produced)
+        inputs = tuple(
+            dict.fromkeys(
+                name
+                for step in members
+                for name in _step_inputs(step)
+                if name not in produced_set and name not in constants
+            )
+        )
+        outputs = tuple(
+            name
+            for name in dict.fromkeys(produced)
+            if name in outputs_wanted or (read_by.get(name, set()) - {group_index})
+        )
+        if unit.processor == "MLA":
+            name = f"MLA_{sum(1 for stage in stages if stage.processor == 'MLA')}"
+        else:
+            name = f"{unit.kernel}_{group_index}"
+        stages.append(
+            Stage(name, unit.processor, unit.kernel, members, inputs, outputs, unit.segment)
+        )
+    return stages

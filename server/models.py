@@ -1,0 +1,405 @@
+"""Pydantic models at the MCP edge: argument types and structured results.
+
+They exist so clients get JSON schemas for every tool and `structuredContent` they can rely on.
+Core results (`to_dict()` of surgery objects) are mapped into these, trimmed for an agent's
+context window: lists are paged or capped, and counts always say how much was left out.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --------------------------------------------------------------------------- arguments
+
+ModelName = Annotated[
+    str,
+    Field(
+        description="Model name in the workspace, as returned by open_model.",
+        min_length=1,
+        max_length=64,
+    ),
+]
+VersionArg = Annotated[
+    str | int,
+    Field(description="Version of the model: 'latest' (default), 'v3' or 3."),
+]
+TargetArg = Annotated[
+    str | None,
+    Field(
+        description="Target profile (mlsoc, modalix, rk3588; see list_targets). "
+        "Omitted: the server's default target."
+    ),
+]
+LimitArg = Annotated[int, Field(ge=1, le=500, description="Most items to return.")]
+OffsetArg = Annotated[int, Field(ge=0, description="Items to skip (for paging).")]
+PathArg = Annotated[
+    str,
+    Field(
+        description="File path under one of the server's allowed roots (relative paths start "
+        "at the first root).",
+        min_length=1,
+        max_length=4096,
+    ),
+]
+
+
+class Out(BaseModel):
+    """Base for results: extra keys forbidden so the published schema is the whole truth."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+class Page(Out):
+    total: int = Field(description="How many items exist in all.")
+    offset: int
+    returned: int
+    next_offset: int | None = Field(description="Offset of the next page; null when done.")
+
+    @classmethod
+    def of(cls, total: int, offset: int, returned: int) -> Page:
+        nxt = offset + returned
+        return cls(
+            total=total,
+            offset=offset,
+            returned=returned,
+            next_offset=nxt if nxt < total else None,
+        )
+
+
+class Tensor(Out):
+    name: str
+    dtype: str | None = None
+    shape: list[int | str | None] | None = Field(
+        default=None, description="Dimensions; strings are symbolic, null is unknown."
+    )
+
+
+class VersionRef(Out):
+    model: str
+    version: str = Field(description="Version id, e.g. 'v3'.")
+
+
+class VerifyBrief(Out):
+    """Numerical comparison of a new version with the version it was made from."""
+
+    passed: bool
+    mode: str = Field(description="'exact' (float rounding only), 'approximate' or 'tolerance'.")
+    worst_max_abs: float | None = None
+    worst_max_rel: float | None = None
+    reference: str | None = Field(
+        default=None, description="What the new version was compared with."
+    )
+
+
+class CoverageBrief(Out):
+    target: str
+    mla_segments: int = Field(description="MLA segments = .elf files a compile would produce.")
+    single_elf: bool
+    blockers: int = Field(description="Nodes kept off the MLA (excluding foldable constants).")
+    mla_mac_fraction: float
+
+
+# --------------------------------------------------------------------------- models
+
+
+class SummaryOut(Out):
+    model: str
+    version: str
+    graph_name: str
+    opsets: dict[str, int]
+    producer: str
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    nodes: int
+    op_histogram: dict[str, int] = Field(description="Most frequent op types (top N).")
+    other_op_types: int = Field(description="Op types left out of op_histogram.")
+    parameters: int
+    parameter_bytes: int
+    dynamic_dims: dict[str, Any] = Field(description="Inputs with symbolic or unknown dims.")
+    custom_domains: list[str]
+
+
+class OpenModelOut(Out):
+    model: str = Field(description="Workspace name to pass to every other tool.")
+    version: str
+    created: bool = Field(description="False when the file was already the latest version.")
+    source: str
+    summary: SummaryOut
+
+
+class NodeOut(Out):
+    model: str
+    version: str
+    node: dict[str, Any] = Field(
+        description="name, op_type, attributes, inputs (shape, dtype, producer, small constant "
+        "values), outputs (consumers), producers, consumers."
+    )
+    neighbourhood: list[dict[str, Any]] = Field(
+        default_factory=list, description="Nodes within `hops` edges (when hops > 0)."
+    )
+    neighbourhood_truncated: bool = False
+
+
+class NodeBrief(Out):
+    name: str
+    op_type: str
+    outputs: list[Tensor]
+
+
+class FindNodesOut(Out):
+    model: str
+    version: str
+    page: Page
+    nodes: list[NodeBrief]
+
+
+class ValidationProblem(Out):
+    code: str
+    message: str
+    hint: str | None = None
+
+
+class ValidateOut(Out):
+    valid: bool
+    source: str
+    problems: list[ValidationProblem]
+    nodes: int | None = None
+    opset: int | None = None
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+class SegmentBrief(Out):
+    name: str
+    node_count: int
+    inputs: list[str]
+    outputs: list[str]
+    macs: int
+
+
+class BlockerGroup(Out):
+    code: str
+    reason: str
+    count: int
+    op_types: list[str]
+    nodes: list[str] = Field(description="Up to `group_nodes` node names of this group.")
+    suggested_rules: list[str]
+    matching_rules: list[str] = Field(
+        default_factory=list,
+        description="Rules whose find() matches a node of this group (suggest_rules only).",
+    )
+
+
+class Blocker(Out):
+    node: str
+    op_type: str
+    processor: str
+    reasons: list[str]
+    suggested_rules: list[str]
+
+
+class CheckOut(Out):
+    model: str
+    version: str
+    target: str
+    nodes_total: int
+    processors: dict[str, int]
+    foldable_nodes: int
+    mla_segments: int
+    single_elf: bool
+    macs_total: int
+    mla_mac_fraction: float
+    dynamic_inputs: dict[str, Any]
+    segments: list[SegmentBrief]
+    blocker_groups: list[BlockerGroup]
+    blockers_page: Page
+    blockers: list[Blocker]
+
+
+class TargetBrief(Out):
+    name: str
+    title: str
+    mla_precisions: list[str]
+    mla_ops: int
+    resource: str
+
+
+class TargetsOut(Out):
+    targets: list[TargetBrief]
+    default: str
+
+
+class ExplainOpOut(Out):
+    target: str
+    op: str
+    in_table: bool
+    on_mla: bool
+    note: str | None
+    placements: list[dict[str, Any]] = Field(
+        description="Per processor: precisions and constraints (each with its rule text)."
+    )
+
+
+# --------------------------------------------------------------------------- rules
+
+
+class RuleInfo(Out):
+    name: str
+    summary: str
+    category: str
+    exactness: Literal["exact", "approximate"]
+    error_bound: float | None
+    params: dict[str, Any]
+    example: str
+    changes_outputs: bool
+    auto: bool
+    doc: str
+
+
+class RulesOut(Out):
+    rules: list[RuleInfo]
+
+
+class RuleMatchBrief(Out):
+    rule: str
+    category: str
+    exactness: str
+    matches: int
+    blockers_removed: int = Field(description="Current blockers the rule's matches address.")
+    nodes: list[str] = Field(description="Up to 20 nodes the rule would change.")
+    reasons: list[str] = Field(description="Up to 5 match reasons.")
+
+
+class SuggestOut(Out):
+    model: str
+    version: str
+    target: str
+    mla_segments: int
+    single_elf: bool
+    blocker_groups: list[BlockerGroup]
+    rules: list[RuleMatchBrief] = Field(
+        description="Rules that apply now, most blockers removed first (cleanup rules first)."
+    )
+    unaddressed_blockers: int = Field(description="Blockers no rule currently matches.")
+    next_step: str
+
+
+# --------------------------------------------------------------------------- edits
+
+
+class EditOut(Out):
+    """What every editing tool returns: the new version and what it did to the model."""
+
+    model: str
+    version: str = Field(description="The new version id (unchanged when nothing was edited).")
+    parent: str | None
+    action: str
+    changed: bool
+    nodes_added: list[str] = Field(description="Up to 50 names.")
+    nodes_added_count: int
+    nodes_removed: list[str] = Field(description="Up to 50 names.")
+    nodes_removed_count: int
+    verify: VerifyBrief | None
+    coverage: CoverageBrief = Field(description="Coverage of the new version.")
+    mla_segments_before: int
+    notes: list[str] = Field(default_factory=list)
+
+
+class FixStep(Out):
+    step: int
+    rule: str
+    matches: int
+    segments_before: int
+    segments_after: int
+    blockers_before: int
+    blockers_after: int
+    verify_passed: bool
+    max_abs: float | None
+
+
+class FixOut(EditOut):
+    steps: list[FixStep]
+    rejected: list[dict[str, str]]
+    remaining_blocker_groups: list[BlockerGroup]
+
+
+# --------------------------------------------------------------------------- verify
+
+
+class OutputMetrics(Out):
+    name: str
+    name_b: str
+    passed: bool
+    shape_a: list[int]
+    shape_b: list[int]
+    max_abs: float | str | None = None
+    max_rel: float | str | None = None
+    cosine: float | str | None = None
+    sqnr_db: float | str | None = None
+    mismatches: int | None = None
+    message: str = ""
+
+
+class VerifyOut(Out):
+    passed: bool
+    reference: VersionRef
+    candidate: VersionRef
+    mode: str
+    atol: float
+    rtol: float
+    samples: int
+    worst: dict[str, float | str | None]
+    failed_outputs: list[str]
+    outputs: list[OutputMetrics] = Field(description="Up to 20 outputs.")
+    notes: list[str]
+
+
+# --------------------------------------------------------------------------- versions
+
+
+class VersionOut(Out):
+    version: str
+    parent: str | None
+    action: str
+    created: str
+    params: dict[str, Any] = Field(description="Action parameters (long node lists cut to 20).")
+    verify: VerifyBrief | None
+    coverage: dict[str, Any] | None
+    note: str = ""
+
+
+class HistoryOut(Out):
+    model: str
+    latest: str
+    page: Page
+    versions: list[VersionOut] = Field(description="Newest first.")
+
+
+class DiffOut(Out):
+    model: str
+    a: str
+    b: str
+    identical: bool
+    summary: str
+    nodes_added: list[dict[str, Any]]
+    nodes_removed: list[dict[str, Any]]
+    nodes_changed: list[dict[str, Any]]
+    counts: dict[str, int] = Field(description="Full counts of every list, before the limit.")
+    other_changes: dict[str, list[str]] = Field(
+        description="Initializers and graph inputs/outputs added, removed or changed."
+    )
+
+
+class ExportOut(Out):
+    model: str
+    version: str
+    path: str
+    bytes: int
+    sha256: str
+    external_data: bool

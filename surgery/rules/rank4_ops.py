@@ -1,0 +1,700 @@
+"""Per-op support for lifting to 4-D: what `find` admits and how `Lifter` rewrites each op.
+
+Each op family has an `accept` (read-only, on the shape-inferred model: may this node be
+lifted exactly?) and a handler (on the graphsurgeon graph: emit the 4-D op). Keeping both side
+by side keeps `find`'s promises and `apply`'s edits in step.
+
+Ops fall in three groups:
+
+- **layout-free** (elementwise, Concat, Split, Slice, Softmax, LayerNormalization, Reduce*):
+  the same op on the 4-D form, with its axis attributes and constant operands re-laid-out;
+- **relabels** (Transpose, Identity, Dropout, reshapes that only add or drop unit axes): no op
+  at all — the 4-D data is already right, only the layout changes;
+- **re-expressed** (Reshape/Flatten/Squeeze/Unsqueeze → one 4-D Reshape, Gather with a constant
+  index → Slice, MatMul/Gemm by a constant matrix → 1×1 Conv, 1-D Conv/pooling → 2-D with a
+  unit height).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from surgery.graph import FLOAT_TYPES, GraphView, attribute_values
+from surgery.rules import rank4_layout as L
+from surgery.rules.rank4_layout import Layout, Shape
+from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant
+
+MAX_NONUNIT = 4
+
+
+class NodeInfo:
+    """What `find` knows about one node: static shapes, constant operands, attributes."""
+
+    def __init__(self, view: GraphView, idx: int, constants: frozenset[str], opset: int) -> None:
+        self.view = view
+        self.idx = idx
+        self.constants = constants
+        self.opset = opset
+        self.op = view.op_types[idx]
+        self.name = view.names[idx]
+        self.inputs = view.node_inputs[idx]
+        self.outputs = view.node_outputs[idx]
+
+    @cached_property
+    def attrs(self) -> dict[str, Any]:
+        return attribute_values(self.view.nodes[self.idx])
+
+    def input(self, k: int) -> str:
+        return self.inputs[k] if k < len(self.inputs) else ""
+
+    def shape(self, name: str) -> Shape | None:
+        info = self.view.tensor(name)
+        return tuple(info.shape) if info.is_static else None  # type: ignore[arg-type]
+
+    def is_const(self, name: str) -> bool:
+        return name in self.constants
+
+    def has_value(self, name: str) -> bool:
+        """A constant whose value the edit can read (an initializer or a Constant node)."""
+        if name in self.view.initializers:
+            return True
+        producer = self.view.producer.get(name)
+        return producer is not None and self.view.op_types[producer] == "Constant"
+
+    def value(self, name: str) -> np.ndarray | None:
+        return self.view.constant_value(name) if name else None
+
+    @property
+    def data_inputs(self) -> list[str]:
+        return [t for t in self.inputs if t and t not in self.constants]
+
+    @property
+    def used_outputs(self) -> list[str]:
+        outs = set(self.view.graph_outputs)
+        return [t for t in self.outputs if t and (t in self.view.consumers or t in outs)]
+
+    def liftable(self, name: str) -> bool:
+        """Static float tensor of rank ≥ 1 that fits 4-D: at most four non-unit dimensions, or
+        the input/output of a Transpose that moves at most four blocks of axes."""
+        info = self.view.tensor(name)
+        if not info.is_static or not info.shape or info.elem_type not in FLOAT_TYPES:
+            return False
+        if sum(1 for d in info.shape if d != 1) <= MAX_NONUNIT:
+            return True
+        view = self.view
+        users = view.consumers.get(name, [])
+        if len(users) == 1 and _transpose_runs(view, users[0]):
+            return True
+        producer = view.producer.get(name)
+        return producer is not None and _transpose_runs(view, producer)
+
+    def ranks(self) -> list[int]:
+        return [len(self.shape(t) or ()) for t in [*self.data_inputs, *self.used_outputs]]
+
+
+def _transpose_runs(view: GraphView, idx: int) -> bool:
+    """A Transpose whose input moves as at most four blocks of axes (see `transpose_runs`)."""
+    if view.op_types[idx] != "Transpose":
+        return False
+    perm = attribute_values(view.nodes[idx]).get("perm")
+    info = view.tensor(view.node_inputs[idx][0])
+    if perm is None or not info.is_static:
+        return False
+    return L.transpose_runs(info.shape, perm) is not None  # type: ignore[arg-type]
+
+
+Accept = Callable[[NodeInfo], bool]
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    accept: Accept
+    emits: str | None
+    """The op that runs after lifting ("" when the op disappears, None when unchanged)."""
+
+
+SUPPORT: dict[str, OpSupport] = {}
+
+
+def supports(*ops: str, accept: Accept, emits: str | None = None):
+    def register(fn):
+        for op in ops:
+            SUPPORT[op] = OpSupport(accept, emits)
+            HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+def _axis(value: int, rank: int) -> int:
+    return value % rank if rank else 0
+
+
+def _basic(info: NodeInfo, data: list[str] | None = None) -> bool:
+    """Data tensors liftable and exactly the listed ones dynamic; other inputs readable constants."""
+    data = info.data_inputs if data is None else data
+    if not data or not all(info.liftable(t) for t in [*data, *info.used_outputs]):
+        return False
+    return all(info.has_value(t) for t in info.inputs if t and t not in data)
+
+
+def _single_output(info: NodeInfo) -> bool:
+    return info.used_outputs == [info.outputs[0]]
+
+
+# ---------------------------------------------------------------------- elementwise
+
+UNARY = (
+    "Abs", "Ceil", "Celu", "Clip", "Cos", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
+    "HardSwish", "LeakyRelu", "Log", "Mish", "Neg", "Reciprocal", "Relu", "Round", "Selu",
+    "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Tanh", "ThresholdedRelu",
+)  # fmt: skip
+BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu")
+
+
+def _accept_elementwise(info: NodeInfo) -> bool:
+    if not _single_output(info) or not _basic(info):
+        return False
+    out = info.shape(info.outputs[0])
+    return all(info.shape(t) == out for t in info.data_inputs)
+
+
+@supports(*UNARY, *BINARY, accept=_accept_elementwise)
+def lift_elementwise(lf: Lifter, node: gs.Node) -> None:
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    dynamic = [lf.value(t) for t in node.inputs if t.name and lf.const(t) is None]
+    layout = lf.choose(dynamic, shape)
+    inputs: list[gs.Tensor] = []
+    for k, t in enumerate(node.inputs):
+        value = lf.const(t) if t.name else None
+        if not t.name:
+            inputs.append(t)
+        elif value is None:
+            inputs.append(lf.convert(lf.value(t), layout).var)
+        elif node.op == "Clip":
+            inputs.append(t)  # min/max are scalars
+        else:
+            inputs.append(
+                lf.constant(f"{node.name}_in{k}", relayout_constant(value, layout, shape))
+            )
+    (y,) = lf.emit(node.op, inputs, [layout.shape4(shape)], node.name, out.dtype, **node.attrs)
+    lf.set(out, y, layout)
+
+
+# ---------------------------------------------------------------------- relabels
+
+
+def _accept_alias(info: NodeInfo) -> bool:
+    if not _single_output(info) or not info.liftable(info.input(0)):
+        return False
+    if info.input(0) in info.constants or not info.liftable(info.outputs[0]):
+        return False
+    if info.op == "Dropout":
+        mode = info.input(2)
+        return not mode or (info.has_value(mode) and not bool(np.asarray(info.value(mode)).any()))
+    return True
+
+
+@supports("Identity", "Dropout", "Transpose", accept=_accept_alias, emits="")
+def lift_relabel(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    layout = x.layout
+    if node.op == "Transpose":
+        perm = node.attrs.get("perm") or list(reversed(range(len(x.shape))))
+        layout = layout.permuted(perm)
+    lf.set(node.outputs[0], x.var, layout)
+
+
+def _accept_reshape(info: NodeInfo) -> bool:
+    src = info.input(0)
+    return (
+        _single_output(info)
+        and bool(src)
+        and src not in info.constants
+        and info.liftable(src)
+        and info.liftable(info.outputs[0])
+    )
+
+
+@supports("Reshape", "Flatten", "Squeeze", "Unsqueeze", accept=_accept_reshape, emits="Reshape")
+def lift_reshape(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    out = node.outputs[0]
+    dst = lf.shape(out)
+    relabeled = L.relabel_reshape(x.layout, x.shape, dst)
+    if relabeled is not None:
+        lf.set(out, x.var, relabeled)
+        return
+    x = lf.plain(x)
+    layout = lf.layout_for(out, dst)
+    target = layout.shape4(dst)
+    shape_const = lf.constant(f"{node.name}_shape", np.array(target, np.int64))
+    (y,) = lf.emit("Reshape", [x.var, shape_const], [target], node.name, out.dtype)
+    lf.set(out, y, layout)
+
+
+# ---------------------------------------------------------------------- axis ops
+
+
+def _accept_concat(info: NodeInfo) -> bool:
+    if not _single_output(info) or not _basic(info):
+        return False
+    out = info.shape(info.outputs[0])
+    axis = _axis(info.attrs.get("axis", 0), len(out))  # type: ignore[arg-type]
+    return out[axis] != 1  # type: ignore[index]
+
+
+def _on_its_own(axis: int, shape: Shape, allow_batch: bool = False) -> Callable[[Layout], bool]:
+    def ok(layout: Layout) -> bool:
+        slot = layout.alone(axis, shape)
+        return slot is not None and (allow_batch or slot != 0)
+
+    return ok
+
+
+def _pick_axis_layout(lf: Lifter, inputs: list[Lifted], shape: Shape, axis: int) -> Layout:
+    """A layout where `axis` has a slot of its own, off the batch axis when possible."""
+    try:
+        return lf.choose(inputs, shape, _on_its_own(axis, shape))
+    except ValueError:
+        return lf.choose(inputs, shape, _on_its_own(axis, shape, allow_batch=True))
+
+
+@supports("Concat", accept=_accept_concat)
+def lift_concat(lf: Lifter, node: gs.Node) -> None:
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    axis = _axis(node.attrs.get("axis", 0), len(shape))
+    dynamic = [lf.value(t) for t in node.inputs if lf.const(t) is None]
+    layout = _pick_axis_layout(lf, dynamic, shape, axis)
+    inputs = []
+    for k, t in enumerate(node.inputs):
+        value = lf.const(t)
+        if value is None:
+            inputs.append(lf.convert(lf.value(t), layout).var)
+        else:
+            relaid = relayout_constant(value, layout, value.shape)
+            inputs.append(lf.constant(f"{node.name}_in{k}", relaid))
+    slot = layout.slot(axis)
+    (y,) = lf.emit("Concat", inputs, [layout.shape4(shape)], node.name, out.dtype, axis=slot)
+    lf.set(out, y, layout)
+
+
+def _accept_split(info: NodeInfo) -> bool:
+    src = info.input(0)
+    if not src or src in info.constants or not _basic(info, [src]):
+        return False
+    shape = info.shape(src)
+    return shape[_axis(info.attrs.get("axis", 0), len(shape))] != 1  # type: ignore[index, arg-type]
+
+
+@supports("Split", accept=_accept_split)
+def lift_split(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    axis = _axis(node.attrs.get("axis", 0), len(x.shape))
+    layout = _pick_axis_layout(lf, [x], x.shape, axis)
+    x = lf.convert(x, layout)
+    attrs = {**node.attrs, "axis": layout.slot(axis)}
+    shapes = [layout.shape4(lf.shape(t)) for t in node.outputs]
+    outs = lf.emit("Split", [x.var, *node.inputs[1:]], shapes, node.name, x.var.dtype, **attrs)
+    for t, y in zip(node.outputs, outs, strict=True):
+        lf.set(t, y, layout)
+
+
+def _slice_params(
+    rank: int, src: Shape, dst: Shape, values: list[np.ndarray | None]
+) -> list[tuple[int, int, int, int]]:
+    """(axis, start, end, step) for every axis the slice really changes."""
+    starts, ends, axes, steps = values
+    n = len(starts)  # type: ignore[arg-type]
+    axes_list = [int(a) % rank for a in (axes if axes is not None else range(n))]
+    steps_list = [int(s) for s in (steps if steps is not None else [1] * n)]
+    return [
+        (a, int(starts[k]), int(ends[k]), steps_list[k])  # type: ignore[index]
+        for k, a in enumerate(axes_list)
+        if not (steps_list[k] == 1 and src[a] == dst[a])
+    ]
+
+
+def _accept_slice(info: NodeInfo) -> bool:
+    src = info.input(0)
+    if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
+        return False
+    params = [info.input(k) for k in range(1, 5)]
+    if any(p and info.value(p) is None for p in params) or not params[0] or not params[1]:
+        return False
+    a, b = info.shape(src), info.shape(info.outputs[0])
+    values = [info.value(p) if p else None for p in params]
+    return all(a[x] > 1 for x, *_ in _slice_params(len(a), a, b, values))  # type: ignore[arg-type, index]
+
+
+@supports("Slice", accept=_accept_slice)
+def lift_slice(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    out = node.outputs[0]
+    dst = lf.shape(out)
+    values = [
+        lf.const(node.inputs[k]) if k < len(node.inputs) and node.inputs[k].name else None
+        for k in range(1, 5)
+    ]
+    cuts = _slice_params(len(x.shape), x.shape, dst, values)
+    if not cuts:
+        lf.set(out, x.var, x.layout)
+        return
+    if any(x.layout.alone(a, x.shape) is None for a, *_ in cuts):
+        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+    y = _emit_slice(lf, x, cuts, dst, node.name, out.dtype)
+    lf.set(out, y, x.layout)
+
+
+def _emit_slice(
+    lf: Lifter,
+    x: Lifted,
+    cuts: list[tuple[int, int, int, int]],
+    dst: Shape,
+    name: str,
+    dtype: Any,
+) -> gs.Tensor:
+    def const(label: str, column: int, values: list[int] | None = None) -> gs.Constant:
+        data = values if values is not None else [c[column] for c in cuts]
+        return lf.constant(f"{name}_{label}", np.array(data, np.int64))
+
+    slots = [x.layout.slot(a) for a, *_ in cuts]
+    inputs = [
+        x.var,
+        const("starts", 1),
+        const("ends", 2),
+        const("axes", 0, slots),
+        const("steps", 3),
+    ]
+    (y,) = lf.emit("Slice", inputs, [x.layout.shape4(dst)], name, dtype)
+    return y
+
+
+def _gather_range(info_value: np.ndarray | None, dim: int) -> tuple[int, int] | None:
+    """(start, count) when constant indices pick a contiguous ascending run."""
+    if info_value is None or info_value.ndim > 1 or info_value.size == 0:
+        return None
+    idx = [int(i) % dim for i in np.atleast_1d(info_value)]
+    if idx != list(range(idx[0], idx[0] + len(idx))):
+        return None
+    return idx[0], len(idx)
+
+
+def _accept_gather(info: NodeInfo) -> bool:
+    src, idx = info.input(0), info.input(1)
+    if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
+        return False
+    shape = info.shape(src)
+    axis = _axis(info.attrs.get("axis", 0), len(shape))  # type: ignore[arg-type]
+    return shape[axis] > 1 and _gather_range(info.value(idx), shape[axis]) is not None  # type: ignore[index]
+
+
+@supports("Gather", accept=_accept_gather, emits="Slice")
+def lift_gather(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    out = node.outputs[0]
+    axis = _axis(node.attrs.get("axis", 0), len(x.shape))
+    indices = lf.const(node.inputs[1])
+    start, count = _gather_range(indices, x.shape[axis])  # type: ignore[misc]
+    if x.layout.alone(axis, x.shape) is None:
+        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+    kept = list(x.shape)
+    kept[axis] = count
+    y = _emit_slice(lf, x, [(axis, start, start + count, 1)], tuple(kept), node.name, out.dtype)
+    layout = x.layout.without(axis) if indices.ndim == 0 else x.layout  # type: ignore[union-attr]
+    lf.set(out, y, layout)
+
+
+def _accept_softmax(info: NodeInfo) -> bool:
+    return _single_output(info) and _basic(info)
+
+
+@supports("Softmax", "LogSoftmax", "Hardmax", accept=_accept_softmax)
+def lift_softmax(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    rank = len(x.shape)
+    axis = _axis(node.attrs.get("axis", -1 if lf.opset >= 13 else 1), rank)
+    if lf.opset >= 13:
+        ok = x.layout.alone(axis, x.shape) == 1
+        layout = x.layout if ok else L.rows(rank, axis)
+    else:
+        layout = x.layout if _leads_with(x, axis) else L.coerced(rank, axis)
+    x = lf.convert(x, layout)
+    out = node.outputs[0]
+    attrs = {**node.attrs, "axis": 1}
+    (y,) = lf.emit(node.op, [x.var], [layout.shape4(x.shape)], node.name, out.dtype, **attrs)
+    lf.set(out, y, layout)
+
+
+def _leads_with(x: Lifted, axis: int) -> bool:
+    """Plain layout whose slot 0 holds exactly the non-unit axes before `axis`."""
+    before = {a for a in range(axis) if x.shape[a] != 1}
+    return x.layout.is_plain(x.shape) and x.layout.leading(x.shape) == before
+
+
+def _accept_layernorm(info: NodeInfo) -> bool:
+    return _single_output(info) and _basic(info, [info.input(0)])
+
+
+@supports("LayerNormalization", accept=_accept_layernorm)
+def lift_layernorm(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    rank = len(x.shape)
+    axis = _axis(node.attrs.get("axis", -1), rank)
+    layout = x.layout if _leads_with(x, axis) else L.normalized(rank, axis)
+    x = lf.convert(x, layout)
+    inner = layout.shape4(x.shape)[1:]
+    params = []
+    for k, t in enumerate(node.inputs[1:], start=1):
+        value = lf.const(t)
+        if value is None:
+            params.append(t)
+            continue
+        full = np.broadcast_to(value, x.shape[axis:]).reshape(inner)
+        params.append(lf.constant(f"{node.name}_in{k}", full))
+    out = node.outputs[0]
+    attrs = {**node.attrs, "axis": 1}
+    (y,) = lf.emit(
+        "LayerNormalization",
+        [x.var, *params],
+        [layout.shape4(x.shape)],
+        node.name,
+        out.dtype,
+        **attrs,
+    )
+    lf.set(out, y, layout)
+
+
+_REDUCE = (
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSumExp", "ReduceSumSquare",
+)  # fmt: skip
+
+
+def _axes_from_input(op: str, opset: int) -> bool:
+    return opset >= 18 or (op == "ReduceSum" and opset >= 13)
+
+
+def _reduce_axes(op: str, opset: int, attrs: dict, axes_value, rank: int) -> list[int] | None:
+    raw = axes_value if _axes_from_input(op, opset) else attrs.get("axes")
+    if raw is None or np.asarray(raw).size == 0:
+        return None if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+    return sorted({int(a) % rank for a in np.atleast_1d(raw)})
+
+
+def _accept_reduce(info: NodeInfo) -> bool:
+    src = info.input(0)
+    if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
+        return False
+    shape = info.shape(src)
+    axes_in = info.input(1)
+    if _axes_from_input(info.op, info.opset) and axes_in and info.value(axes_in) is None:
+        return False
+    axes = _reduce_axes(info.op, info.opset, info.attrs, info.value(axes_in), len(shape))  # type: ignore[arg-type]
+    return bool(axes) and any(shape[a] != 1 for a in axes)  # type: ignore[index, union-attr]
+
+
+@supports(*_REDUCE, accept=_accept_reduce)
+def lift_reduce(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    rank = len(x.shape)
+    axes_value = lf.const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1].name else None
+    axes = _reduce_axes(node.op, lf.opset, node.attrs, axes_value, rank) or []
+    reduced = [a for a in axes if x.shape[a] != 1]
+    if any(x.layout.alone(a, x.shape) is None for a in reduced):
+        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+    slots = sorted({x.layout.slot(a) for a in reduced})
+    shape4 = x.layout.shape4(x.shape)
+    if slots and min(slots) >= 2:
+        slots = sorted({*slots, *(s for s in (2, 3) if shape4[s] == 1)})
+    out = node.outputs[0]
+    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("axes", "noop_with_empty_axes")}
+    attrs["keepdims"] = 1
+    inputs = [x.var]
+    if _axes_from_input(node.op, lf.opset):
+        inputs.append(lf.constant(f"{node.name}_axes", np.array(slots, np.int64)))
+    else:
+        attrs["axes"] = slots
+    (y,) = lf.emit(node.op, inputs, [x.layout.shape4(kept)], node.name, out.dtype, **attrs)
+    layout = x.layout
+    if not node.attrs.get("keepdims", 1):
+        for a in sorted(axes, reverse=True):
+            layout = layout.without(a)
+    lf.set(out, y, layout)
+
+
+# ---------------------------------------------------------------------- linear algebra
+
+
+def _accept_matmul(info: NodeInfo) -> bool:
+    a, b = info.input(0), info.input(1)
+    if not _single_output(info) or not a or a in info.constants:
+        return False
+    sa = info.shape(a)
+    if sa is None or len(sa) < 2:
+        return False
+    if b in info.constants:
+        sb = info.shape(b)
+        return info.has_value(b) and sb is not None and len(sb) == 2 and _basic(info, [a])
+    sb = info.shape(b)
+    return (
+        _basic(info, [a, b]) and sb is not None and len(sa) == len(sb) <= 4 and sa[:-2] == sb[:-2]
+    )
+
+
+@supports("MatMul", accept=_accept_matmul)
+def lift_matmul(lf: Lifter, node: gs.Node) -> None:
+    a, b = node.inputs
+    weight = lf.const(b)
+    if weight is not None:
+        _linear(lf, node, a, weight.T, None)
+        return
+    x, y = lf.value(a), lf.value(b)
+    rank = len(x.shape)
+    x, y = lf.convert(x, L.matmul(rank)), lf.convert(y, L.matmul(rank))
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    (z,) = lf.emit("MatMul", [x.var, y.var], [L.matmul(rank).shape4(shape)], node.name, out.dtype)
+    lf.set(out, z, L.matmul(rank))
+
+
+def _gemm_bias(info_c: np.ndarray | None, m: int, n: int) -> np.ndarray | None | bool:
+    """Per-output-channel bias of a Gemm's C, or False when C varies along the rows."""
+    if info_c is None:
+        return None
+    full = np.broadcast_to(info_c, (m, n))
+    return full[0] if (full == full[0]).all() else False
+
+
+def _accept_gemm(info: NodeInfo) -> bool:
+    a, b, c = info.input(0), info.input(1), info.input(2)
+    if not _single_output(info) or not a or a in info.constants or info.attrs.get("transA", 0):
+        return False
+    if not _basic(info, [a]) or len(info.shape(a) or ()) != 2 or not info.has_value(b):
+        return False
+    if not c:
+        return True
+    out = info.shape(info.outputs[0])
+    value = info.view.constant_value(c, max_elements=1 << 22)
+    return value is not None and _gemm_bias(value, *out) is not False  # type: ignore[misc]
+
+
+@supports("Gemm", accept=_accept_gemm, emits="Conv")
+def lift_gemm(lf: Lifter, node: gs.Node) -> None:
+    a, b = node.inputs[0], node.inputs[1]
+    weight = lf.const(b)
+    weight = weight if node.attrs.get("transB", 0) else weight.T  # type: ignore[union-attr]
+    weight = weight * np.asarray(node.attrs.get("alpha", 1.0), weight.dtype)
+    bias = None
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        m, n = lf.shape(node.outputs[0])
+        row = _gemm_bias(lf.const(node.inputs[2]), m, n)
+        bias = np.asarray(row) * np.asarray(node.attrs.get("beta", 1.0), weight.dtype)
+    _linear(lf, node, a, weight, bias)
+
+
+def _linear(
+    lf: Lifter, node: gs.Node, data: gs.Tensor, weight: np.ndarray, bias: np.ndarray | None
+) -> None:
+    """y = x · Wᵀ (+ b) over the last axis, as a 1×1 Conv with that axis on the channels."""
+    x = lf.value(data)
+    rank = len(x.shape)
+    if x.layout.alone(rank - 1, x.shape) != 1:
+        x = lf.convert(x, L.rows(rank))
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    w = lf.constant(f"{node.name}_weight", np.ascontiguousarray(weight)[:, :, None, None])
+    inputs = [x.var, w]
+    if bias is not None:
+        inputs.append(lf.constant(f"{node.name}_bias", bias.astype(weight.dtype).reshape(-1)))
+    (y,) = lf.emit(
+        "Conv", inputs, [x.layout.shape4(shape)], node.name, out.dtype, kernel_shape=[1, 1]
+    )
+    lf.set(out, y, x.layout)
+
+
+# ---------------------------------------------------------------------- 1-D convolution family
+
+_CONV1D = ("Conv", "ConvTranspose")
+_POOL1D = ("MaxPool", "AveragePool", "LpPool")
+_GLOBAL = ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+_PER_CHANNEL = ("BatchNormalization", "InstanceNormalization")
+
+
+def _accept_conv1d(info: NodeInfo) -> bool:
+    src = info.input(0)
+    if not src or src in info.constants or not _single_output(info):
+        return False
+    shape = info.shape(src)
+    if shape is None or len(shape) != 3 or not _basic(info, [src]):
+        return False
+    return info.op not in _CONV1D or info.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+
+
+_SPATIAL_LISTS = ("kernel_shape", "strides", "dilations", "output_padding")
+
+
+@supports(*_CONV1D, *_POOL1D, *_GLOBAL, accept=_accept_conv1d)
+def lift_conv1d(lf: Lifter, node: gs.Node) -> None:
+    x = lf.convert(lf.value(node.inputs[0]), L.ncl(3))
+    attrs = dict(node.attrs)
+    for key in _SPATIAL_LISTS:
+        if key in attrs:
+            attrs[key] = [1, *attrs[key]]
+    if "pads" in attrs:
+        begin, end = attrs["pads"]
+        attrs["pads"] = [0, begin, 0, end]
+    if "output_shape" in attrs:
+        attrs["output_shape"] = [1, *attrs["output_shape"]]
+    inputs = [x.var]
+    for k, t in enumerate(node.inputs[1:], start=1):
+        value = lf.const(t)
+        if k == 1 and node.op in _CONV1D and value is not None:
+            inputs.append(lf.constant(f"{node.name}_weight", value[:, :, None, :]))
+        else:
+            inputs.append(t)
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    (y,) = lf.emit(node.op, inputs, [L.ncl(3).shape4(shape)], node.name, out.dtype, **attrs)
+    lf.set(out, y, L.ncl(3))
+
+
+def _accept_per_channel(info: NodeInfo) -> bool:
+    src = info.input(0)
+    if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
+        return False
+    rank = len(info.shape(src) or ())
+    return rank in (2, 3) and (info.op == "BatchNormalization" or rank == 3)
+
+
+@supports(*_PER_CHANNEL, accept=_accept_per_channel)
+def lift_per_channel(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    rank = len(x.shape)
+    x = lf.convert(x, L.ncl(rank))
+    out = node.outputs[0]
+    shape = lf.shape(out)
+    attrs = dict(node.attrs)
+    (y,) = lf.emit(
+        node.op,
+        [x.var, *node.inputs[1:]],
+        [L.ncl(rank).shape4(shape)],
+        node.name,
+        out.dtype,
+        **attrs,
+    )
+    lf.set(out, y, L.ncl(rank))
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)

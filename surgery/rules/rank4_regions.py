@@ -1,0 +1,255 @@
+"""Finding what to lift: connected regions of blocked nodes that can be carried as 4-D.
+
+A node is a candidate when coverage blocks it, its op has a lift (`rank4_ops.SUPPORT`) that
+admits it exactly, and lifting changes something: a data tensor is not 4-D, or the op is one the
+lift re-expresses (Softmax/LayerNorm moved to the channel axis, Gather → Slice, Gemm → Conv, …).
+Candidates connected through tensors form a region; each region is one match.
+
+Regions are then sorted into the three rule families by what they contain, so each rule claims
+its own regions and `surgery fix` sees them as separate, named steps:
+
+- **transformer**: LayerNormalization, a MatMul/Gemm over tokens (input rank ≥ 3 or two run-time
+  operands), or an attention Softmax (next to a MatMul of two run-time tensors);
+- **classifier**: otherwise any Gemm or MatMul by a constant matrix ([N,C] heads);
+- **ncl**: everything else (detection heads, 1-D conv stacks, rank-5 anchor heads).
+
+A region's blockers are the nodes whose lifted form runs on the MLA according to the target's
+own constraints (the layout constraints excepted: those are what the lift fixes). A reshape
+that only hands a lifted tensor back to a graph output is part of its region but is not counted:
+it stays as the trailing host stage.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from surgery.coverage import topo_order
+from surgery.graph import GraphView
+from surgery.rules.base import RuleContext
+from surgery.rules.rank4_ops import SUPPORT, NodeInfo, opset_of
+from surgery.targets import NodeContext
+
+_EXIT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+_REEXPRESSED = {
+    "Softmax",
+    "LogSoftmax",
+    "Hardmax",
+    "LayerNormalization",
+    "Gather",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Gemm",
+}
+_LAYOUT_CHECKS = {"rank", "axis", "perm_keeps", "reduce_axes", "static_shape"}
+_SOFTMAX = {"Softmax", "LogSoftmax"}
+_SCORE_OPS = {"Add", "Sub", "Mul", "Div", "Where"}
+
+
+@dataclass(frozen=True)
+class Region:
+    kind: str
+    nodes: tuple[str, ...]
+    """Node names in topological order."""
+    blockers: tuple[str, ...]
+    ops: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        listed = ", ".join(self.ops[:6]) + (", …" if len(self.ops) > 6 else "")
+        return (
+            f"carry {len(self.nodes)} node(s) ({listed}) as 4-D; "
+            f"{len(self.blockers)} blocker(s) move to the MLA"
+        )
+
+
+_CACHE: dict[int, tuple[weakref.ref, list[Region]]] = {}
+
+
+def regions(ctx: RuleContext) -> list[Region]:
+    """All liftable regions of the model (computed once per context, shared by the rules)."""
+    hit = _CACHE.get(id(ctx))
+    if hit is not None and hit[0]() is ctx:
+        return hit[1]
+    found = _find_regions(ctx)
+    if len(_CACHE) > 8:
+        _CACHE.clear()
+    _CACHE[id(ctx)] = (weakref.ref(ctx), found)
+    return found
+
+
+def _find_regions(ctx: RuleContext) -> list[Region]:
+    view = ctx.view
+    order = topo_order(view)
+    opset = opset_of(ctx.model)
+    infos: dict[int, NodeInfo] = {}
+    for idx in order:
+        info = _candidate(ctx, idx, opset)
+        if info is not None:
+            infos[idx] = info
+    exits = _exit_only(view, infos, order)
+    groups = _components(view, order, set(infos))
+    found = []
+    for members in groups:
+        counted = [i for i in members if i not in exits and _lands_on_mla(ctx, infos[i])]
+        if len(counted) <= _boundary_cost(view, members, ctx.constants) - len(
+            [i for i in members if i in exits]
+        ):
+            continue
+        found.append(
+            Region(
+                kind=_kind(view, members, infos),
+                nodes=tuple(view.names[i] for i in members),
+                blockers=tuple(view.names[i] for i in counted),
+                ops=tuple(dict.fromkeys(view.op_types[i] for i in members)),
+            )
+        )
+    return found
+
+
+def _candidate(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
+    view = ctx.view
+    placement = ctx.coverage.placements[idx]
+    support = SUPPORT.get(view.op_types[idx])
+    if support is None or not placement.is_blocker or view.domains[idx] not in ("", "ai.onnx"):
+        return None
+    info = NodeInfo(view, idx, ctx.constants, opset)
+    try:
+        admitted = support.accept(info)
+    except (ValueError, IndexError, KeyError, TypeError):
+        admitted = False  # an attribute or constant we do not understand: leave the node alone
+    if not admitted:
+        return None
+    if all(r == 4 for r in info.ranks()) and info.op not in _REEXPRESSED:
+        return None
+    return info
+
+
+def _exit_only(view: GraphView, infos: dict[int, NodeInfo], order: list[int]) -> set[int]:
+    """Reshape-like nodes that only hand a tensor to graph outputs; dropped unless behind a lift."""
+    outputs = set(view.graph_outputs)
+    exits = set()
+    for idx in order:
+        info = infos.get(idx)
+        if info is None or info.op not in _EXIT_OPS:
+            continue
+        outs = [t for t in info.outputs if t]
+        if not outs or any(t not in outputs or view.consumers.get(t) for t in outs):
+            continue
+        if any(len(info.shape(t) or ()) == 4 for t in outs):
+            continue
+        exits.add(idx)
+        producer = view.producer.get(info.input(0))
+        if producer not in infos:
+            del infos[idx]
+    return exits
+
+
+def _components(view: GraphView, order: list[int], members: set[int]) -> list[list[int]]:
+    """Candidates connected by a tensor (producer–consumer, or two consumers of one tensor).
+
+    Consumers of the same outside tensor share one region so it enters 4-D once.
+    """
+    parent = {i: i for i in members}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_user: dict[str, int] = {}
+    for idx in order:
+        if idx not in members:
+            continue
+        for t in view.node_inputs[idx]:
+            p = view.producer.get(t)
+            if p in members:
+                parent[find(p)] = find(idx)
+            if t:
+                other = first_user.setdefault(t, idx)
+                parent[find(other)] = find(idx)
+    groups: dict[int, list[int]] = {}
+    for idx in order:
+        if idx in members:
+            groups.setdefault(find(idx), []).append(idx)
+    return list(groups.values())
+
+
+def _boundary_cost(view: GraphView, members: list[int], constants: frozenset[str]) -> int:
+    """Reshapes the lift adds at the edges: non-4-D tensors entering or leaving the region."""
+    inside = set(members)
+    outputs = set(view.graph_outputs)
+    entering, leaving = set(), set()
+    for idx in members:
+        for t in view.node_inputs[idx]:
+            if t and t not in constants and view.producer.get(t) not in inside:
+                entering.add(t)
+        for t in view.node_outputs[idx]:
+            users = view.consumers.get(t, ())
+            if t in outputs or any(c not in inside for c in users):
+                leaving.add(t)
+    return sum(1 for t in entering | leaving if view.tensor(t).rank != 4)
+
+
+def _lands_on_mla(ctx: RuleContext, info: NodeInfo) -> bool:
+    """Would the lifted node run on the MLA? The target's constraints decide, not a list of ours."""
+    emits = SUPPORT[info.op].emits
+    if emits == "":
+        return True
+    if emits is not None:
+        return ctx.target.supports(emits, "MLA")
+    for rule in ctx.target.rules_for(info.op):
+        if rule.processor != "MLA":
+            continue
+        if not rule.precisions:
+            return False
+        nctx = NodeContext(ctx.view, info.idx, ctx.constants, "MLA")
+        return all(
+            fn(nctx, params) is None
+            for spec, (fn, params) in zip(rule.constraints, rule.checks, strict=True)
+            if spec.check not in _LAYOUT_CHECKS
+        )
+    return False
+
+
+def _kind(view: GraphView, members: Iterable[int], infos: dict[int, NodeInfo]) -> str:
+    linear = False
+    for idx in members:
+        info = infos[idx]
+        if info.op == "LayerNormalization":
+            return "transformer"
+        if info.op in ("MatMul", "Gemm"):
+            linear = True
+            rank = len(info.shape(info.input(0)) or ())
+            if rank >= 3 or len(info.data_inputs) > 1:
+                return "transformer"
+        if info.op in _SOFTMAX and _next_to_attention(view, idx, info.constants):
+            return "transformer"
+    return "classifier" if linear else "ncl"
+
+
+def _is_attention_matmul(view: GraphView, idx: int | None, constants: frozenset[str]) -> bool:
+    if idx is None or view.op_types[idx] != "MatMul":
+        return False
+    return all(t and t not in constants for t in view.node_inputs[idx][:2])
+
+
+def _next_to_attention(view: GraphView, idx: int, constants: frozenset[str]) -> bool:
+    """Softmax fed by scores = MatMul(q, kᵀ) (through scale/mask ops) or feeding MatMul(·, v)."""
+    for out in view.node_outputs[idx]:
+        if any(_is_attention_matmul(view, c, constants) for c in view.consumers.get(out, ())):
+            return True
+    current: int | None = idx
+    for _ in range(4):
+        data = [t for t in view.node_inputs[current][:2] if t and t not in constants]
+        current = view.producer.get(data[0]) if data else None
+        if current is None:
+            return False
+        if _is_attention_matmul(view, current, constants):
+            return True
+        if view.op_types[current] not in _SCORE_OPS:
+            return False
+    return False

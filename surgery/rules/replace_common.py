@@ -1,0 +1,497 @@
+"""Shared machinery for the operator-replacement and cleanup rules.
+
+Three things every replacement needs and none should re-invent:
+
+- **Would the replacement run on the MLA?** `mla_reason` places a hypothetical node with the
+  target's own op table (the same `Target.decide` that `surgery check` uses), so a rule only
+  claims to free a blocker when the op it emits really runs on the accelerator — never by a
+  hard-coded op list.
+- **Pattern lookups on the read-only view** (`Pattern`): producers, sole consumers, attributes
+  and constant values, by op structure only (node names are never part of a pattern).
+- **Small graphsurgeon edits** (`Editor`): fresh names for new nodes, tensors and constants, and
+  the IR < 4 rule that every initializer is also a graph input (legacy Caffe2 exports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import helper, numpy_helper, version_converter
+from onnx.reference import ReferenceEvaluator
+
+from surgery.graph import GraphView, attribute_values
+from surgery.rules.base import Match, Rule, RuleContext, RuleParams
+from surgery.rules.engine import RuleNotApplicableError
+from surgery.rules.graph_edit import fresh_name, import_graph, nodes_by_name
+from surgery.targets import NodeContext, Reason
+
+FLOAT32 = onnx.TensorProto.FLOAT
+
+_LARGE = 1 << 40
+
+
+# --------------------------------------------------------------------------- placement probes
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of a hypothetical node: its type, static shape and, for constants, its value."""
+
+    shape: tuple[int, ...] | None
+    elem_type: int = FLOAT32
+    value: np.ndarray | None = None
+    constant: bool = False
+
+    @classmethod
+    def const(cls, value: np.ndarray) -> TensorSpec:
+        arr = np.asarray(value)
+        return cls(tuple(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype), arr, True)
+
+
+def probe_node(
+    ctx: RuleContext,
+    op: str,
+    inputs: Sequence[TensorSpec | None],
+    outputs: Sequence[TensorSpec],
+    attrs: dict[str, Any] | None = None,
+    opset: int | None = None,
+) -> Reason | None:
+    """None when the target places `op` with these tensors on the MLA, else the first reason.
+
+    The node is placed by the target's op table, on a one-node model with the given shapes and
+    constants, so every declarative constraint (rank, axis, attribute, constant input …) is the
+    one `surgery check` would apply to the rewritten graph.
+    """
+    if not ctx.target.supports(op, "MLA"):
+        return Reason("op_not_supported", f"{op} is not supported on the MLA of {ctx.target.name}")
+    model, constants = _probe_model(op, inputs, outputs, attrs or {}, opset or model_opset(ctx))
+    view = GraphView(model)
+    decision = ctx.target.decide(op, NodeContext(view, 0, constants), known_op=True)
+    if decision.processor == "MLA":
+        return None
+    return decision.reasons[-1] if decision.reasons else Reason("unknown", f"{op} is not placed")
+
+
+def _probe_model(
+    op: str,
+    inputs: Sequence[TensorSpec | None],
+    outputs: Sequence[TensorSpec],
+    attrs: dict[str, Any],
+    opset: int,
+) -> tuple[onnx.ModelProto, frozenset[str]]:
+    names, infos, inits, constants = [], [], [], set()
+    for k, spec in enumerate(inputs):
+        if spec is None:
+            names.append("")
+            continue
+        name = f"in{k}"
+        names.append(name)
+        if spec.value is not None:
+            inits.append(numpy_helper.from_array(np.asarray(spec.value), name))
+        else:
+            infos.append(helper.make_tensor_value_info(name, spec.elem_type, spec.shape))
+        if spec.constant or spec.value is not None:
+            constants.add(name)
+    outs = [
+        helper.make_tensor_value_info(f"out{k}", s.elem_type, s.shape)
+        for k, s in enumerate(outputs)
+    ]
+    node = helper.make_node(op, names, [o.name for o in outs], **attrs)
+    graph = helper.make_graph([node], "probe", infos, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return model, frozenset(constants)
+
+
+def all_on_mla(ctx: RuleContext, probes: Iterable[Reason | None]) -> bool:
+    """True when every probed replacement node is placed on the MLA."""
+    return all(p is None for p in probes)
+
+
+def freed_blockers(ctx: RuleContext, nodes: Iterable[str], on_mla: bool = True) -> list[str]:
+    """The current blockers among `nodes` — the ones a rewrite frees when its replacement runs
+    on the MLA (`on_mla`); none otherwise, so `surgery fix` does not pick a rewrite that only
+    moves a blocker around."""
+    if not on_mla:
+        return []
+    blockers = ctx.blocker_names
+    return [n for n in nodes if n in blockers]
+
+
+def net_freed(
+    ctx: RuleContext,
+    removed: Iterable[str],
+    main: Iterable[Reason | None],
+    extra: Iterable[Reason | None] = (),
+) -> list[str]:
+    """Blockers among the `removed` nodes, claimed only when the main replacement runs on the
+    MLA and the helper nodes left off it (e.g. a rank-2 Reshape back at the model's output)
+    are fewer than the blockers removed — a net gain `surgery fix` can rely on."""
+    if not all_on_mla(ctx, main):
+        return []
+    freed = freed_blockers(ctx, removed)
+    blocked_helpers = sum(1 for r in extra if r is not None)
+    return freed if len(freed) > blocked_helpers else []
+
+
+def model_opset(ctx: RuleContext | onnx.ModelProto) -> int:
+    model = ctx.model if isinstance(ctx, RuleContext) else ctx
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
+    return 1
+
+
+# --------------------------------------------------------------------------- opset upgrades
+
+_UPGRADES: dict[tuple[int, int], str | None] = {}
+
+
+def opset_upgrade_error(ctx: RuleContext, version: int) -> str | None:
+    """None when the model is at `version` already or converts to it cleanly, else why not.
+
+    New ops (Gelu needs opset 20, HardSwish 14, Swish 24) cannot simply be declared: ops whose
+    signature changed in between (ReduceMean axes, Split sizes, Squeeze axes …) must be
+    converted. ONNX's version converter does that; the result must pass the full checker.
+    ONNX Runtime's acceptance is then proven by the engine's verification of the rewrite.
+    """
+    if model_opset(ctx) >= version:
+        return None
+    key = (id(ctx.model), version)
+    if key not in _UPGRADES:
+        if len(_UPGRADES) > 32:
+            _UPGRADES.clear()
+        _UPGRADES[key] = _try_upgrade(ctx.model, version)[1]
+    return _UPGRADES[key]
+
+
+def _try_upgrade(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto | None, str | None]:
+    try:
+        converted = version_converter.convert_version(model, version)
+        onnx.checker.check_model(converted, full_check=False)
+    except Exception as exc:  # noqa: BLE001 - the converter raises many unrelated types
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return None, f"converting to opset {version} failed: {first}"
+    return converted, None
+
+
+def conversion_note(ctx: RuleContext, opset: int) -> str:
+    """Said in a match's reason when the rewrite converts the whole model to a newer opset:
+    the converter may expand ops whose semantics changed (a Softmax before opset 13 gains a
+    Flatten/Reshape pair to keep its 2-D semantics)."""
+    old = model_opset(ctx)
+    return f"; converts the model from opset {old} to {opset}" if opset > old else ""
+
+
+def upgrade_graph(graph: gs.Graph, ctx: RuleContext, version: int) -> None:
+    """Convert the (not yet edited) graph to `version` in place, before new ops are added.
+
+    Node and tensor names survive the conversion, so matches found on the original model
+    still address the same nodes."""
+    if model_opset(ctx) >= version or graph.opset >= version:
+        return
+    converted, error = _try_upgrade(ctx.model, version)
+    if converted is None:
+        raise RuleNotApplicableError(error or f"cannot convert to opset {version}")
+    new = import_graph(converted)
+    for out in new.outputs:
+        if out.shape is not None and any(isinstance(d, int) and d < 0 for d in out.shape):
+            out.shape = None  # e.g. Paddle's -1 batch: invalid, and it conflicts after conversion
+    graph.nodes, graph.inputs, graph.outputs = new.nodes, new.inputs, new.outputs
+    graph.opset, graph.import_domains = new.opset, new.import_domains
+
+
+# --------------------------------------------------------------------------- pattern lookups
+
+
+class Pattern:
+    """Structural lookups over `ctx.view` used by `find` (read-only; indices are node indices)."""
+
+    def __init__(self, ctx: RuleContext) -> None:
+        self.ctx = ctx
+        self.view = ctx.view
+        self.outputs = set(ctx.view.graph_outputs)
+        self._values: dict[str, np.ndarray | None] = {}
+
+    def nodes(self, *ops: str) -> list[int]:
+        wanted = set(ops)
+        return [i for i, op in enumerate(self.view.op_types) if op in wanted]
+
+    def op(self, idx: int) -> str:
+        return self.view.op_types[idx]
+
+    def name(self, idx: int) -> str:
+        return self.view.names[idx]
+
+    def ins(self, idx: int) -> tuple[str, ...]:
+        return self.view.node_inputs[idx]
+
+    def outs(self, idx: int) -> tuple[str, ...]:
+        return self.view.node_outputs[idx]
+
+    def attrs(self, idx: int) -> dict[str, Any]:
+        return attribute_values(self.view.nodes[idx])
+
+    def producer(self, tensor: str, *ops: str) -> int | None:
+        """The node producing `tensor` (only if its op is one of `ops`, when given)."""
+        idx = self.view.producer.get(tensor)
+        if idx is None or (ops and self.view.op_types[idx] not in ops):
+            return None
+        return idx
+
+    def consumers(self, tensor: str) -> list[int]:
+        return list(self.view.consumers.get(tensor, ()))
+
+    def sole_consumer(self, tensor: str, *ops: str) -> int | None:
+        """The only node reading `tensor`, when the tensor is not also a graph output."""
+        users = self.view.consumers.get(tensor, [])
+        if len(users) != 1 or tensor in self.outputs:
+            return None
+        if ops and self.view.op_types[users[0]] not in ops:
+            return None
+        return users[0]
+
+    def private(self, tensor: str) -> bool:
+        """The tensor feeds exactly one node and is not a graph output (safe to rewire)."""
+        return len(self.view.consumers.get(tensor, [])) == 1 and tensor not in self.outputs
+
+    def unused_extra_outputs(self, idx: int) -> bool:
+        outs = self.outs(idx)
+        return not any(o and (self.consumers(o) or o in self.outputs) for o in outs[1:])
+
+    def is_const(self, tensor: str) -> bool:
+        return bool(tensor) and tensor in self.ctx.constants
+
+    def value(self, tensor: str) -> np.ndarray | None:
+        """Value of a small constant initializer or Constant node output (shape vectors,
+        scalars, axes); None otherwise. Constant subgraphs are not evaluated here — patterns
+        are matched on every `surgery check`; fold-constants turns them into initializers."""
+        if not self.is_const(tensor):
+            return None
+        if tensor not in self._values:
+            self._values[tensor] = self.view.constant_value(tensor)
+        return self._values[tensor]
+
+    def scalar(self, tensor: str) -> float | None:
+        value = self.value(tensor)
+        if value is None or value.size != 1 or value.dtype.kind not in "fiu":
+            return None
+        return float(value.reshape(-1)[0])
+
+    def shape(self, tensor: str) -> tuple[int, ...] | None:
+        """Static shape or None."""
+        t = self.view.tensor(tensor)
+        return tuple(t.shape) if t.is_static else None  # type: ignore[arg-type]
+
+    def elem_type(self, tensor: str) -> int:
+        return self.view.tensor(tensor).elem_type
+
+    def is_float(self, tensor: str) -> bool:
+        return self.elem_type(tensor) in (
+            onnx.TensorProto.FLOAT,
+            onnx.TensorProto.FLOAT16,
+            onnx.TensorProto.DOUBLE,
+            onnx.TensorProto.BFLOAT16,
+        )
+
+    def spec(self, tensor: str, *, with_value: bool = False) -> TensorSpec:
+        """A probe spec for an existing tensor (constants keep their value when small)."""
+        t = self.view.tensor(tensor)
+        shape = tuple(t.shape) if t.is_static else None  # type: ignore[arg-type]
+        const = self.is_const(tensor)
+        value = self.value(tensor) if const and with_value else None
+        return TensorSpec(shape, t.elem_type, value, const)
+
+    def other_input(self, idx: int, tensor: str) -> str | None:
+        """For a binary node reading `tensor`, its other input (None if both are `tensor`)."""
+        a, b = self.ins(idx)[:2]
+        if a == tensor and b != tensor:
+            return b
+        if b == tensor and a != tensor:
+            return a
+        return None
+
+
+def constant_array(ctx: RuleContext, tensor: str, max_elements: int = _LARGE) -> np.ndarray | None:
+    """The value of a tensor known before run time: an initializer, a Constant node's output or
+    the result of a constant subgraph (e.g. ConstantOfShape weights in Caffe2 exports),
+    evaluated with ONNX's reference evaluator. None when the tensor is computed at run time."""
+    if tensor not in ctx.constants:
+        return None
+    view = ctx.view
+    value = view.constant_value(tensor, max_elements)
+    if value is not None:
+        return value
+    size = view.tensor(tensor).num_elements
+    if tensor in view.initializers or (size or _LARGE) > max_elements:
+        return None  # larger than asked for (or of unknown size when a small value is wanted)
+    return _evaluate(view, tensor, model_opset(ctx.model), max_elements)
+
+
+_MAX_EVALUATED_NODES = 256
+
+
+def _evaluate(view: GraphView, tensor: str, opset: int, max_elements: int) -> np.ndarray | None:
+    order, seen, stack = [], set(), [tensor]
+    while stack:
+        t = stack.pop()
+        idx = view.producer.get(t)
+        if idx is None or idx in seen:
+            continue
+        seen.add(idx)
+        order.append(idx)
+        if len(order) > _MAX_EVALUATED_NODES:
+            return None  # a constant that large a subgraph computes is fold-constants' job
+        stack.extend(i for i in view.node_inputs[idx] if i)
+    order.sort()
+    nodes = [view.nodes[i] for i in order]
+    needed = {i for n in nodes for i in n.input if i}
+    inits = [view.initializers[n] for n in sorted(needed) if n in view.initializers]
+    graph = helper.make_graph(
+        nodes, "constant", [], [helper.make_empty_tensor_value_info(tensor)], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        (value,) = ReferenceEvaluator(model).run(None, {})
+    except Exception:  # noqa: BLE001 - an unevaluable chain just means "not a usable constant"
+        return None
+    value = np.asarray(value)
+    return value if value.size <= max_elements else None
+
+
+# --------------------------------------------------------------------------- graph edits
+
+
+class Editor:
+    """Small graphsurgeon edits with names that cannot collide with existing ones."""
+
+    def __init__(self, graph: gs.Graph, ctx: RuleContext) -> None:
+        self.graph = graph
+        self.ctx = ctx
+        self._taken = set(graph.tensors()) | {n.name for n in graph.nodes}
+        self._nodes: dict[str, gs.Node] | None = None
+        self._tensors: dict[str, gs.Tensor] | None = None
+
+    def _fresh(self, base: str) -> str:
+        name = base if base not in self._taken else fresh_name(self.graph, base)
+        k = 1
+        while name in self._taken:
+            name = f"{base}_{k}"
+            k += 1
+        self._taken.add(name)
+        return name
+
+    def tensor(self, name: str) -> gs.Tensor:
+        """A tensor that existed before this edit, by name."""
+        if self._tensors is None:
+            self._tensors = self.graph.tensors()
+        return self._tensors[name]
+
+    def node_named(self, name: str) -> gs.Node | None:
+        if self._nodes is None:
+            self._nodes = nodes_by_name(self.graph)
+        node = self._nodes.get(name)
+        if node is None or not node.outputs:
+            return None  # detached by an earlier edit
+        return node
+
+    def var(self, base: str, dtype: Any = np.float32, shape: Sequence[int] | None = None):
+        return gs.Variable(self._fresh(base), dtype=dtype, shape=list(shape) if shape else None)
+
+    def const(self, base: str, value: np.ndarray) -> gs.Constant:
+        return gs.Constant(self._fresh(base), np.ascontiguousarray(value))
+
+    def node(
+        self,
+        op: str,
+        base: str,
+        inputs: Sequence[gs.Tensor],
+        outputs: Sequence[gs.Tensor],
+        **attrs: Any,
+    ) -> gs.Node:
+        node = gs.Node(op, self._fresh(base), attrs, list(inputs), list(outputs))
+        self.graph.nodes.append(node)
+        return node
+
+    def op(
+        self,
+        op: str,
+        base: str,
+        inputs: Sequence[gs.Tensor],
+        shape: Sequence[int] | None = None,
+        dtype: Any = np.float32,
+        **attrs: Any,
+    ) -> gs.Variable:
+        """Add a single-output node and return its (new) output tensor."""
+        out = self.var(f"{base}_out", dtype, shape)
+        self.node(op, base, inputs, [out], **attrs)
+        return out
+
+    def value(self, tensor: gs.Tensor, original: str | None = None) -> np.ndarray | None:
+        """Value of a constant input: gs.Constant, a Constant node's output, or (through the
+        pre-edit context) any tensor known before run time."""
+        if isinstance(tensor, gs.Constant):
+            return np.asarray(tensor.values)
+        producer = tensor.inputs[0] if tensor.inputs else None
+        if producer is not None and producer.op == "Constant" and "value" in producer.attrs:
+            return np.asarray(producer.attrs["value"].values)
+        return constant_array(self.ctx, original or tensor.name)
+
+    @staticmethod
+    def detach(*nodes: gs.Node) -> None:
+        """Disconnect nodes; graph cleanup at export removes them."""
+        for n in nodes:
+            n.inputs.clear()
+            n.outputs.clear()
+
+
+def keep_initializers_as_inputs(graph: gs.Graph, ctx: RuleContext) -> None:
+    """IR < 4 requires every initializer to be a graph input too; list new constants there."""
+    if ctx.model.ir_version >= 4:
+        return
+    listed = {t.name for t in graph.inputs}
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Constant) and tensor.outputs and tensor.name not in listed:
+            graph.inputs.append(tensor)
+            listed.add(tensor.name)
+
+
+class GraphRule(Rule):
+    """A rule that edits through an `Editor`, one match at a time.
+
+    `edit` returns False when the match no longer holds on the graph as edited so far (an
+    earlier overlapping match rewrote it); such matches are not reported as applied. Matches
+    whose nodes an earlier match detached are skipped. Legacy (IR < 4) models stay valid.
+    """
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        raise NotImplementedError
+
+    def apply(self, graph: gs.Graph, match: Match, params: RuleParams, ctx: RuleContext) -> None:
+        self.edit(Editor(graph, ctx), match, params)
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        applied = []
+        for m in matches:
+            ed = Editor(graph, ctx)
+            if not all(ed.node_named(n) is not None for n in m.nodes):
+                continue
+            if self.edit(ed, m, params) is not False:
+                applied.append(m)
+        keep_initializers_as_inputs(graph, ctx)
+        return applied
+
+
+def close(value: float, target: float, tol: float = 1e-4) -> bool:
+    """Float constants in exports are rounded (0.7071068, 1.4142135): compare with a tolerance."""
+    return abs(value - target) <= tol * max(1.0, abs(target))
+
+
+def fmt_shape(shape: Sequence[int] | None) -> str:
+    return "?" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"

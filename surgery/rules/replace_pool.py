@@ -1,0 +1,302 @@
+"""Padding folded into the window ops: pad-into-conv, maxpool-ceil-to-pad,
+avgpool-count-include-pad. Each keeps every output element identical (the pooling variants
+only change how the edge windows are described)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    model_opset,
+    net_freed,
+    probe_node,
+)
+
+
+def _pad_amounts(pat: Pattern, node: int, rank: int) -> list[int] | None:
+    """The Pad node's full [begin…, end…] list, when it pads with the constant 0; else None."""
+    attrs = pat.attrs(node)
+    if attrs.get("mode", "constant") != "constant":
+        return None
+    ins = pat.ins(node)
+    if model_opset(pat.ctx) < 11:
+        pads, value = list(attrs.get("pads", [])), float(attrs.get("value", 0.0))
+    else:
+        raw = pat.value(ins[1]) if len(ins) > 1 and ins[1] else None
+        if raw is None:
+            return None
+        pads = [int(p) for p in raw.reshape(-1)]
+        value = 0.0
+        if len(ins) > 2 and ins[2]:
+            v = pat.scalar(ins[2])
+            if v is None:
+                return None
+            value = v
+        if len(ins) > 3 and ins[3]:
+            pads = _expand_axes(pat, ins[3], pads, rank)
+    if value != 0.0 or pads is None or len(pads) != 2 * rank:
+        return None
+    return pads
+
+
+def _expand_axes(pat: Pattern, axes_name: str, pads: list[int], rank: int) -> list[int] | None:
+    axes = pat.value(axes_name)
+    if axes is None:
+        return None
+    full = [0] * (2 * rank)
+    n = len(axes.reshape(-1))
+    for k, a in enumerate(int(a) % rank for a in axes.reshape(-1)):
+        full[a], full[a + rank] = pads[k], pads[k + n]
+    return full
+
+
+def _spatial(pads: Sequence[int], rank: int) -> list[int]:
+    """Pad's [begin…, end…] over all axes → a Conv/pool `pads` over the spatial axes."""
+    return [*pads[2:rank], *pads[rank + 2 : 2 * rank]]
+
+
+@register
+class PadIntoConv(GraphRule):
+    """Fold a zero-valued constant Pad into the Convs that read it, as their `pads` attribute.
+
+    A Conv with explicit padding zero-pads the same way, so Pad + Conv = Conv with the pads
+    added: one op fewer and no padded copy of the feature map in memory. Only spatial padding,
+    non-negative amounts, value 0, and only when every reader of the padded tensor is a Conv
+    (with explicit, not auto, padding).
+    """
+
+    name = "pad-into-conv"
+    summary = "Pad(constant 0) followed by Conv → the Conv's own pads."
+    category = "replace"
+    example = "surgery apply pad-into-conv model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for pad in pat.nodes("Pad"):
+            x, padded = pat.ins(pad)[0], pat.outs(pad)[0]
+            rank = pat.view.tensor(x).rank
+            convs = pat.consumers(padded)
+            if rank is None or rank < 3 or not convs or padded in pat.outputs:
+                continue
+            pads = _pad_amounts(pat, pad, rank)
+            if (
+                pads is None
+                or any(p < 0 for p in pads)
+                or any(pads[a] or pads[a + rank] for a in (0, 1))
+            ):
+                continue
+            plans = [self._conv_pads(pat, c, padded, _spatial(pads, rank)) for c in convs]
+            if any(p is None for p in plans):
+                continue
+            probes = [
+                probe_node(
+                    ctx,
+                    "Conv",
+                    [pat.spec(x), *(pat.spec(t) for t in pat.ins(c)[1:])],
+                    [pat.spec(pat.outs(c)[0])],
+                    {**pat.attrs(c), "pads": new},
+                )
+                for c, new in zip(convs, plans, strict=True)
+            ]
+            names = [pat.name(pad), *(pat.name(c) for c in convs)]
+            found.append(
+                self.match(
+                    names,
+                    f"Pad {pat.name(pad)} folds into {len(convs)} Conv(s)",
+                    net_freed(ctx, names, probes),
+                    pads={pat.name(c): p for c, p in zip(convs, plans, strict=True)},
+                )
+            )
+        return found
+
+    @staticmethod
+    def _conv_pads(pat: Pattern, conv: int, padded: str, extra: list[int]) -> list[int] | None:
+        if pat.op(conv) != "Conv" or pat.ins(conv)[0] != padded or padded in pat.ins(conv)[1:]:
+            return None
+        attrs = pat.attrs(conv)
+        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return None
+        old = list(attrs.get("pads", [0] * len(extra)))
+        return [a + b for a, b in zip(old, extra, strict=True)] if len(old) == len(extra) else None
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        pad = ed.node_named(match.nodes[0])
+        assert pad is not None
+        x = pad.inputs[0]
+        for name, pads in match.data["pads"].items():
+            conv = ed.node_named(name)
+            if conv is None:
+                return False
+            conv.inputs[0] = x
+            conv.attrs["pads"] = list(pads)
+            conv.attrs.pop("auto_pad", None)
+        ed.detach(pad)
+        return True
+
+
+def _window_attrs(attrs: dict, n: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1] * n))
+    dilations = list(attrs.get("dilations", [1] * n))
+    pads = list(attrs.get("pads", [0] * (2 * n)))
+    return kernel, strides, dilations, pads
+
+
+@register
+class MaxPoolCeilToPad(GraphRule):
+    """Rewrite MaxPool with ceil_mode=1 as ceil_mode=0 with extra end padding.
+
+    Ceil mode adds a last, partial window on each spatial axis. Padding the end by just enough
+    for floor mode to produce the same output size gives the same windows; MaxPool ignores
+    padded positions (they are never the maximum — not zeros), so every output is identical.
+    Applied only when the shapes are static and every window still starts inside the input.
+    """
+
+    name = "maxpool-ceil-to-pad"
+    summary = "MaxPool ceil_mode=1 → ceil_mode=0 with explicit end padding (identical results)."
+    category = "replace"
+    example = "surgery apply maxpool-ceil-to-pad model.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.nodes("MaxPool"):
+            attrs = pat.attrs(node)
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            xs, ys = pat.shape(x), pat.shape(y)
+            if not attrs.get("ceil_mode", 0) or xs is None or ys is None:
+                continue
+            if attrs.get("auto_pad", "NOTSET") != "NOTSET" or not pat.unused_extra_outputs(node):
+                continue
+            pads = self._floor_pads(attrs, xs[2:], ys[2:])
+            if pads is None:
+                continue
+            new = {**attrs, "ceil_mode": 0, "pads": pads}
+            probe = probe_node(ctx, "MaxPool", [pat.spec(x)], [pat.spec(y)], new)
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"MaxPool {pat.name(node)}: ceil_mode → pads {pads}",
+                    net_freed(ctx, [pat.name(node)], [probe]),
+                    pads=pads,
+                )
+            )
+        return found
+
+    @staticmethod
+    def _floor_pads(attrs: dict, ins: Sequence[int], outs: Sequence[int]) -> list[int] | None:
+        n = len(ins)
+        kernel, strides, dilations, pads = _window_attrs(attrs, n)
+        new = list(pads)
+        for i in range(n):
+            span = (kernel[i] - 1) * dilations[i] + 1
+            if (outs[i] - 1) * strides[i] - pads[i] >= ins[i]:
+                return None  # the last window would start in the padding
+            extra = max(0, (outs[i] - 1) * strides[i] + span - (ins[i] + pads[i] + pads[i + n]))
+            new[i + n] += extra
+            if (ins[i] + new[i] + new[i + n] - span) // strides[i] + 1 != outs[i]:
+                return None
+        return new
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        node.attrs["ceil_mode"] = 0
+        node.attrs["pads"] = list(match.data["pads"])
+        return True
+
+
+def valid_counts(size: int, out: int, kernel: int, stride: int, pad_begin: int) -> np.ndarray:
+    """How many real (non-padding) inputs each output window on one axis covers."""
+    starts = np.arange(out) * stride - pad_begin
+    return np.clip(starts + kernel, 0, size) - np.clip(starts, 0, size)
+
+
+@register
+class AvgPoolCountIncludePad(GraphRule):
+    """Rewrite AveragePool(count_include_pad=0) with padding as AveragePool(count_include_pad=1)
+    followed by a Mul with a constant correction map.
+
+    The MLA averages over the whole window, padding included. Excluding padding divides an edge
+    window's sum by its count of real inputs instead of the kernel size, so
+    avg_excl = avg_incl · (kernel size / real count); the ratio depends only on the output
+    position, so it is one constant [1, 1, H_out, W_out] map (1 in the interior). Same sums,
+    a different rounding of the divisor: exact to float rounding. Only ceil_mode=0 and no
+    dilation (then every window lies inside the padded input, so the include-pad divisor is the
+    kernel size).
+    """
+
+    name = "avgpool-count-include-pad"
+    summary = "AveragePool excluding padding → including padding × a constant correction map."
+    category = "replace"
+    example = "surgery apply avgpool-count-include-pad model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.nodes("AveragePool"):
+            attrs = pat.attrs(node)
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            xs, ys = pat.shape(x), pat.shape(y)
+            if xs is None or ys is None or attrs.get("count_include_pad", 0):
+                continue
+            n = len(xs) - 2
+            kernel, strides, dilations, pads = _window_attrs(attrs, n)
+            if attrs.get("ceil_mode", 0) or any(d != 1 for d in dilations) or not any(pads):
+                continue
+            if attrs.get("auto_pad", "NOTSET") != "NOTSET":
+                continue
+            correction = self.correction(xs[2:], ys[2:], kernel, strides, pads)
+            new = {**attrs, "count_include_pad": 1}
+            factor = TensorSpec((1, 1, *ys[2:]), constant=True)
+            probes = [
+                probe_node(ctx, "AveragePool", [pat.spec(x)], [pat.spec(y)], new),
+                probe_node(ctx, "Mul", [pat.spec(y), factor], [pat.spec(y)]),
+            ]
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"AveragePool {pat.name(node)}: count_include_pad=1 × correction "
+                    f"(edge factors up to {correction.max():.3g})",
+                    net_freed(ctx, [pat.name(node)], probes),
+                )
+            )
+        return found
+
+    @staticmethod
+    def correction(
+        ins: Sequence[int],
+        outs: Sequence[int],
+        kernel: Sequence[int],
+        strides: Sequence[int],
+        pads: Sequence[int],
+    ) -> np.ndarray:
+        """kernel size / real count per output position, shaped [1, 1, *outs] (float64)."""
+        counts = np.ones((1, 1), np.float64)
+        for i, size in enumerate(ins):
+            axis = valid_counts(size, outs[i], kernel[i], strides[i], pads[i])
+            counts = np.multiply.outer(counts, axis.astype(np.float64))
+        return float(np.prod(kernel)) / counts.reshape(1, 1, *outs)
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        n = len(x.shape) - 2
+        kernel, strides, _, pads = _window_attrs(node.attrs, n)
+        correction = self.correction(x.shape[2:], y.shape[2:], kernel, strides, pads)
+        pooled = ed.var(f"{node.name}_incl", x.dtype, y.shape)
+        node.attrs["count_include_pad"] = 1
+        node.outputs[0] = pooled
+        factor = ed.const(f"{node.name}_correction", correction.astype(x.dtype or np.float32))
+        ed.node("Mul", f"{node.name}_exclude_pad", [pooled, factor], [y])
+        return True

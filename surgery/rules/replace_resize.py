@@ -1,0 +1,331 @@
+"""Nearest-neighbour resizes the MLA rejects, in an exactly equivalent form it accepts:
+resize-to-supported."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import product
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    model_opset,
+    probe_node,
+)
+from surgery.targets import Reason
+
+CANONICAL = {
+    "mode": "nearest",
+    "coordinate_transformation_mode": "asymmetric",
+    "nearest_mode": "floor",
+}
+"""Nearest resize attributes under which an integer scale k replicates each pixel k times."""
+MAX_STEPS = 4
+
+
+def nearest_indices(
+    size: int, out: int, scale: float, ctm: str, nearest_mode: str
+) -> np.ndarray | None:
+    """The input index each output position reads in an ONNX nearest Resize (None for
+    coordinate modes this rule does not model)."""
+    o = np.arange(out, dtype=np.float64)
+    if ctm == "half_pixel":
+        x = (o + 0.5) / scale - 0.5
+    elif ctm == "pytorch_half_pixel":
+        x = (o + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
+    elif ctm == "asymmetric":
+        x = o / scale
+    elif ctm == "align_corners":
+        x = o * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    elif ctm == "tf_half_pixel_for_nn":
+        x = (o + 0.5) / scale
+    else:
+        return None
+    rounding = {
+        "round_prefer_floor": lambda v: np.ceil(v - 0.5),
+        "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+        "floor": np.floor,
+        "ceil": np.ceil,
+    }.get(nearest_mode)
+    if rounding is None:
+        return None
+    return np.clip(rounding(x), 0, size - 1).astype(np.int64)
+
+
+def _axis_kind(
+    size: int, out: int, scale: float, ctm: str, mode: str
+) -> tuple[str, int, int] | None:
+    """("up", k, 0) for pixel replication by k, ("down", k, offset) for taking every k-th
+    pixel from `offset`, ("same", 1, 0) for an untouched axis; None otherwise."""
+    idx = nearest_indices(size, out, scale, ctm, mode)
+    if idx is None:
+        return None
+    if out == size and np.array_equal(idx, np.arange(size)):
+        return "same", 1, 0
+    if out % size == 0 and np.array_equal(idx, np.arange(out) // (out // size)):
+        return "up", out // size, 0
+    if out > 1 and size % out == 0:
+        k = size // out
+        if np.array_equal(idx, np.arange(out) * k + idx[0]):
+            return "down", k, int(idx[0])
+    return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class _Planner:
+    """Searches for an exact replacement of one nearest Resize that the target's MLA accepts."""
+
+    def __init__(self, ctx: RuleContext, shape: Sequence[int]) -> None:
+        self.ctx = ctx
+        self.shape = tuple(shape)
+
+    def resize_ok(self, shape: tuple, fh: int, fw: int) -> Reason | None:
+        out = (*shape[:2], shape[2] * fh, shape[3] * fw)
+        scales = TensorSpec.const(np.array([1, 1, fh, fw], np.float32))
+        roi = TensorSpec.const(np.zeros(0, np.float32))
+        return probe_node(
+            self.ctx, "Resize", [TensorSpec(shape), roi, scales], [TensorSpec(out)], CANONICAL
+        )
+
+    def steps(self, kh: int, kw: int) -> list[list[int]] | None:
+        """The shortest chain of accepted integer upsamplings whose product is (kh, kw)."""
+        frontier: list[tuple[int, int, tuple, list[list[int]]]] = [(kh, kw, self.shape, [])]
+        for _ in range(MAX_STEPS):
+            nxt = []
+            for rh, rw, shape, chain in frontier:
+                for fh, fw in product(_divisors(rh), _divisors(rw)):
+                    if (fh, fw) == (1, 1) or self.resize_ok(shape, fh, fw) is not None:
+                        continue
+                    out = (*shape[:2], shape[2] * fh, shape[3] * fw)
+                    done = [*chain, [fh, fw]]
+                    if (rh // fh, rw // fw) == (1, 1):
+                        return done
+                    nxt.append((rh // fh, rw // fw, out, done))
+            frontier = nxt[:64]
+        return None
+
+    def depth_to_space_ok(self, k: int) -> bool:
+        n, c, h, w = self.shape
+        stacked = TensorSpec((n, c * k * k, h, w))
+        concat = probe_node(
+            self.ctx, "Concat", [TensorSpec(self.shape)] * (k * k), [stacked], {"axis": 1}
+        )
+        d2s = probe_node(
+            self.ctx,
+            "DepthToSpace",
+            [stacked],
+            [TensorSpec((n, c, h * k, w * k))],
+            {"blocksize": k, "mode": "DCR"},
+        )
+        return concat is None and d2s is None
+
+    def conv_transpose_ok(self, kh: int, kw: int, depthwise: bool) -> bool:
+        n, c, h, w = self.shape
+        weight = TensorSpec((c, 1 if depthwise else c, kh, kw), constant=True)
+        return (
+            probe_node(
+                self.ctx,
+                "ConvTranspose",
+                [TensorSpec(self.shape), weight],
+                [TensorSpec((n, c, h * kh, w * kw))],
+                {"strides": [kh, kw], "kernel_shape": [kh, kw], "group": c if depthwise else 1},
+            )
+            is None
+        )
+
+    def slice_ok(self, out: tuple, starts: list[int], steps: list[int]) -> bool:
+        ends = [starts[i] + (out[2 + i] - 1) * steps[i] + 1 for i in range(2)]
+        specs = [TensorSpec.const(np.array(v, np.int64)) for v in (starts, ends, [2, 3], steps)]
+        return (
+            probe_node(self.ctx, "Slice", [TensorSpec(self.shape), *specs], [TensorSpec(out)])
+            is None
+        )
+
+
+@register
+class ResizeToSupported(GraphRule):
+    """Rewrite a nearest-neighbour Resize whose scale the target rejects into an exactly
+    equivalent form its MLA accepts.
+
+    The rule first works out, from the coordinate transformation and rounding modes, which
+    input pixel each output reads. When that is pixel replication by integers (kh, kw), it tries
+    in order: a chain of accepted integer Resizes (×4 as ×2 then ×2; ×6 as ×2 then ×3), then
+    Concat of k² copies + DepthToSpace(k, DCR) (each k×k block is one pixel), then a
+    ConvTranspose with stride k and an all-ones k×k kernel (depthwise, then dense with an
+    identity channel map). When it is taking every k-th pixel (nearest downscaling), it becomes
+    a strided Slice. Every form copies pixels unchanged, so results are identical; bilinear
+    resizes are never rewritten (a chain of bilinear resizes is not one bilinear resize).
+    """
+
+    name = "resize-to-supported"
+    summary = "Nearest Resize with a rejected scale → accepted Resize chain, DepthToSpace, ConvTranspose or Slice."
+    category = "replace"
+    example = "surgery apply resize-to-supported model.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        if model_opset(ctx) < 11:
+            return []
+        pat = Pattern(ctx)
+        found = []
+        blockers = ctx.blocker_names
+        for node in pat.nodes("Resize"):
+            if pat.name(node) not in blockers:
+                continue
+            plan = self._plan(ctx, pat, node)
+            if plan is not None:
+                found.append(
+                    self.match(
+                        [pat.name(node)],
+                        f"Resize {pat.name(node)} → {plan['describe']}",
+                        [pat.name(node)],
+                        **plan,
+                    )
+                )
+        return found
+
+    @staticmethod
+    def _plan(ctx: RuleContext, pat: Pattern, node: int) -> dict | None:
+        attrs = pat.attrs(node)
+        x, y = pat.ins(node)[0], pat.outs(node)[0]
+        xs, ys = pat.shape(x), pat.shape(y)
+        if attrs.get("mode", "nearest") != "nearest" or xs is None or ys is None or len(xs) != 4:
+            return None
+        if xs[:2] != ys[:2]:
+            return None
+        ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
+        rounding = attrs.get("nearest_mode", "round_prefer_floor")
+        scales = _declared_scales(pat, node, xs, ys)
+        kinds = [_axis_kind(xs[a], ys[a], scales[a], ctm, rounding) for a in (2, 3)]
+        if any(k is None for k in kinds):
+            return None
+        planner = _Planner(ctx, xs)
+        if all(k[0] in ("up", "same") for k in kinds):  # type: ignore[index]
+            return _upsample_plan(planner, kinds[0][1], kinds[1][1])  # type: ignore[index]
+        if all(k[0] in ("down", "same") for k in kinds):  # type: ignore[index]
+            starts = [k[2] for k in kinds]  # type: ignore[index]
+            steps = [k[1] for k in kinds]  # type: ignore[index]
+            if planner.slice_ok(tuple(ys), starts, steps):
+                ends = [starts[i] + (ys[2 + i] - 1) * steps[i] + 1 for i in range(2)]
+                return {
+                    "kind": "slice",
+                    "starts": starts,
+                    "ends": ends,
+                    "steps": steps,
+                    "describe": f"strided Slice (steps {steps})",
+                }
+        return None
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        d = match.data
+        builders = {
+            "steps": lambda: _build_steps(ed, x, y, d["steps"]),
+            "depth_to_space": lambda: _build_depth_to_space(ed, x, y, d["k"]),
+            "conv_transpose": lambda: _build_conv_transpose(ed, x, y, d["k"], d["depthwise"]),
+            "slice": lambda: _build_slice(ed, x, y, d["starts"], d["ends"], d["steps"]),
+        }
+        builders[d["kind"]]()
+        return True
+
+
+def _declared_scales(pat: Pattern, node: int, xs: Sequence[int], ys: Sequence[int]) -> list[float]:
+    """The scales the Resize computes coordinates with: its `scales` input when given (they
+    may differ from out/in when the output size was rounded), else out/in."""
+    ins = pat.ins(node)
+    if len(ins) > 2 and ins[2]:
+        value = pat.value(ins[2])
+        if value is not None and value.size == len(xs):
+            return [float(v) for v in value.reshape(-1)]
+    return [o / i for i, o in zip(xs, ys, strict=True)]
+
+
+def _upsample_plan(planner: _Planner, kh: int, kw: int) -> dict | None:
+    steps = planner.steps(kh, kw)
+    if steps is not None:
+        text = " then ".join(f"×{fh}×{fw}" if fh != fw else f"×{fh}" for fh, fw in steps)
+        return {"kind": "steps", "steps": steps, "describe": f"nearest {text} (asymmetric, floor)"}
+    if kh == kw and planner.depth_to_space_ok(kh):
+        return {
+            "kind": "depth_to_space",
+            "k": kh,
+            "describe": f"Concat of {kh * kh} copies + DepthToSpace({kh})",
+        }
+    for depthwise in (True, False):
+        if planner.conv_transpose_ok(kh, kw, depthwise):
+            how = "depthwise" if depthwise else "dense"
+            return {
+                "kind": "conv_transpose",
+                "k": [kh, kw],
+                "depthwise": depthwise,
+                "describe": f"{how} ConvTranspose stride {kh}×{kw} with a ones kernel",
+            }
+    return None
+
+
+def _roi(ed: Editor) -> gs.Tensor:
+    if ed.graph.opset >= 13:
+        return gs.Variable.empty()
+    return ed.const("resize_roi", np.zeros(0, np.float32))
+
+
+def _build_steps(ed: Editor, x: gs.Tensor, y: gs.Tensor, steps: list[list[int]]) -> None:
+    current = x
+    shape = list(x.shape)
+    for k, (fh, fw) in enumerate(steps):
+        shape = [shape[0], shape[1], shape[2] * fh, shape[3] * fw]
+        scales = ed.const("resize_scales", np.array([1, 1, fh, fw], np.float32))
+        last = k == len(steps) - 1
+        out = y if last else ed.var("resize_step", x.dtype, shape)
+        ed.node("Resize", "resize_step", [current, _roi(ed), scales], [out], **CANONICAL)
+        current = out
+
+
+def _build_depth_to_space(ed: Editor, x: gs.Tensor, y: gs.Tensor, k: int) -> None:
+    n, c, h, w = x.shape
+    stacked = ed.op("Concat", "replicate", [x] * (k * k), [n, c * k * k, h, w], x.dtype, axis=1)
+    ed.node("DepthToSpace", "replicate_d2s", [stacked], [y], blocksize=k, mode="DCR")
+
+
+def _build_conv_transpose(
+    ed: Editor, x: gs.Tensor, y: gs.Tensor, k: list[int], depthwise: bool
+) -> None:
+    c = x.shape[1]
+    dtype = x.dtype or np.float32
+    if depthwise:
+        weight = np.ones((c, 1, *k), dtype)
+    else:
+        weight = np.zeros((c, c, *k), dtype)
+        weight[np.arange(c), np.arange(c)] = 1
+    w = ed.const("replicate_weight", weight)
+    ed.node(
+        "ConvTranspose",
+        "replicate",
+        [x, w],
+        [y],
+        strides=list(k),
+        kernel_shape=list(k),
+        group=c if depthwise else 1,
+    )
+
+
+def _build_slice(
+    ed: Editor, x: gs.Tensor, y: gs.Tensor, starts: list[int], ends: list[int], steps: list[int]
+) -> None:
+    consts = [
+        ed.const(f"resize_slice_{what}", np.array(v, np.int64))
+        for what, v in (("starts", starts), ("ends", ends), ("axes", [2, 3]), ("steps", steps))
+    ]
+    ed.node("Slice", "resize_slice", [x, *consts], [y])
