@@ -912,6 +912,44 @@ def _counts(cls: type[Instruction]) -> tuple[int, int]:
     return immediates, descriptors
 
 
+def encoding_layout(cls: type[Instruction]) -> tuple[list[str], list[str]]:
+    """(immediate names, descriptor names) of an instruction type, in encoding order.
+
+    A requant field contributes 7 immediates (present, multiplier, shift, zero_point, low, high,
+    mode) and 2 descriptors (multiplier table, shift table); `?` marks an optional part.
+    """
+    immediates: list[str] = []
+    descriptors: list[str] = []
+    for item in dataclasses.fields(cls):
+        kind = item.metadata.get(_KIND)
+        if kind in ("tensor", "tensor?"):
+            descriptors.append(item.name + ("?" if kind == "tensor?" else ""))
+        elif kind == "int":
+            immediates.append(item.name)
+        elif isinstance(kind, tuple) and kind[0] == "enum":
+            immediates.append(f"{item.name}:{kind[1].__name__}")
+        elif isinstance(kind, tuple) and kind[0] == "ints":
+            immediates.append(f"{item.name}[{kind[1]}]")
+        elif kind in ("requant", "requant?"):
+            optional = "?" if kind == "requant?" else ""
+            immediates.append(f"{item.name}{optional}{{7}}")
+            descriptors.extend([f"{item.name}.multiplier?", f"{item.name}.shift?"])
+    return immediates, descriptors
+
+
+def encoding_table() -> str:
+    """Markdown table of every opcode's operand order (docs/mla-isa.md embeds it verbatim)."""
+    lines = ["| opcode | mnemonic | immediates (int64, in order) | descriptors (in order) |"]
+    lines.append("|---|---|---|---|")
+    for opcode, cls in INSTRUCTION_TYPES.items():
+        immediates, descriptors = encoding_layout(cls)
+        lines.append(
+            f"| 0x{opcode:02x} | {opcode.name} | {', '.join(immediates) or '-'} "
+            f"| {', '.join(descriptors)} |"
+        )
+    return "\n".join(lines)
+
+
 def decode(data: bytes) -> list[Instruction]:
     """Instructions from a `.text` image; every malformed byte gives an `IsaError` saying where."""
     data = bytes(data)

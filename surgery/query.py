@@ -13,7 +13,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from surgery.errors import NodeNotFoundError
+from surgery.errors import NodeNotFoundError, SurgeryError
 from surgery.graph import GraphView, attribute_values
 
 
@@ -168,7 +168,10 @@ def _name_matcher(pattern: str | None):
     if not pattern:
         return None
     if len(pattern) > 1 and pattern.startswith("/") and pattern.endswith("/"):
-        rx = re.compile(pattern[1:-1])
+        try:
+            rx = re.compile(pattern[1:-1])
+        except re.error as exc:
+            raise SurgeryError(f"invalid regular expression {pattern!r}: {exc}") from None
         return lambda s: rx.search(s) is not None
     if not any(c in pattern for c in "*?["):
         return lambda s: pattern.lower() in s.lower()

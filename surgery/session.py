@@ -7,13 +7,16 @@ parameters, the verification metrics and the coverage summary.
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from surgery.coverage import CoverageReport
+from surgery.model import load_model
 from surgery.rules.engine import RewriteResult
 from surgery.workspace import VersionInfo, Workspace, sanitize_name
 
@@ -45,6 +48,41 @@ def import_or_reuse(
             params={"source": str(source)},
         )
     return ws.import_model(source, name)
+
+
+def open_in_workspace(
+    ws: Workspace,
+    source: str | os.PathLike,
+    name: str | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[VersionInfo, bool, onnx.ModelProto]:
+    """Validate and import a file; reuse the latest version when it is the same unchanged file.
+
+    Returns (version, created, validated model). Validation runs first, so a corrupt, cyclic or
+    otherwise broken file raises its typed error before anything is stored. With
+    `input_shapes`, the version stored is the model with those input shapes fixed.
+    """
+    path = Path(source)
+    name = name or sanitize_name(path.stem)
+    validated = load_model(path, input_shapes)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    exists = name in ws.list_models()
+    if exists and not input_shapes and ws.latest(name).sha256 == digest:
+        return ws.latest(name), False, validated
+    if not input_shapes:
+        return import_or_reuse(ws, path, name), True, validated
+    if exists:
+        params = {
+            "source": str(path),
+            "input_shapes": {k: list(v) for k, v in input_shapes.items()},
+        }
+        info = ws.add_version(
+            name, validated, parent=ws.latest(name).version, action="import", params=params
+        )
+    else:
+        info = ws.import_model(validated, name, note=f"input shapes fixed: {dict(input_shapes)}")
+    return info, True, validated
 
 
 def record_rewrite(

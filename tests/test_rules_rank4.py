@@ -496,6 +496,71 @@ def test_channels_last_layernorm_moves_to_the_channel_axis():
     assert result.coverage_after.single_elf and not result.coverage_after.blockers
 
 
+def _ocr_head() -> onnx.ModelProto:
+    """CRNN-style recognition head: [N,C,1,W] → Squeeze → [N,W,C] → Linear → Softmax(classes)."""
+    n = Net(opset=13)
+    x = n.conv("x", 3, 16, k=3, stride=2)
+    x = n.one("MaxPool", [x], kernel_shape=[8, 1], strides=[8, 1])
+    s = n.one("Squeeze", [x, n.const(np.array([2], np.int64))])
+    t = n.one("Transpose", [s], perm=[0, 2, 1])
+    y = n.one("Add", [n.one("MatMul", [t, n.rand(16, 37)]), n.rand(37)])
+    return n.model({"x": [1, 3, 16, 64]}, {"probs": n.one("Softmax", [y], axis=2)})
+
+
+def _swin_windows() -> onnx.ModelProto:
+    """Swin window partition (rank 6) → per-window LayerNorm + Linear → window reverse."""
+    n = Net()
+    x = n.one("Transpose", [n.conv("x", 3, 8, k=3)], perm=[0, 2, 3, 1])
+    w = n.one("Transpose", [n.reshape(x, [1, 2, 4, 2, 4, 8])], perm=[0, 1, 3, 2, 4, 5])
+    w = n.reshape(w, [4, 16, 8])
+    h = n.one("LayerNormalization", [w, n.rand(8), n.rand(8)], axis=-1)
+    h = n.one("Add", [w, n.one("MatMul", [h, n.rand(8, 8)])])
+    b = n.one("Transpose", [n.reshape(h, [1, 2, 2, 4, 4, 8])], perm=[0, 1, 3, 2, 4, 5])
+    b = n.one("Transpose", [n.reshape(b, [1, 8, 8, 8])], perm=[0, 3, 1, 2])
+    return n.model({"x": [1, 3, 8, 8]}, {"y": n.conv(b, 8, 4)})
+
+
+def _mobilevit_unfold() -> onnx.ModelProto:
+    """MobileViT: unfold 2×2 patches to [B·P, N, C], a transformer layer, fold back."""
+    n = Net()
+    x = n.conv("x", 3, 8, k=3)
+    u = n.one("Transpose", [n.reshape(x, [32, 2, 4, 2])], perm=[0, 2, 1, 3])
+    u = n.one("Transpose", [n.reshape(u, [1, 8, 16, 4])], perm=[0, 3, 2, 1])
+    u = n.reshape(u, [4, 16, 8])
+    h = n.one("LayerNormalization", [u, n.rand(8), n.rand(8)], axis=-1)
+    h = n.one("Add", [u, n.one("MatMul", [h, n.rand(8, 8)])])
+    f = n.one("Transpose", [n.reshape(h, [1, 4, 16, 8])], perm=[0, 3, 2, 1])
+    f = n.one("Transpose", [n.reshape(f, [32, 4, 2, 2])], perm=[0, 2, 1, 3])
+    return n.model({"x": [1, 3, 8, 8]}, {"y": n.conv(n.reshape(f, [1, 8, 8, 8]), 8, 4)})
+
+
+@pytest.mark.parametrize("build", [_ocr_head, _swin_windows, _mobilevit_unfold])
+def test_token_layouts_of_other_architectures(build):
+    model = build()
+    assert rules_matching(model) == {"transformer-to-4d"}
+    result = lift(model, "transformer-to-4d")
+    after = result.coverage_after
+    assert after.single_elf
+    assert all(b.op_type == "Reshape" for b in after.blockers)  # at most the output reshape
+    ops = {n.op_type for n in result.model.graph.node}
+    assert not ops & {"MatMul", "Squeeze"}
+
+
+def test_a_region_that_cannot_be_lifted_leaves_the_graph_untouched(monkeypatch, yolo_head):
+    from surgery.rules import rank4_lift, rank4_ops  # noqa: F401  (handlers registered)
+
+    def refuse(lf, node):
+        raise ValueError("not today")
+
+    monkeypatch.setitem(rank4_lift.HANDLERS, "Sigmoid", refuse)
+    model = load_model(yolo_head)
+    result = apply_rule(model, "reshape-to-4d")
+    assert result.matches == []
+    assert sorted(n.name for n in result.model.graph.node) == sorted(
+        n.name for n in model.graph.node
+    )
+
+
 # ---------------------------------------------------------------------- real models (slow)
 
 

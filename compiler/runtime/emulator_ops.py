@@ -343,9 +343,8 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
         if count.max() >= min(multipliers.size, shifts.size):
             raise EmulatorError(f"POOL count tables stop before count {int(count.max())}")
         stage = instruction.requant
-        by_count = Requant(0, 0, stage.zero_point, stage.low, stage.high, stage.mode)
         scaled = requantize(total, multipliers[count], shifts[count], stage.mode)
-        result = np.clip(scaled + by_count.zero_point, by_count.low, by_count.high)
+        result = np.clip(scaled + stage.zero_point, stage.low, stage.high)
     memory.write(instruction.output, result)
 
 

@@ -27,7 +27,6 @@ from server.models import (
     ValidationProblem,
     VersionArg,
 )
-from server.paths import sha256_file
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.errors import SurgeryError
@@ -35,7 +34,7 @@ from surgery.model import load_model
 from surgery.query import find_nodes as core_find_nodes
 from surgery.query import inspect_node as core_inspect_node
 from surgery.query import neighbourhood
-from surgery.session import import_or_reuse
+from surgery.session import open_in_workspace
 from surgery.summary import summarize
 from surgery.workspace import VersionInfo, sanitize_name, validate_name
 
@@ -58,22 +57,8 @@ def _import(
     stored); the check-then-import runs under the server's import lock so two clients opening
     the same file at once get one version, not an "already exists" error.
     """
-    ws = state.workspace
-    validated = load_model(path, shapes)
-    digest = sha256_file(path)
     with state.import_lock:
-        exists = name in ws.list_models()
-        if exists and not shapes and ws.latest(name).sha256 == digest:
-            return ws.latest(name), False, validated
-        if not shapes:
-            return import_or_reuse(ws, path, name), True, validated
-        if exists:
-            params = {"source": str(path), "input_shapes": shapes}
-            latest = ws.latest(name).version
-            info = ws.add_version(name, validated, parent=latest, action="import", params=params)
-        else:
-            info = ws.import_model(validated, name, note=f"input shapes fixed: {shapes}")
-        return info, True, validated
+        return open_in_workspace(state.workspace, path, name, input_shapes=shapes)
 
 
 def register(mcp: MCPServer, state: ServerState) -> None:

@@ -24,12 +24,12 @@ from server.models import (
 )
 from server.state import ServerState
 from server.tools._base import register_tool
-from surgery.errors import SurgeryError
 from surgery.rules import RuleContext, all_rules
 from surgery.rules import apply_rule as core_apply_rule
 from surgery.rules.fix import FixResult
 from surgery.rules.fix import fix_model as core_fix_model
 from surgery.rules.graph_edit import with_unique_node_names
+from surgery.rules.suggest import rule_matches
 from surgery.session import coverage_summary, record_rewrite
 from surgery.verify import verify_models
 from surgery.workspace import VersionInfo
@@ -45,14 +45,7 @@ def _rule_matches(ctx: RuleContext) -> tuple[list[RuleMatchBrief], dict[str, lis
     found: list[tuple[int, int, RuleMatchBrief]] = []
     by_blocker: dict[str, list[str]] = {}
     blockers = ctx.blocker_names
-    for cls in all_rules():
-        rule = cls()
-        try:
-            matches = rule.find(ctx, rule.Params())
-        except (SurgeryError, ValueError, KeyError, IndexError):
-            continue  # as in coverage's suggester: a rule that cannot analyse this model is silent
-        if not matches:
-            continue
+    for rule, matches in rule_matches(ctx):
         addressed = {b for m in matches for b in m.blockers} & blockers
         for b in addressed:
             by_blocker.setdefault(b, []).append(rule.name)

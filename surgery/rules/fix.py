@@ -22,6 +22,7 @@ from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.registry import all_rules, get_rule
+from surgery.rules.suggest import rule_matches
 from surgery.targets import Target, resolve_target
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -71,15 +72,9 @@ def _candidates(
     """(priority, -blockers removed, rule, matches) for every rule that applies."""
     out = []
     blockers = ctx.blocker_names
-    for order, rule in enumerate(rules):
-        if rule.name in tried:
-            continue
-        try:
-            matches = rule.find(ctx, rule.Params())
-        except SurgeryError:
-            continue
-        if not matches:
-            continue
+    order_of = {rule.name: k for k, rule in enumerate(rules)}
+    for rule, matches in rule_matches(ctx, [r for r in rules if r.name not in tried]):
+        order = order_of[rule.name]
         removed = len({b for m in matches for b in m.blockers} & blockers)
         if rule.category == "cleanup":
             out.append((0, -removed, rule, len(matches)))
@@ -97,9 +92,14 @@ def fix_model(
     allow_approximate: bool = False,
     skip: Sequence[str] = (),
     on_step: StepCallback | None = None,
+    on_rewrite: Callable[[RewriteResult], None] | None = None,
     inputs: Mapping[str, Any] | None = None,
 ) -> FixResult:
-    """Loop check → best rule → apply → verify → recheck until one MLA segment or no progress."""
+    """Loop check → best rule → apply → verify → recheck until one MLA segment or no progress.
+
+    `on_step` gets each accepted step's summary (for progress), `on_rewrite` the step itself
+    (e.g. to store every step as a workspace version).
+    """
     tgt = resolve_target(target)
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
@@ -137,7 +137,7 @@ def fix_model(
                 result.rejected.append({"rule": rule.name, "reason": "made coverage worse"})
                 tried.add(rule.name)
                 continue
-            _record(result, step, on_step)
+            _record(result, step, on_step, on_rewrite)
             current, reference = step.model, step.reference or reference
             ctx = RuleContext.build(current, tgt)
             # Cleanup rules run once each; any other rule may be retried on the new model.
@@ -151,7 +151,9 @@ def fix_model(
         and "place-on-host" not in skip
         and len(result.steps) < max_steps
     ):
-        current, ctx = _place_small_islands(result, current, ctx, tgt, reference, on_step)
+        current, ctx = _place_small_islands(
+            result, current, ctx, tgt, reference, on_step, on_rewrite
+        )
     result.model = current
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
@@ -168,6 +170,7 @@ def _place_small_islands(
     target: Target,
     reference: Reference,
     on_step: StepCallback | None,
+    on_rewrite: Callable[[RewriteResult], None] | None,
 ) -> tuple[onnx.ModelProto, RuleContext]:
     """Last resort: pin MLA islands under 1% of the MACs to the host so they stop being .elfs."""
     from surgery.rules.structure import small_islands
@@ -179,7 +182,7 @@ def _place_small_islands(
     except SurgeryError as exc:
         result.rejected.append({"rule": "place-on-host", "reason": exc.message})
         return current, ctx
-    _record(result, step, on_step)
+    _record(result, step, on_step, on_rewrite)
     pinned = step.coverage_before.mla_segments - step.coverage_after.mla_segments
     result.notes.append(
         f"place-on-host pinned {pinned} MLA island(s) under 1% of the MACs to the CVU/APU "
@@ -188,7 +191,12 @@ def _place_small_islands(
     return step.model, RuleContext.build(step.model, target)
 
 
-def _record(result: FixResult, step: RewriteResult, on_step: StepCallback | None) -> None:
+def _record(
+    result: FixResult,
+    step: RewriteResult,
+    on_step: StepCallback | None,
+    on_rewrite: Callable[[RewriteResult], None] | None,
+) -> None:
     summary = step.summary()
     entry = {
         "step": len(result.steps) + 1,
@@ -208,5 +216,7 @@ def _record(result: FixResult, step: RewriteResult, on_step: StepCallback | None
         "mla_mac_fraction_after": summary["mla_mac_fraction_after"],
     }
     result.steps.append(entry)
+    if on_rewrite:
+        on_rewrite(step)
     if on_step:
         on_step(entry)

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx
 
 from surgery.coverage import SUGGESTERS, CoverageReport
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
-from surgery.rules.base import RuleContext
+from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
 from surgery.targets import Target
+
+
+def rule_matches(
+    ctx: RuleContext, rules: Sequence[Rule] | None = None
+) -> list[tuple[Rule, list[Match]]]:
+    """Every rule (in registry order) that applies to the model in `ctx`, with its matches.
+
+    The one loop behind suggestions, `surgery fix`'s choice and the MCP `suggest_rules` tool.
+    A rule that cannot analyse a model (it raises while pattern-matching) simply does not apply.
+    """
+    found = []
+    for rule in rules if rules is not None else [cls() for cls in all_rules()]:
+        try:
+            matches = rule.find(ctx, rule.Params())
+        except (SurgeryError, ValueError, KeyError, IndexError):
+            continue
+        if matches:
+            found.append((rule, matches))
+    return found
 
 
 def suggest_rules(
@@ -22,12 +43,7 @@ def suggest_rules(
     """Blocker node name → names of rules with a match that removes that blocker."""
     ctx = RuleContext(model, target, view, report, constants)
     suggestions: dict[str, list[str]] = {}
-    for cls in all_rules():
-        rule = cls()
-        try:
-            matches = rule.find(ctx, rule.Params())
-        except (SurgeryError, ValueError, KeyError, IndexError):
-            continue  # a rule that cannot analyse this model simply has nothing to suggest
+    for rule, matches in rule_matches(ctx):
         for m in matches:
             for blocker in m.blockers:
                 names = suggestions.setdefault(blocker, [])

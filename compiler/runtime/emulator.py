@@ -1,0 +1,208 @@
+"""The bit-exact MLA emulator: decoded instructions against a flat memory image.
+
+`Emulator(program)` decodes the program's `.text` (the encoded bytes, not the objects the
+compiler built, so an encoding bug shows), lays out three byte arrays (DRAM, the on-chip arena,
+the read-only CONST image of `.rodata`) at the sizes the metadata plans, writes the inputs at
+their planned addresses, and executes every instruction by reading its operands through their
+descriptors, computing with `compiler.intmath` and writing the result back. A wrong memory plan
+(overlapping live tensors, a tensor outside the arena) or a wrong descriptor gives wrong numbers
+or an `EmulatorError` naming the instruction, never a silent pass.
+
+Uninitialised DRAM and arena bytes hold a poison pattern, so reading a tensor nothing wrote
+gives garbage rather than plausible zeros.
+
+Cycle counts come from `compiler.costmodel`: a static per-instruction estimate and a
+DRAM-stall-aware overlapped schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compiler.costmodel import (
+    MlaHardware,
+    Schedule,
+    instruction_cost,
+    stall_aware_schedule,
+    static_schedule,
+)
+from compiler.intmath import dtype_range
+from compiler.isa import Instruction, IsaError, MlaProgram, Space, Tensor, decode
+from compiler.runtime.emulator_ops import EXECUTORS, EmulatorError
+
+POISON = 0xA5
+"""Byte value of memory no instruction has written yet."""
+
+__all__ = ["POISON", "Emulator", "EmulatorError", "Memory", "RunStats"]
+
+
+class Memory:
+    """The flat memory image: one byte array per space, read and written through descriptors."""
+
+    def __init__(
+        self, dram_size: int, arena_size: int, rodata: bytes, poison: int | None = POISON
+    ) -> None:
+        fill = 0 if poison is None else poison
+        self.spaces: dict[Space, bytearray | bytes] = {
+            Space.DRAM: bytearray([fill]) * dram_size,
+            Space.ARENA: bytearray([fill]) * arena_size,
+            Space.CONST: bytes(rodata),
+        }
+        self.bytes_read = dict.fromkeys(self.spaces, 0)
+        self.bytes_written = dict.fromkeys(self.spaces, 0)
+
+    def _view(self, tensor: Tensor) -> np.ndarray:
+        buffer = self.spaces[tensor.space]
+        low, high = tensor.span()
+        if tensor.size and (low < 0 or high > len(buffer)):
+            raise EmulatorError(
+                f"{tensor.space.name} bytes [{low}, {high}) of a {tensor.shape} "
+                f"{tensor.dtype.numpy.name} tensor fall outside the {len(buffer)}-byte space"
+            )
+        if tensor.size == 0:
+            return np.zeros(tensor.shape, dtype=tensor.dtype.numpy)
+        start = tensor.offset - low
+        return np.ndarray(
+            tensor.shape,
+            dtype=tensor.dtype.numpy,
+            buffer=memoryview(buffer)[low:high],
+            offset=start,
+            strides=tensor.strides,
+        )
+
+    def read(self, tensor: Tensor) -> np.ndarray:
+        """A copy of the tensor's elements, shape `tensor.shape`, dtype `tensor.dtype`."""
+        self.bytes_read[tensor.space] += tensor.nbytes
+        return self._view(tensor).copy()
+
+    def write(self, tensor: Tensor, values: np.ndarray) -> None:
+        """Store integer values; values outside the dtype's range are an error, never a wrap."""
+        if tensor.space == Space.CONST:
+            raise EmulatorError("CONST (.rodata) is read-only")
+        if any(s == 0 and n > 1 for n, s in zip(tensor.shape, tensor.strides)):
+            raise EmulatorError(f"a destination with a zero stride {tensor.strides} overlaps itself")
+        values = np.asarray(values)
+        if values.shape != tensor.shape:
+            raise EmulatorError(f"writing {values.shape} values into a {tensor.shape} tensor")
+        low, high = dtype_range(tensor.dtype.numpy)
+        if values.size and (values.min() < low or values.max() > high):
+            raise EmulatorError(
+                f"values in [{values.min()}, {values.max()}] do not fit {tensor.dtype.numpy.name}"
+            )
+        self.bytes_written[tensor.space] += tensor.nbytes
+        self._view(tensor)[...] = values.astype(tensor.dtype.numpy)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What the last run did: per-instruction cycles (static and stall-aware) and traffic."""
+
+    static: Schedule
+    stall_aware: Schedule
+    bytes_read: dict[str, int]
+    bytes_written: dict[str, int]
+
+    @property
+    def static_cycles(self) -> int:
+        return self.static.total_cycles
+
+    @property
+    def stall_aware_cycles(self) -> int:
+        return self.stall_aware.total_cycles
+
+
+class Emulator:
+    """Run an MLA program (an `MlaProgram`, or an ELF path / bytes) on integer inputs.
+
+    `run(inputs)` takes and returns integer arrays in each I/O tensor's logical shape (NCHW),
+    keyed by the names in the program's tensor table; it places them at the planned addresses
+    (in their DRAM layout) and reads the outputs back from theirs.
+    """
+
+    def __init__(
+        self,
+        program: MlaProgram | str | Path | bytes,
+        hardware: MlaHardware | None = None,
+        *,
+        poison: int | None = POISON,
+    ) -> None:
+        if not isinstance(program, MlaProgram):
+            from compiler.elf import read_elf
+
+            program = read_elf(program)
+        self.program = program
+        self.poison = poison
+        metadata = program.metadata
+        base = hardware or MlaHardware()
+        try:
+            self.hardware = base.with_quads(metadata.quads)
+        except ValueError as error:
+            raise EmulatorError(str(error)) from error
+        if metadata.arena_size > self.hardware.arena_bytes:
+            raise EmulatorError(
+                f"the program plans {metadata.arena_size} arena bytes; {metadata.quads} quads "
+                f"have {self.hardware.arena_bytes}"
+            )
+        try:
+            self.instructions: tuple[Instruction, ...] = tuple(decode(program.text))
+        except IsaError as error:
+            raise EmulatorError(f"cannot decode the program: {error}") from error
+        self.costs = tuple(instruction_cost(i, self.hardware) for i in self.instructions)
+        self.memory: Memory | None = None
+        self.stats: RunStats | None = None
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.program.metadata.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.program.metadata.outputs]
+
+    def static_schedule(self) -> Schedule:
+        return static_schedule(self.instructions, self.hardware)
+
+    def stall_aware_schedule(self) -> Schedule:
+        return stall_aware_schedule(self.instructions, self.hardware)
+
+    def _describe(self, index: int) -> str:
+        instruction = self.instructions[index]
+        layer = self.program.layer_name(instruction)
+        return f"instruction {index} ({instruction.mnemonic}{f', {layer}' if layer else ''})"
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute the program once; returns every output tensor as integers (logical shape)."""
+        metadata = self.program.metadata
+        memory = Memory(metadata.dram_size, metadata.arena_size, self.program.rodata, self.poison)
+        for info in metadata.inputs:
+            if info.name not in inputs:
+                raise EmulatorError(f"missing input {info.name!r}; the program needs {self.input_names}")
+            values = np.asarray(inputs[info.name])
+            if not np.issubdtype(values.dtype, np.integer):
+                raise EmulatorError(f"input {info.name!r} must hold integer codes, not {values.dtype}")
+            if values.shape != info.tensor.shape:
+                raise EmulatorError(
+                    f"input {info.name!r} has shape {values.shape}; expected {info.tensor.shape}"
+                )
+            try:
+                memory.write(info.tensor, values)
+            except EmulatorError as error:
+                raise EmulatorError(f"input {info.name!r}: {error}") from error
+        for index, instruction in enumerate(self.instructions):
+            try:
+                EXECUTORS[type(instruction)](instruction, memory)
+            except EmulatorError as error:
+                raise EmulatorError(f"{self._describe(index)}: {error}") from error
+        results = {info.name: memory.read(info.tensor) for info in metadata.outputs}
+        self.memory = memory
+        self.stats = RunStats(
+            static=self.static_schedule(),
+            stall_aware=self.stall_aware_schedule(),
+            bytes_read={s.name: n for s, n in memory.bytes_read.items()},
+            bytes_written={s.name: n for s, n in memory.bytes_written.items()},
+        )
+        return results
