@@ -319,4 +319,3 @@ def stall_aware_schedule(instructions: Sequence[Instruction], hw: MlaHardware) -
             ScheduledInstruction(index, instruction.mnemonic, instruction.layer, start, end, cost)
         )
     return Schedule(tuple(entries), hw, stalls_modelled=True)
-

@@ -127,9 +127,7 @@ def elf_bytes(program: MlaProgram, *, compress: bool = False) -> bytes:
         _Section(".text", SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, TEXT_BASE, text, align=16),
         rodata_section,
         _Section(".note.mla", SHT_NOTE, data=notes, align=4),
-        _Section(
-            ".arena", SHT_NOBITS, SHF_ALLOC | SHF_WRITE, ARENA_BASE, size=metadata.arena_size
-        ),
+        _Section(".arena", SHT_NOBITS, SHF_ALLOC | SHF_WRITE, ARENA_BASE, size=metadata.arena_size),
         _Section(".dram", SHT_NOBITS, SHF_ALLOC | SHF_WRITE, DRAM_BASE, size=metadata.dram_size),
     ]
     index = {section.name: i for i, section in enumerate(sections)}
@@ -335,7 +333,9 @@ def read_elf(source: str | Path | bytes) -> MlaProgram:
         ("metadata", meta_json, meta_crc, len(meta_json)),
     ):
         if len(blob) != size or zlib.crc32(blob) != crc:
-            raise ElfError(f"{what} is damaged: its CRC-32 or size does not match the checksum note")
+            raise ElfError(
+                f"{what} is damaged: its CRC-32 or size does not match the checksum note"
+            )
     try:
         metadata = ProgramMetadata.from_json(json.loads(meta_json))
     except (ValueError, KeyError, TypeError) as error:

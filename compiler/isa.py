@@ -222,17 +222,33 @@ class Tensor:
         """[first, last + 1) byte range of the space the tensor touches (empty: (offset, offset))."""
         if self.size == 0:
             return self.offset, self.offset
-        low = self.offset + sum(min(0, (n - 1) * s) for n, s in zip(self.shape, self.strides))
-        high = self.offset + sum(max(0, (n - 1) * s) for n, s in zip(self.shape, self.strides))
+        low = self.offset + sum(
+            min(0, (n - 1) * s) for n, s in zip(self.shape, self.strides, strict=True)
+        )
+        high = self.offset + sum(
+            max(0, (n - 1) * s) for n, s in zip(self.shape, self.strides, strict=True)
+        )
         return low, high + self.itemsize
 
     def slice(self, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
-        """The view x[..., start:stop:step, ...] along `axis` (Python slice semantics)."""
+        """The elements range(start, stop, step) along `axis` (no negative-index wrapping).
+
+        Indices are taken literally, like np.arange, so a negative step can run down to index 0
+        with stop = -1; every index must lie inside the axis (resolve ONNX clamping first).
+        """
         axis %= self.ndim
-        indices = range(*slice(start, stop, step).indices(self.shape[axis]))
+        if step == 0:
+            raise IsaError("slice step must not be 0")
+        indices = range(start, stop, step)
+        if len(indices) and not (
+            0 <= indices[0] < self.shape[axis] and 0 <= indices[-1] < self.shape[axis]
+        ):
+            raise IsaError(
+                f"slice {start}:{stop}:{step} leaves axis {axis} of size {self.shape[axis]}"
+            )
         shape = list(self.shape)
         strides = list(self.strides)
-        offset = self.offset + (indices.start * strides[axis] if len(indices) else 0)
+        offset = self.offset + (indices[0] * strides[axis] if len(indices) else 0)
         shape[axis] = len(indices)
         strides[axis] *= step
         return dataclasses.replace(self, offset=offset, shape=tuple(shape), strides=tuple(strides))
@@ -263,7 +279,7 @@ class Tensor:
         if lead < 0:
             raise IsaError(f"cannot broadcast {self.shape} to {shape}")
         strides = [0] * lead
-        for own, stride, target in zip(self.shape, self.strides, shape[lead:]):
+        for own, stride, target in zip(self.shape, self.strides, shape[lead:], strict=True):
             if own == target:
                 strides.append(stride)
             elif own == 1:

@@ -71,6 +71,7 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         raise ModelNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if model.graph is None or (not model.graph.node and not model.graph.output):
         raise ModelFormatError(f"{path}: not an ONNX model (no graph, nodes or outputs)")
+    _forget_invalid_dims(model)
     if _uses_external_data(model):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
@@ -368,6 +369,20 @@ def _relocate_external_data(model_path: str, location: str) -> None:
                 entry.value = location
     with open(model_path, "wb") as f:
         f.write(m.SerializeToString())
+
+
+def _forget_invalid_dims(model: onnx.ModelProto) -> None:
+    """Turn declared dims ≤ 0 (some exporters write -1 for "dynamic") into unknown dims.
+
+    ONNX dims are positive or symbolic; a literal -1 on an output would otherwise contradict
+    the shape inferred once the inputs are fixed.
+    """
+    for vi in (*model.graph.input, *model.graph.output):
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                d.ClearField("dim_value")
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

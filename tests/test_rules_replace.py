@@ -16,8 +16,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from surgery.coverage import analyze_coverage
 from surgery.model import load_model
 from surgery.rules import Reference, apply_rule, find_matches, get_rule
+from surgery.rules.fix import fix_model
 from tests.conftest import shared_model
 
 RNG = np.random.default_rng(1)
@@ -223,12 +225,14 @@ def test_split_to_slices_on_the_batch_axis():
     _exact(result)
 
 
-def test_split_to_slices_handles_num_outputs():
+def test_split_to_slices_handles_num_outputs(target_without):
     node = helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=1, num_outputs=2)
     model = _model([node], {"x": [1, 4, 2, 2]}, {"a": None, "b": None}, opset=18)
-    result = apply_rule(model, "split-to-slices")
+    assert find_matches(model, "split-to-slices") == []  # a channel Split runs on the MLA
+    result = apply_rule(model, "split-to-slices", target_without("Split"))
     assert _ops(result.model) == ["Slice", "Slice"]
     assert [o.name for o in result.model.graph.output] == ["a", "b"]
+    assert not result.coverage_after.blockers
     _exact(result)
 
 
@@ -702,3 +706,26 @@ def test_normalise_activations_on_paddle_detector():
     result = apply_rule(model, "normalise-activations")
     assert _ops(result.model).count("HardSwish") == 24
     assert result.verification.passed
+
+
+# --------------------------------------------------------------------------- with check and fix
+
+
+def test_blockers_suggest_and_fix_picks_the_replacements():
+    """The blockers a match claims are what `surgery check` suggests and `surgery fix` uses."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMin", ["c"], ["m"], name="rmin", axes=[1], keepdims=1),
+        helper.make_node("Softmax", ["m"], ["s"], name="softmax", axis=3),
+        helper.make_node("Conv", ["s", "w2"], ["y"], name="conv2"),
+    ]
+    inits = {"w": _f32(4, 3, 3, 3), "w2": _f32(2, 1, 1, 1)}
+    model = _model(nodes, {"x": [1, 3, 6, 6]}, {"y": [1, 2, 6, 6]}, inits)
+    coverage = analyze_coverage(model, "mlsoc")
+    suggested = {b.name: b.suggested_rules for b in coverage.blockers}
+    assert "reducemin-to-reducemax" in suggested["rmin"]
+    assert "softmax-to-channel" in suggested["softmax"]
+    assert coverage.mla_segments == 2
+    result = fix_model(model, "mlsoc")
+    assert {"reducemin-to-reducemax", "softmax-to-channel"} <= {s["rule"] for s in result.steps}
+    assert result.single_elf and not result.coverage_after.blockers

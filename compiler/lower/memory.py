@@ -29,7 +29,7 @@ scratch space.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -126,6 +126,24 @@ def live_bytes(tensors: Iterable[LiveTensor]) -> dict[int, int]:
         running += events[position]
         profile[position] = running
     return profile
+
+
+def live_ranges(
+    accesses: Sequence[tuple[Iterable[str], Iterable[str]]], sizes: Mapping[str, int]
+) -> list[LiveTensor]:
+    """Live range of every tensor in `sizes` from per-position (reads, writes).
+
+    A tensor lives from the first position that touches it to the last; a tensor written and
+    never read lives at its writing position only.
+    """
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for position, (reads, writes) in enumerate(accesses):
+        for name in (*reads, *writes):
+            if name in sizes:
+                first.setdefault(name, position)
+                last[name] = position
+    return [LiveTensor(name, sizes[name], first[name], last[name]) for name in first]
 
 
 def lower_bound(tensors: Iterable[LiveTensor]) -> int:

@@ -33,13 +33,13 @@ from typing import Literal
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 from compiler.lower.errors import CompileError
 from compiler.runtime.lowering import DEQUANTIZE, QUANTIZE, QdqGraph, build_program
 from compiler.runtime.program import (
     DequantizeStep,
-    FloatStep,
     IntegerStep,
     QuantizeStep,
     Step,
@@ -453,3 +453,117 @@ def _make_stages(
             Stage(name, unit.processor, unit.kernel, members, inputs, outputs, unit.segment)
         )
     return stages
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Per-frame shape and element type of a tensor of the QDQ model."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def tensor_types(partition: Partition) -> dict[str, TensorType]:
+    """Shapes and types of every tensor: shape inference first, one execution for the rest.
+
+    Shape inference usually knows every tensor of a static-shaped model; when it does not, the
+    integer program runs once on zero inputs and the tensors it produced give the answer.
+    """
+    graph = partition.model.graph
+    found: dict[str, TensorType] = {}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        tensor_type = info.type.tensor_type
+        if not info.type.HasField("tensor_type") or not tensor_type.elem_type:
+            continue
+        dims = tensor_type.shape.dim
+        if not tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            continue
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        found[info.name] = TensorType(tuple(int(d.dim_value) for d in dims), dtype)
+    for name, value in partition.constants.items():
+        found.setdefault(name, TensorType(tuple(np.shape(value)), np.asarray(value).dtype))
+    needed = {n for stage in partition.stages for n in (*stage.inputs, *stage.outputs)}
+    needed |= {
+        n
+        for stage in partition.mla_stages
+        for step in stage.steps
+        for n in (*_step_inputs(step), *_step_outputs(step))
+    }
+    for name, params in partition.tensor_params.items():
+        if name in found:
+            found[name] = TensorType(found[name].shape, np.dtype(params.dtype))
+    if needed - set(found):
+        found.update(_executed_types(partition))
+    missing = sorted(needed - set(found))
+    if missing:
+        raise CompileError(f"cannot tell the shape of {', '.join(missing[:5])}")
+    return found
+
+
+def _executed_types(partition: Partition) -> dict[str, TensorType]:
+    from compiler.runtime.reference import IntegerExecutor
+
+    executor = IntegerExecutor(partition.model, partition.mode, keep_intermediates=True)
+    inputs = {}
+    for info in partition.model.graph.input:
+        if info.name not in partition.input_names:
+            continue
+        tensor_type = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        inputs[info.name] = np.zeros(dims, dtype=dtype)
+    executor.run(inputs)
+    return {
+        name: TensorType(tuple(np.shape(value)), np.asarray(value).dtype)
+        for name, value in executor.intermediates.items()
+    }
+
+
+def stage_graph(
+    partition: Partition, stage: Stage, types: Mapping[str, TensorType]
+) -> onnx.ModelProto:
+    """A host stage as a standalone ONNX model: the nodes between its inputs and outputs.
+
+    Walks back from the stage's outputs through the (named) QDQ graph, stopping at the stage's
+    inputs and at constants, so the subgraph holds the stage's own nodes, the DequantizeLinear /
+    QuantizeLinear around integer steps, and the constants they read.
+    """
+    model = partition.model
+    producer = {out: node for node in model.graph.node for out in node.output if out}
+    stop = set(stage.inputs)
+    chosen: set[int] = set()
+    constants: set[str] = set()
+    stack = list(stage.outputs)
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name in stop:
+            continue
+        seen.add(name)
+        if name in partition.constants:
+            constants.add(name)
+            continue
+        node = producer.get(name)
+        if node is None:
+            raise CompileError(f"stage {stage.name} needs {name!r}, which nothing produces")
+        if id(node) not in chosen:
+            chosen.add(id(node))
+            stack.extend(i for i in node.input if i)
+    nodes = [copy.deepcopy(n) for n in model.graph.node if id(n) in chosen]
+
+    def value_info(name: str) -> onnx.ValueInfoProto:
+        info = types[name]
+        elem = helper.np_dtype_to_tensor_dtype(info.dtype)
+        return helper.make_tensor_value_info(name, elem, list(info.shape))
+
+    graph = helper.make_graph(
+        nodes,
+        f"{stage.name}",
+        [value_info(n) for n in stage.inputs],
+        [value_info(n) for n in stage.outputs],
+        [numpy_helper.from_array(np.asarray(partition.constants[n]), n) for n in sorted(constants)],
+    )
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    sub.functions.extend(model.functions)
+    return sub

@@ -17,6 +17,7 @@ Ties keep the program order of the integer program, so both orders are determini
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from compiler.lower.errors import CompileError
@@ -69,3 +70,41 @@ def schedule_layers(layers: Sequence[Schedulable], order: ComputeOrder = "WidthF
     if len(result) != len(layers):
         raise CompileError("the layers of an MLA segment form a cycle")
     return result
+
+
+@dataclass(frozen=True)
+class Item:
+    """One position of a segment's timeline: a DMA in, a layer, or a DMA out.
+
+    `load` brings a segment input from its DRAM buffer into its working copy just before the
+    first layer that reads it; `store` copies a segment output that layers of the segment also
+    read from its working copy to its DRAM buffer right after it is written. Outputs nothing
+    in the segment reads are written straight to DRAM by their layer and need no item.
+    """
+
+    kind: Literal["load", "layer", "store"]
+    layer: int | None = None
+    tensor: str | None = None
+
+
+def build_timeline(
+    layers: Sequence[Schedulable],
+    order: Sequence[int],
+    segment_inputs: Sequence[str],
+    resident_outputs: Sequence[str],
+) -> list[Item]:
+    """Layers in `order` with the loads and stores they need (see `Item`)."""
+    pending = set(segment_inputs)
+    stored = set(resident_outputs)
+    items: list[Item] = []
+    for index in order:
+        layer = layers[index]
+        for name in layer.inputs:
+            if name in pending:
+                pending.discard(name)
+                items.append(Item("load", tensor=name))
+        items.append(Item("layer", layer=index))
+        for name in layer.outputs:
+            if name in stored:
+                items.append(Item("store", tensor=name))
+    return items

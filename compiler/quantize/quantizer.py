@@ -75,13 +75,15 @@ def quantize_model(
     target: str | Target = "mlsoc",
     progress: Progress | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    op_target: Mapping[str, str] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> QuantizedModel:
     """Post-training quantization to standard QDQ ONNX (see the module docstring for the steps).
 
     `params` is a `QuantizationParams` (default: `default_quantization`) or anything with
     `to_quantization_params()` (an `RknnConfig`). `progress(done, total)` is called after each
-    calibration sample (total is None when the data has no length).
+    calibration sample (total is None when the data has no length). `op_target` pins nodes (by
+    name or op type) to MLA/CVU/APU as RKNN's option does; only MLA nodes are quantized.
     """
     params = _resolve_params(params)
     tgt = resolve_target(target)
@@ -96,7 +98,7 @@ def quantize_model(
         )
     prepared = prepare_model(model, opset=required_opset(params), input_shapes=input_shapes, add_biases=params.bias_correction)
     _check_names(params, prepared)
-    coverage = analyze_coverage(prepared.model, tgt, suggest=False)
+    coverage = analyze_coverage(prepared.model, tgt, op_target=op_target, suggest=False)
     equalization = EqualizationReport()
     if params.channel_equalization:
         eligible = {p.name for p in coverage.placements if p.processor == "MLA" and p.name not in params.unquantized_nodes}
@@ -111,7 +113,7 @@ def quantize_model(
     built = build_qdq(prepared.model, plan, qparams)
     corrections: dict[str, dict[str, float]] = {}
     if params.bias_correction:
-        corrections = correct_biases(prepared.model, built, plan, data, progress=progress)
+        corrections = correct_biases(prepared.model, built, plan, qparams, data, progress=progress)
         built = build_qdq(prepared.model, plan, qparams)
     report = _report(params, tgt, prepared, plan, observers, qparams, built, equalization, corrections, stats.samples)
     _write_metadata(built.model, report, plan, tgt, prepared)

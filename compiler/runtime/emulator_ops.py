@@ -321,7 +321,9 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
         _expect_shape("the POOL output", instruction.output.shape, view.shape[:4])
         pooled = view.max(axis=(4, 5))
         if instruction.requant is not None:
-            pooled = output_stage(memory, pooled - instruction.input_zero_point, instruction.requant)
+            pooled = output_stage(
+                memory, pooled - instruction.input_zero_point, instruction.requant
+            )
         memory.write(instruction.output, pooled)
         return
     if instruction.requant is None:
@@ -365,7 +367,9 @@ def execute_reduce(instruction: Reduce, memory: MemoryPort) -> None:
         reduce = np.max if instruction.op == ReduceOp.MAX else np.min
         result = reduce(x, axis=axes, keepdims=True)
         if instruction.requant is not None:
-            result = output_stage(memory, result - instruction.input_zero_point, instruction.requant)
+            result = output_stage(
+                memory, result - instruction.input_zero_point, instruction.requant
+            )
     if result.size != instruction.output.size:
         raise EmulatorError(
             f"REDUCE gives {result.shape}; the output {instruction.output.shape} differs in size"
@@ -387,7 +391,10 @@ def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
         rows = memory.read(table).astype(np.int64)
         if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
             raise EmulatorError(f"RESIZE table of shape {rows.shape}")
-        if rows[:2 if linear else 1].min(initial=0) < 0 or rows[:2].max(initial=0) >= x.shape[axis]:
+        if (
+            rows[: 2 if linear else 1].min(initial=0) < 0
+            or rows[:2].max(initial=0) >= x.shape[axis]
+        ):
             raise EmulatorError(f"RESIZE index table points outside axis {axis}")
         if linear:
             x0, x1, w0, w1 = rows

@@ -433,6 +433,12 @@ class FixInputShapes(GraphRule):
         shapes, notes = (
             _given_shapes(params.shapes) if params.shapes else _batch_one_shapes(dynamic)
         )
+        if (
+            params.shapes
+            and not dynamic
+            and all(list(ctx.view.tensor(n).shape or []) == list(v) for n, v in shapes.items())
+        ):
+            return []  # already exactly these shapes
         if not shapes:
             left = ", ".join(f"{n} {d}" for n, d in dynamic.items())
             raise RuleNotApplicableError(

@@ -133,7 +133,10 @@ def fix_model(
                 )
                 tried.add(rule.name)
                 continue
-            if rule.category == "cleanup" and _score(step.coverage_after) > _score(ctx.coverage):
+            if (
+                rule.category == "cleanup"
+                and _score(step.coverage_after)[:2] > _score(ctx.coverage)[:2]
+            ):
                 result.rejected.append({"rule": rule.name, "reason": "made coverage worse"})
                 tried.add(rule.name)
                 continue

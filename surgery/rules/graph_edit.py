@@ -76,7 +76,20 @@ def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
         if o.domain not in declared:
             model.opset_import.append(o)
     del model.graph.value_info[:]  # stale after edits; the engine re-infers
+    if model.ir_version < 4:
+        _list_initializers_as_inputs(model)
     return model
+
+
+def _list_initializers_as_inputs(model: onnx.ModelProto) -> None:
+    """IR < 4 requires every initializer to be a graph input too; list the new ones."""
+    listed = {i.name for i in model.graph.input}
+    for init in model.graph.initializer:
+        if init.name not in listed:
+            model.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+            listed.add(init.name)
 
 
 def nodes_by_name(graph: gs.Graph) -> dict[str, gs.Node]:

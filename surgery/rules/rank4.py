@@ -28,7 +28,14 @@ axis=1 normalises axes 1..3 together, so the features must be the *only* non-uni
 LayerNorm(axis=1) and Softmax(axis=1) compute exactly the per-token ops; attention reshapes
 tokens back out of the batch axis with 4-D Reshapes where it needs batched MatMuls.
 Rank-5 anchor heads ([1,3,85,H,W]) use the same engine: with at most four non-unit axes a
-rank-5 tensor is carried as [3,85,H,W] and its Transpose/Split/Concat become 4-D ops.
+rank-5 tensor is carried as [3,85,H,W] (anchors on axis 0, the 85 outputs on the channels), so
+the channel-last Transpose costs nothing until the final Reshape, and Split/Pow/Mul/Add with the
+grid and anchor constants run channel-first on the MLA. Tensors with more non-unit axes (a Swin
+window partition [1,nH,h,nW,w,C]) are carried with the axes a Transpose keeps together merged,
+so the partition is a 4-D Transpose of slots.
+
+Regions are found from op patterns and the target's own constraints, never from node names; a
+region is only proposed when it removes more blockers than the reshapes its edges add.
 """
 
 from __future__ import annotations

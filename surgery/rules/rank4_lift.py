@@ -74,6 +74,13 @@ def _spread_or_fail(shape: Shape) -> Layout:
     return layout
 
 
+def static_dims(shape: Sequence[object] | None) -> Shape:
+    """A shape as ints (callers have checked it is static)."""
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise ValueError(f"shape {shape} is not static")
+    return tuple(d for d in shape if isinstance(d, int))
+
+
 def relayout_constant(value: np.ndarray, layout: Layout, shape: Sequence[int]) -> np.ndarray:
     """A constant operand re-laid-out so it broadcasts against the 4-D form exactly as before.
 
@@ -168,7 +175,7 @@ class Lifter:
         info = self.view.tensor(tensor.name)
         if not info.is_static:
             raise ValueError(f"tensor {tensor.name!r} has no static shape")
-        return tuple(info.shape)  # type: ignore[arg-type]
+        return static_dims(info.shape)
 
     def const(self, tensor: gs.Tensor) -> np.ndarray | None:
         return constant_of(tensor)
@@ -199,6 +206,13 @@ class Lifter:
                 if runs is not None:
                     return runs
             raise
+
+    def separated(self, x: Lifted) -> Lifted:
+        """`x` with every non-unit axis alone in its slot (what axis-indexed ops can address)."""
+        target = L.spread(x.shape)
+        if target is None:
+            raise ValueError(f"shape {list(x.shape)} has more than four non-unit axes")
+        return self.convert(x, target)
 
     def plain(self, x: Lifted) -> Lifted:
         """`x` in a layout that is a plain reshape of the original (what Reshape needs)."""

@@ -29,7 +29,7 @@ import onnx_graphsurgeon as gs
 from surgery.graph import FLOAT_TYPES, GraphView, attribute_values
 from surgery.rules import rank4_layout as L
 from surgery.rules.rank4_layout import Layout, Shape
-from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant
+from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant, static_dims
 
 MAX_NONUNIT = 4
 
@@ -56,7 +56,14 @@ class NodeInfo:
 
     def shape(self, name: str) -> Shape | None:
         info = self.view.tensor(name)
-        return tuple(info.shape) if info.is_static else None  # type: ignore[arg-type]
+        return static_dims(info.shape) if info.is_static else None
+
+    def dims(self, name: str) -> Shape:
+        """Static shape of a tensor `accept` already checked (ValueError otherwise)."""
+        shape = self.shape(name)
+        if shape is None:
+            raise ValueError(f"tensor {name!r} has no static shape")
+        return shape
 
     def is_const(self, name: str) -> bool:
         return name in self.constants
@@ -107,7 +114,7 @@ def _transpose_runs(view: GraphView, idx: int) -> bool:
     info = view.tensor(view.node_inputs[idx][0])
     if perm is None or not info.is_static:
         return False
-    return L.transpose_runs(info.shape, perm) is not None  # type: ignore[arg-type]
+    return L.transpose_runs(static_dims(info.shape), perm) is not None
 
 
 Accept = Callable[[NodeInfo], bool]
@@ -247,9 +254,8 @@ def lift_reshape(lf: Lifter, node: gs.Node) -> None:
 def _accept_concat(info: NodeInfo) -> bool:
     if not _single_output(info) or not _basic(info):
         return False
-    out = info.shape(info.outputs[0])
-    axis = _axis(info.attrs.get("axis", 0), len(out))  # type: ignore[arg-type]
-    return out[axis] != 1  # type: ignore[index]
+    out = info.dims(info.outputs[0])
+    return out[_axis(info.attrs.get("axis", 0), len(out))] != 1
 
 
 def _on_its_own(axis: int, shape: Shape, allow_batch: bool = False) -> Callable[[Layout], bool]:
@@ -292,8 +298,8 @@ def _accept_split(info: NodeInfo) -> bool:
     src = info.input(0)
     if not src or src in info.constants or not _basic(info, [src]):
         return False
-    shape = info.shape(src)
-    return shape[_axis(info.attrs.get("axis", 0), len(shape))] != 1  # type: ignore[index, arg-type]
+    shape = info.dims(src)
+    return shape[_axis(info.attrs.get("axis", 0), len(shape))] != 1
 
 
 @supports("Split", accept=_accept_split)
@@ -314,11 +320,13 @@ def _slice_params(
 ) -> list[tuple[int, int, int, int]]:
     """(axis, start, end, step) for every axis the slice really changes."""
     starts, ends, axes, steps = values
-    n = len(starts)  # type: ignore[arg-type]
+    if starts is None or ends is None:
+        raise ValueError("Slice needs constant starts and ends")
+    n = len(starts)
     axes_list = [int(a) % rank for a in (axes if axes is not None else range(n))]
     steps_list = [int(s) for s in (steps if steps is not None else [1] * n)]
     return [
-        (a, int(starts[k]), int(ends[k]), steps_list[k])  # type: ignore[index]
+        (a, int(starts[k]), int(ends[k]), steps_list[k])
         for k, a in enumerate(axes_list)
         if not (steps_list[k] == 1 and src[a] == dst[a])
     ]
@@ -331,9 +339,9 @@ def _accept_slice(info: NodeInfo) -> bool:
     params = [info.input(k) for k in range(1, 5)]
     if any(p and info.value(p) is None for p in params) or not params[0] or not params[1]:
         return False
-    a, b = info.shape(src), info.shape(info.outputs[0])
+    a, b = info.dims(src), info.dims(info.outputs[0])
     values = [info.value(p) if p else None for p in params]
-    return all(a[x] > 1 for x, *_ in _slice_params(len(a), a, b, values))  # type: ignore[arg-type, index]
+    return all(a[x] > 1 for x, *_ in _slice_params(len(a), a, b, values))
 
 
 @supports("Slice", accept=_accept_slice)
@@ -350,7 +358,7 @@ def lift_slice(lf: Lifter, node: gs.Node) -> None:
         lf.set(out, x.var, x.layout)
         return
     if any(x.layout.alone(a, x.shape) is None for a, *_ in cuts):
-        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+        x = lf.separated(x)
     y = _emit_slice(lf, x, cuts, dst, node.name, out.dtype)
     lf.set(out, y, x.layout)
 
@@ -393,9 +401,9 @@ def _accept_gather(info: NodeInfo) -> bool:
     src, idx = info.input(0), info.input(1)
     if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
         return False
-    shape = info.shape(src)
-    axis = _axis(info.attrs.get("axis", 0), len(shape))  # type: ignore[arg-type]
-    return shape[axis] > 1 and _gather_range(info.value(idx), shape[axis]) is not None  # type: ignore[index]
+    shape = info.dims(src)
+    axis = _axis(info.attrs.get("axis", 0), len(shape))
+    return shape[axis] > 1 and _gather_range(info.value(idx), shape[axis]) is not None
 
 
 @supports("Gather", accept=_accept_gather, emits="Slice")
@@ -404,13 +412,16 @@ def lift_gather(lf: Lifter, node: gs.Node) -> None:
     out = node.outputs[0]
     axis = _axis(node.attrs.get("axis", 0), len(x.shape))
     indices = lf.const(node.inputs[1])
-    start, count = _gather_range(indices, x.shape[axis])  # type: ignore[misc]
+    picked = _gather_range(indices, x.shape[axis])
+    if indices is None or picked is None:
+        raise ValueError("Gather needs constant, contiguous indices")
+    start, count = picked
     if x.layout.alone(axis, x.shape) is None:
-        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+        x = lf.separated(x)
     kept = list(x.shape)
     kept[axis] = count
     y = _emit_slice(lf, x, [(axis, start, start + count, 1)], tuple(kept), node.name, out.dtype)
-    layout = x.layout.without(axis) if indices.ndim == 0 else x.layout  # type: ignore[union-attr]
+    layout = x.layout.without(axis) if indices.ndim == 0 else x.layout
     lf.set(out, y, layout)
 
 
@@ -495,12 +506,12 @@ def _accept_reduce(info: NodeInfo) -> bool:
     src = info.input(0)
     if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
         return False
-    shape = info.shape(src)
+    shape = info.dims(src)
     axes_in = info.input(1)
     if _axes_from_input(info.op, info.opset) and axes_in and info.value(axes_in) is None:
         return False
-    axes = _reduce_axes(info.op, info.opset, info.attrs, info.value(axes_in), len(shape))  # type: ignore[arg-type]
-    return bool(axes) and any(shape[a] != 1 for a in axes)  # type: ignore[index, union-attr]
+    axes = _reduce_axes(info.op, info.opset, info.attrs, info.value(axes_in), len(shape))
+    return bool(axes) and any(shape[a] != 1 for a in axes or ())
 
 
 @supports(*_REDUCE, accept=_accept_reduce)
@@ -511,7 +522,7 @@ def lift_reduce(lf: Lifter, node: gs.Node) -> None:
     axes = _reduce_axes(node.op, lf.opset, node.attrs, axes_value, rank) or []
     reduced = [a for a in axes if x.shape[a] != 1]
     if any(x.layout.alone(a, x.shape) is None for a in reduced):
-        x = lf.convert(x, L.spread(x.shape))  # type: ignore[arg-type]
+        x = lf.separated(x)
     slots = sorted({x.layout.slot(a) for a in reduced})
     shape4 = x.layout.shape4(x.shape)
     if slots and min(slots) >= 2:
@@ -584,16 +595,18 @@ def _accept_gemm(info: NodeInfo) -> bool:
         return False
     if not c:
         return True
-    out = info.shape(info.outputs[0])
+    m, n = info.dims(info.outputs[0])
     value = info.view.constant_value(c, max_elements=1 << 22)
-    return value is not None and _gemm_bias(value, *out) is not False  # type: ignore[misc]
+    return value is not None and _gemm_bias(value, m, n) is not False
 
 
 @supports("Gemm", accept=_accept_gemm, emits="Conv")
 def lift_gemm(lf: Lifter, node: gs.Node) -> None:
     a, b = node.inputs[0], node.inputs[1]
     weight = lf.const(b)
-    weight = weight if node.attrs.get("transB", 0) else weight.T  # type: ignore[union-attr]
+    if weight is None:
+        raise ValueError("Gemm needs a constant B")
+    weight = weight if node.attrs.get("transB", 0) else weight.T
     weight = weight * np.asarray(node.attrs.get("alpha", 1.0), weight.dtype)
     bias = None
     if len(node.inputs) > 2 and node.inputs[2].name:

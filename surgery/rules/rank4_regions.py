@@ -16,7 +16,9 @@ its own regions and `surgery fix` sees them as separate, named steps:
 A region's blockers are the nodes whose lifted form runs on the MLA according to the target's
 own constraints (the layout constraints excepted: those are what the lift fixes). A reshape
 that only hands a lifted tensor back to a graph output is part of its region but is not counted:
-it stays as the trailing host stage.
+it stays as the trailing host stage. A region is dropped when the reshapes its edges would add
+(non-4-D tensors entering or leaving it) are at least as many as the blockers it removes:
+lifting a lone Sigmoid between two host ops would only add work.
 """
 
 from __future__ import annotations
@@ -94,9 +96,8 @@ def _find_regions(ctx: RuleContext) -> list[Region]:
     found = []
     for members in groups:
         counted = [i for i in members if i not in exits and _lands_on_mla(ctx, infos[i])]
-        if len(counted) <= _boundary_cost(view, members, ctx.constants) - len(
-            [i for i in members if i in exits]
-        ):
+        replaced = sum(1 for i in members if i in exits)  # output reshapes become the exit
+        if len(counted) + replaced <= _boundary_cost(view, members, ctx.constants):
             continue
         found.append(
             Region(

@@ -2,10 +2,10 @@
 
 Three things every replacement needs and none should re-invent:
 
-- **Would the replacement run on the MLA?** `mla_reason` places a hypothetical node with the
+- **Would the replacement run on the MLA?** `probe_node` places a hypothetical node with the
   target's own op table (the same `Target.decide` that `surgery check` uses), so a rule only
-  claims to free a blocker when the op it emits really runs on the accelerator — never by a
-  hard-coded op list.
+  claims to free a blocker when the ops it emits really run on the accelerator — never by a
+  hard-coded op list. `net_freed` turns the probes into the blockers a match reports.
 - **Pattern lookups on the read-only view** (`Pattern`): producers, sole consumers, attributes
   and constant values, by op structure only (node names are never part of a pattern).
 - **Small graphsurgeon edits** (`Editor`): fresh names for new nodes, tensors and constants, and
@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 from surgery.graph import GraphView, attribute_values
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
-from surgery.rules.graph_edit import fresh_name, import_graph, nodes_by_name
+from surgery.rules.graph_edit import import_graph, nodes_by_name
 from surgery.targets import NodeContext, Reason
 
 FLOAT32 = onnx.TensorProto.FLOAT
@@ -107,7 +107,7 @@ def _probe_model(
     return model, frozenset(constants)
 
 
-def all_on_mla(ctx: RuleContext, probes: Iterable[Reason | None]) -> bool:
+def all_on_mla(probes: Iterable[Reason | None]) -> bool:
     """True when every probed replacement node is placed on the MLA."""
     return all(p is None for p in probes)
 
@@ -131,7 +131,7 @@ def net_freed(
     """Blockers among the `removed` nodes, claimed only when the main replacement runs on the
     MLA and the helper nodes left off it (e.g. a rank-2 Reshape back at the model's output)
     are fewer than the blockers removed — a net gain `surgery fix` can rely on."""
-    if not all_on_mla(ctx, main):
+    if not all_on_mla(main):
         return []
     freed = freed_blockers(ctx, removed)
     blocked_helpers = sum(1 for r in extra if r is not None)
@@ -148,7 +148,9 @@ def model_opset(ctx: RuleContext | onnx.ModelProto) -> int:
 
 # --------------------------------------------------------------------------- opset upgrades
 
-_UPGRADES: dict[tuple[int, int], str | None] = {}
+_UPGRADES: list[tuple[onnx.ModelProto, int, str | None]] = []
+"""Recent answers of `opset_upgrade_error`, holding their model so its id cannot be reused."""
+_UPGRADE_MEMORY = 4
 
 
 def opset_upgrade_error(ctx: RuleContext, version: int) -> str | None:
@@ -156,17 +158,19 @@ def opset_upgrade_error(ctx: RuleContext, version: int) -> str | None:
 
     New ops (Gelu needs opset 20, HardSwish 14, Swish 24) cannot simply be declared: ops whose
     signature changed in between (ReduceMean axes, Split sizes, Squeeze axes …) must be
-    converted. ONNX's version converter does that; the result must pass the full checker.
-    ONNX Runtime's acceptance is then proven by the engine's verification of the rewrite.
+    converted. ONNX's version converter does that; the result must pass the checker. ONNX
+    Runtime's acceptance is then proven by the engine's verification of the rewrite. The
+    answer is remembered per model: `surgery check` asks every rule on the same model.
     """
     if model_opset(ctx) >= version:
         return None
-    key = (id(ctx.model), version)
-    if key not in _UPGRADES:
-        if len(_UPGRADES) > 32:
-            _UPGRADES.clear()
-        _UPGRADES[key] = _try_upgrade(ctx.model, version)[1]
-    return _UPGRADES[key]
+    for model, v, error in _UPGRADES:
+        if model is ctx.model and v == version:
+            return error
+    error = _try_upgrade(ctx.model, version)[1]
+    _UPGRADES.append((ctx.model, version, error))
+    del _UPGRADES[:-_UPGRADE_MEMORY]
+    return error
 
 
 def _try_upgrade(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto | None, str | None]:
@@ -220,6 +224,12 @@ class Pattern:
     def nodes(self, *ops: str) -> list[int]:
         wanted = set(ops)
         return [i for i, op in enumerate(self.view.op_types) if op in wanted]
+
+    def blocked(self, *ops: str) -> list[int]:
+        """Nodes of these ops that the target does not place on the MLA — the only ones a
+        replacement that exists for the target's sake should touch."""
+        blockers = self.ctx.blocker_names
+        return [i for i in self.nodes(*ops) if self.view.names[i] in blockers]
 
     def op(self, idx: int) -> str:
         return self.view.op_types[idx]
@@ -377,8 +387,7 @@ class Editor:
         self._tensors: dict[str, gs.Tensor] | None = None
 
     def _fresh(self, base: str) -> str:
-        name = base if base not in self._taken else fresh_name(self.graph, base)
-        k = 1
+        name, k = base, 1
         while name in self._taken:
             name = f"{base}_{k}"
             k += 1

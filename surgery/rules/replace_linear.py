@@ -173,8 +173,9 @@ def _transpose_probe(ctx: RuleContext, src: tuple, dst: tuple, perm: list[int]) 
 
 
 def _finish_plan(
-    ctx: RuleContext, pat: Pattern, node: int, a: str, k: int, m: int, bias: str | None
+    pat: Pattern, node: int, a: str, k: int, m: int, bias: str | None
 ) -> LinearPlan | None:
+    """The full plan for the linear layer `node` reading `a` ([N, K] or [N, H, W, K])."""
     x, layout, conv_in, kernel, absorbed = _plan_input(pat, a, k)
     y = pat.outs(node)[0]
     removed = [pat.name(node)]
@@ -191,12 +192,11 @@ def _finish_plan(
     plan = LinearPlan(
         x, layout, conv_in, [conv_in[0], m, *spatial], kernel, out, list(out_shape), bias=bias
     )
+    for name in absorbed:  # the Flatten/Transpose before the layer goes when nothing else reads it
+        if pat.private(pat.outs(pat.view.index_by_name[name])[0]):
+            removed.append(name)
     plan.detach = list(removed)
     plan.removed = list(removed)
-    for name in absorbed:
-        plan.removed.append(name)
-        if pat.private(pat.outs(pat.view.index_by_name[name])[0]):
-            plan.detach.append(name)
     _plan_output(pat, plan)
     return plan
 
@@ -258,6 +258,7 @@ class GemmToConv(GraphRule):
     to [N, M] is added only when a consumer or the graph output needs the 2-D tensor; Reshape or
     Flatten consumers read the 4-D result directly. transA=1 and a C that varies per row are
     left alone. alpha·B is rounded once, so results match to float rounding.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "gemm-to-conv"
@@ -268,8 +269,8 @@ class GemmToConv(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("Gemm"):
-            plan = self._plan(ctx, pat, node)
+        for node in pat.blocked("Gemm"):
+            plan = self._plan(pat, node)
             if plan is None:
                 continue
             m = plan.conv_out[1]
@@ -285,7 +286,7 @@ class GemmToConv(GraphRule):
         return found
 
     @staticmethod
-    def _plan(ctx: RuleContext, pat: Pattern, node: int) -> LinearPlan | None:
+    def _plan(pat: Pattern, node: int) -> LinearPlan | None:
         ins = pat.ins(node)
         attrs = pat.attrs(node)
         a_shape, b_shape = pat.shape(ins[0]), pat.shape(ins[1])
@@ -297,7 +298,7 @@ class GemmToConv(GraphRule):
         c = ins[2] if len(ins) > 2 and ins[2] else None
         if c is not None and not _row_bias(pat, c, m):
             return None
-        return _finish_plan(ctx, pat, node, ins[0], k, m, c if c is not None else None)
+        return _finish_plan(pat, node, ins[0], k, m, c)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         plan = LinearPlan(**match.data["plan"])
@@ -339,6 +340,7 @@ class MatMulToConv(GraphRule):
     neighbouring NCHW↔NHWC Transpose is absorbed instead of added. A following Add of a
     per-feature constant becomes the Conv bias. Rank-3 [B, L, C] inputs (transformers) are left
     to the rank rules, which turn them 4-D first. Exact up to float rounding.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "matmul-to-conv"
@@ -349,7 +351,7 @@ class MatMulToConv(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("MatMul"):
+        for node in pat.blocked("MatMul"):
             ins = pat.ins(node)
             a_shape, b_shape = pat.shape(ins[0]), pat.shape(ins[1])
             if a_shape is None or b_shape is None or len(b_shape) != 2:
@@ -357,7 +359,7 @@ class MatMulToConv(GraphRule):
             if len(a_shape) not in (2, 4) or not pat.is_const(ins[1]) or not pat.is_float(ins[0]):
                 continue
             k, m = b_shape
-            plan = _finish_plan(ctx, pat, node, ins[0], k, m, None)
+            plan = _finish_plan(pat, node, ins[0], k, m, None)
             if plan is None:
                 continue
             main, helpers = _probes(ctx, pat, plan, m)

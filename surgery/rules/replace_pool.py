@@ -159,6 +159,7 @@ class MaxPoolCeilToPad(GraphRule):
     for floor mode to produce the same output size gives the same windows; MaxPool ignores
     padded positions (they are never the maximum — not zeros), so every output is identical.
     Applied only when the shapes are static and every window still starts inside the input.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "maxpool-ceil-to-pad"
@@ -169,7 +170,7 @@ class MaxPoolCeilToPad(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("MaxPool"):
+        for node in pat.blocked("MaxPool"):
             attrs = pat.attrs(node)
             x, y = pat.ins(node)[0], pat.outs(node)[0]
             xs, ys = pat.shape(x), pat.shape(y)
@@ -233,6 +234,7 @@ class AvgPoolCountIncludePad(GraphRule):
     a different rounding of the divisor: exact to float rounding. Only ceil_mode=0 and no
     dilation (then every window lies inside the padded input, so the include-pad divisor is the
     kernel size).
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "avgpool-count-include-pad"
@@ -243,7 +245,7 @@ class AvgPoolCountIncludePad(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("AveragePool"):
+        for node in pat.blocked("AveragePool"):
             attrs = pat.attrs(node)
             x, y = pat.ins(node)[0], pat.outs(node)[0]
             xs, ys = pat.shape(x), pat.shape(y)

@@ -41,6 +41,7 @@ class ReduceMeanToGap(GraphRule):
     keepdims=1 gives the same [N, C, 1, 1]; keepdims=0 adds a Reshape to [N, C]. Same sum and
     same divisor, so the result is exact to float rounding. GlobalAveragePool is the MLA's
     native form of this reduction (the SE blocks of MobileNetV3/EfficientNet exports).
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "reducemean-to-gap"
@@ -51,7 +52,7 @@ class ReduceMeanToGap(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("ReduceMean"):
+        for node in pat.blocked("ReduceMean"):
             x, y = pat.ins(node)[0], pat.outs(node)[0]
             shape, out_shape = pat.shape(x), pat.shape(y)
             if shape is None or out_shape is None or len(shape) != 4 or not pat.is_float(x):
@@ -104,6 +105,7 @@ class ReduceMinToReduceMax(GraphRule):
     min(x) = −max(−x) holds exactly in floating point (negation only flips the sign bit). The
     negations are Mul by −1, not Neg, because the MLA runs Mul and (on SiMa targets) not Neg.
     Axes and keepdims carry over unchanged.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "reducemin-to-reducemax"
@@ -114,7 +116,7 @@ class ReduceMinToReduceMax(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("ReduceMin"):
+        for node in pat.blocked("ReduceMin"):
             x, y = pat.ins(node)[0], pat.outs(node)[0]
             if not pat.is_float(x) or pat.is_const(x):
                 continue
@@ -158,6 +160,7 @@ class SoftmaxToChannel(GraphRule):
     there and swapping back is the same computation (the swap is its own inverse). Needs opset
     ≥ 13: before that Softmax flattened every axis from `axis` on, so axis 1 would mean C·H·W.
     The batch axis is never moved.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "softmax-to-channel"
@@ -170,7 +173,7 @@ class SoftmaxToChannel(GraphRule):
             return []
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("Softmax"):
+        for node in pat.blocked("Softmax"):
             x = pat.ins(node)[0]
             shape = pat.shape(x)
             if shape is None or len(shape) != 4 or not pat.is_float(x):

@@ -165,10 +165,11 @@ class ResizeToSupported(GraphRule):
     identity channel map). When it is taking every k-th pixel (nearest downscaling), it becomes
     a strided Slice. Every form copies pixels unchanged, so results are identical; bilinear
     resizes are never rewritten (a chain of bilinear resizes is not one bilinear resize).
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "resize-to-supported"
-    summary = "Nearest Resize with a rejected scale → accepted Resize chain, DepthToSpace, ConvTranspose or Slice."
+    summary = "Nearest Resize the MLA rejects → Resize chain, DepthToSpace, ConvTranspose or Slice."
     category = "replace"
     example = "surgery apply resize-to-supported model.onnx --target rk3588"
 
@@ -177,10 +178,7 @@ class ResizeToSupported(GraphRule):
             return []
         pat = Pattern(ctx)
         found = []
-        blockers = ctx.blocker_names
-        for node in pat.nodes("Resize"):
-            if pat.name(node) not in blockers:
-                continue
+        for node in pat.blocked("Resize"):
             plan = self._plan(ctx, pat, node)
             if plan is not None:
                 found.append(
@@ -253,6 +251,8 @@ def _declared_scales(pat: Pattern, node: int, xs: Sequence[int], ys: Sequence[in
 
 
 def _upsample_plan(planner: _Planner, kh: int, kw: int) -> dict | None:
+    if (kh, kw) == (1, 1):
+        return None  # an identity resize blocked for another reason: nothing to replace
     steps = planner.steps(kh, kw)
     if steps is not None:
         text = " then ".join(f"×{fh}×{fw}" if fh != fw else f"×{fh}" for fh, fw in steps)

@@ -72,6 +72,7 @@ class SplitToSlices(GraphRule):
     The sizes come from the inferred output shapes, so Splits whose sizes are an input computed
     at run time (or given by `num_outputs`) are handled alike; unused outputs produce no Slice.
     Each Slice reads the same input with constant starts/ends, which the MLA accepts.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "split-to-slices"
@@ -82,10 +83,10 @@ class SplitToSlices(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("Split"):
+        for node in pat.blocked("Split"):
             x = pat.ins(node)[0]
             shape = pat.shape(x)
-            if shape is None or pat.is_const(x) or not pat.is_float(x):
+            if not shape or pat.is_const(x) or not pat.is_float(x):
                 continue
             axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
             windows = self._windows(pat, node, axis)
@@ -139,6 +140,7 @@ class GatherToSlice(GraphRule):
     A 1-D run keeps the rank, so one Slice is the whole rewrite. A scalar index drops the axis:
     Slice [i, i+1) then Reshape to the Gather's (static) output shape, or Squeeze when that shape
     is not static. Gathers from constant tables are left to fold-constants.
+    Only nodes the target keeps off its MLA are matched.
     """
 
     name = "gather-to-slice"
@@ -149,7 +151,7 @@ class GatherToSlice(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.nodes("Gather"):
+        for node in pat.blocked("Gather"):
             plan = self._plan(pat, node)
             if plan is None:
                 continue
@@ -177,7 +179,7 @@ class GatherToSlice(GraphRule):
         data, idx = pat.ins(node)[:2]
         rank = pat.view.tensor(data).rank
         value = pat.value(idx)
-        if rank is None or value is None or pat.is_const(data) or value.ndim > 1:
+        if not rank or value is None or pat.is_const(data) or value.ndim > 1:
             return None
         if not pat.is_float(data):
             return None  # index arithmetic on shapes: fold-constants' job once shapes are static

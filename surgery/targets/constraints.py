@@ -410,10 +410,14 @@ def check_axis(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
 @check("reduce_axes", "max_size")
 def check_reduce_axes(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Reductions must be over spatial axes; reduced extent below {max_size} unless all spatial axes are reduced."""
+    op = ctx.node.op_type
+    axes_from_input = (op == "ReduceSum" and _opset_ge(ctx, 13)) or (
+        op in _AXES_AS_INPUT and _opset_ge(ctx, 18)
+    )
     axes = _normalise_axes(
         ctx,
         {"attr": "axes", "input": 1, "all_if_missing": True}
-        if ctx.node.op_type in _AXES_AS_INPUT and _opset_ge(ctx, 18)
+        if axes_from_input
         else {"attr": "axes", "all_if_missing": True},
     )
     if axes is None:

@@ -1,0 +1,195 @@
+"""The public API in the shape users of the vendor toolchains know.
+
+    from compiler.api import load_model
+    from compiler.defines import default_quantization, HistogramPercentileMethod
+
+    net = load_model("model.onnx", input_shapes={"images": [1, 3, 640, 640]}, target="mlsoc")
+    model = net.quantize("calib_images/", default_quantization.with_calibration(
+        HistogramPercentileMethod(99.9, 2048)), model_name="yolo")
+    model.save("yolo", "out/")            # out/yolo.onnx (QDQ) + out/yolo.quant.json
+    same = Model.load("yolo", "out/")
+
+`LoadedNet.execute` runs the float model and `Model.execute` the QDQ model, both with ONNX
+Runtime; the QDQ model is the float-simulated reference that the integer executor and the
+compiled program are checked against. An `RknnConfig` is accepted wherever a quantization
+config is: one quantizer, two front doors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from compiler.defines import QuantizationParams, default_quantization
+from compiler.quantize.calibrate import Progress
+from compiler.quantize.data import load_calibration_data
+from compiler.quantize.errors import QuantizationError
+from compiler.quantize.quantizer import METADATA_KEY, quantize_model
+from compiler.quantize.rknn_config import RknnConfig
+from compiler.quantize.samples import CalibrationData, as_feed, input_signature
+from surgery.errors import ModelNotFoundError
+from surgery.model import load_model as _load_float
+from surgery.model import read_model, save_model
+from surgery.targets import resolve_target
+
+__all__ = ["LoadedNet", "Model", "load_model"]
+
+Layout = Literal["NCHW", "NHWC"]
+SIDECAR_SUFFIX = ".quant.json"
+SIDECAR_FORMAT = "model-surgery/quantized-model"
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own exception types
+        raise QuantizationError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
+
+
+def _execute(session: ort.InferenceSession, model: onnx.ModelProto, inputs: Any) -> dict[str, np.ndarray]:
+    feed = as_feed(inputs, input_signature(model), 0)
+    values = session.run(None, feed)
+    return {meta.name: np.asarray(v) for meta, v in zip(session.get_outputs(), values, strict=True)}
+
+
+@dataclass
+class LoadedNet:
+    """A validated, shape-inferred float model bound to a target."""
+
+    model: onnx.ModelProto
+    target: str = "mlsoc"
+    layout: Layout = "NCHW"
+    input_shapes: dict[str, list[int]] | None = None
+    name: str = "model"
+    _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
+
+    def execute(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Run the float model (ONNX Runtime); inputs as a dict, an array or a list of arrays."""
+        if self._session is None:
+            self._session = _session(self.model)
+        return _execute(self._session, self.model, inputs)
+
+    def quantize(
+        self,
+        calibration_data: CalibrationData | str | os.PathLike,
+        quantization_config: QuantizationParams | RknnConfig = default_quantization,
+        model_name: str | None = None,
+        progress: Progress | None = None,
+    ) -> Model:
+        """Calibrate on `calibration_data` (samples, or a folder / dataset.txt path) and quantize."""
+        target: str = self.target
+        op_target: dict[str, str] | None = None
+        if isinstance(quantization_config, RknnConfig):
+            target = quantization_config.target
+            op_target = quantization_config.placement_pins() or None
+        if isinstance(calibration_data, str | os.PathLike):
+            calibration_data = self._dataset(Path(calibration_data), quantization_config)
+        result = quantize_model(
+            self.model, calibration_data, quantization_config, target=target, progress=progress, op_target=op_target
+        )
+        params = result.params
+        return Model(result.model, result.target, model_name or self.name, params, result.report)
+
+    def _dataset(self, path: Path, config: QuantizationParams | RknnConfig) -> Any:
+        mean = std = None
+        bgr = False
+        if isinstance(config, RknnConfig):
+            mean, std = config.input_mean_std(0)
+            bgr = config.input_bgr(0)
+        return load_calibration_data(
+            path, self.model, input_shapes=self.input_shapes, mean=mean, std=std, bgr=bgr, layout=self.layout
+        )
+
+
+def load_model(
+    path_or_proto: str | os.PathLike | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    layout: Layout = "NCHW",
+    target: str = "mlsoc",
+) -> LoadedNet:
+    """Load and validate an ONNX model for `target`; `input_shapes` fixes dynamic dimensions."""
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"layout={layout!r}: expected NCHW or NHWC")
+    resolved = resolve_target(target).name
+    model = _load_float(path_or_proto, input_shapes)
+    if isinstance(path_or_proto, onnx.ModelProto):
+        name = path_or_proto.graph.name or "model"
+    else:
+        name = Path(path_or_proto).stem
+    shapes = {k: list(v) for k, v in input_shapes.items()} if input_shapes else None
+    return LoadedNet(model, resolved, layout, shapes, name)
+
+
+@dataclass
+class Model:
+    """A quantized model: standard QDQ ONNX plus the settings and record that produced it."""
+
+    qdq_model: onnx.ModelProto
+    target: str
+    name: str
+    params: QuantizationParams
+    report: dict[str, Any] = field(default_factory=dict)
+    _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
+
+    def execute(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Run the QDQ model in ONNX Runtime (the float-simulated reference)."""
+        if self._session is None:
+            self._session = _session(self.qdq_model)
+        return _execute(self._session, self.qdq_model, inputs)
+
+    def save(self, name: str | None = None, directory: str | os.PathLike = ".") -> Path:
+        """Write `<directory>/<name>.onnx` and the `<name>.quant.json` sidecar; returns the .onnx path."""
+        name = name or self.name
+        folder = Path(directory)
+        onnx_path = save_model(self.qdq_model, folder / f"{name}.onnx")
+        payload = onnx_path.read_bytes() if onnx_path.stat().st_size < 2**31 else b""
+        sidecar = {
+            "format": SIDECAR_FORMAT,
+            "version": 1,
+            "name": name,
+            "target": self.target,
+            "model": onnx_path.name,
+            "sha256": hashlib.sha256(payload).hexdigest() if payload else None,
+            "params": self.params.to_dict(),
+        }
+        _write_text(folder / f"{name}{SIDECAR_SUFFIX}", json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+        return onnx_path
+
+    @classmethod
+    def load(cls, name: str, directory: str | os.PathLike = ".") -> Model:
+        """Read a model written by `save` (the sidecar's checksum must match the .onnx)."""
+        folder = Path(directory)
+        sidecar_path = folder / f"{name}{SIDECAR_SUFFIX}"
+        if not sidecar_path.is_file():
+            raise ModelNotFoundError(f"{sidecar_path}: no such file (written by Model.save)")
+        try:
+            sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise QuantizationError(f"{sidecar_path}: not a readable sidecar ({exc})") from None
+        if sidecar.get("format") != SIDECAR_FORMAT:
+            raise QuantizationError(f"{sidecar_path}: not a {SIDECAR_FORMAT} sidecar")
+        onnx_path = folder / sidecar["model"]
+        proto = read_model(onnx_path)
+        expected = sidecar.get("sha256")
+        if expected and hashlib.sha256(onnx_path.read_bytes()).hexdigest() != expected:
+            raise QuantizationError(f"{onnx_path}: does not match the checksum recorded in {sidecar_path.name}")
+        report = next((json.loads(p.value) for p in proto.metadata_props if p.key == METADATA_KEY), {})
+        params = QuantizationParams.from_dict(sidecar["params"])
+        return cls(proto, sidecar["target"], sidecar["name"], params, report)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,149 @@
+"""`compile_model`: a QDQ model -> `<name>_mpk.tar.gz` (what `Model.compile` calls).
+
+The lowering itself is `compiler.lower.pipeline`; this module resolves the inputs (a path or a
+ModelProto), names the model, writes the archive and reports what was produced in numbers:
+.elf files, per-segment peak arena vs its lower bound, cycles, the batch actually compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from compiler.archive import ARCHIVE_SUFFIX, model_checksum, write_archive
+from compiler.lower.errors import CompileError
+from compiler.lower.memory import Strategy
+from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipeline
+from compiler.lower.schedule import ComputeOrder
+from compiler.lower.tessellate import TensorTessellateParameters
+from surgery.model import read_model
+
+
+@dataclass
+class CompileResult:
+    """What a compile produced (all numbers computed from the programs, none assumed)."""
+
+    archive: Path
+    name: str
+    target: str
+    elf_files: list[str]
+    mla_segments: int
+    segments: list[dict[str, Any]]
+    stages: list[dict[str, Any]]
+    desired_batch_size: int
+    actual_batch_size: int
+    quads: int
+    compile_seconds: float
+    notes: list[str] = field(default_factory=list)
+    compiled: CompiledModel | None = field(default=None, repr=False)
+
+    @property
+    def total_cycles(self) -> int:
+        return sum(s["cycles"] for s in self.segments)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "archive": str(self.archive),
+            "name": self.name,
+            "target": self.target,
+            "elf_files": self.elf_files,
+            "elf_count": len(self.elf_files),
+            "mla_segments": self.mla_segments,
+            "segments": self.segments,
+            "stages": self.stages,
+            "desired_batch_size": self.desired_batch_size,
+            "actual_batch_size": self.actual_batch_size,
+            "number_of_quads_to_user": self.quads,
+            "total_cycles": self.total_cycles,
+            "compile_seconds": round(self.compile_seconds, 3),
+            "notes": self.notes,
+        }
+
+
+def compile_model(
+    qdq_model: onnx.ModelProto | str | os.PathLike,
+    output_path: str | os.PathLike,
+    *,
+    target: str = "mlsoc",
+    batch_size: int = 1,
+    compress: bool = True,
+    tessellate_parameters: Mapping[str, TensorTessellateParameters] | None = None,
+    memory_plan_strategy: Strategy = "BestFit",
+    compute_order: ComputeOrder = "WidthFirst",
+    single_core_mode: bool = False,
+    custom_string: str | None = None,
+    model_name: str | None = None,
+    arena_bytes: int | None = None,
+) -> CompileResult:
+    """Compile a quantized (QDQ) model into `<output_path>/<name>_mpk.tar.gz`.
+
+    `batch_size` is the batch wanted; the largest batch up to it whose activations fit the
+    arena is compiled (`actual_batch_size`). `tessellate_parameters` maps pipeline inputs /
+    outputs to `TensorTessellateParameters` (None: CVU tessellate / detessellate stages).
+    `single_core_mode` uses one quad (a quarter of the arena and MAC arrays).
+    `custom_string` is stored in the archive and every ELF. `model_name` defaults to the file
+    name (without `.onnx`) or the graph name; `arena_bytes` overrides the arena size.
+    """
+    started = time.perf_counter()
+    if isinstance(qdq_model, onnx.ModelProto):
+        model = qdq_model
+        data = model.SerializeToString(deterministic=True)
+        model_path = model.graph.name or "model"
+        default_name = model.graph.name or "model"
+    else:
+        path = Path(qdq_model)
+        model = read_model(path)
+        data = path.read_bytes()
+        model_path = str(path)
+        default_name = path.name.removesuffix(".onnx")
+    name = _safe_name(model_name or default_name)
+    options = CompileOptions(
+        target=target,
+        batch_size=batch_size,
+        compress=compress,
+        tessellate_parameters=tessellate_parameters,
+        memory_plan_strategy=memory_plan_strategy,
+        compute_order=compute_order,
+        single_core_mode=single_core_mode,
+        custom_string=custom_string or "",
+        arena_bytes=arena_bytes,
+    )
+    compiled = compile_pipeline(model, name, options)
+    output_dir = Path(output_path)
+    if output_dir.name.endswith(ARCHIVE_SUFFIX):
+        raise CompileError(
+            f"output_path is a directory; the archive is named {name}{ARCHIVE_SUFFIX} in it"
+        )
+    archive = write_archive(compiled, output_dir, model_path=model_path, checksum=model_checksum(data))
+    elf_files = [
+        f"{name}_stage{k}_mla.elf" for k, s in enumerate(compiled.stages) if s.processor == "MLA"
+    ]
+    return CompileResult(
+        archive=archive,
+        name=name,
+        target=compiled.target,
+        elf_files=elf_files,
+        mla_segments=compiled.partition.coverage.mla_segments,
+        segments=[segment.summary() for segment in compiled.segments],
+        stages=[
+            {"name": s.name, "processor": s.processor, "kernel": s.kernel} for s in compiled.stages
+        ],
+        desired_batch_size=compiled.batch.desired,
+        actual_batch_size=compiled.batch.actual,
+        quads=compiled.quads,
+        compile_seconds=time.perf_counter() - started,
+        notes=list(compiled.notes),
+        compiled=compiled,
+    )
+
+
+def _safe_name(name: str) -> str:
+    cleaned = re.sub(r"[^0-9A-Za-z_.-]+", "_", name).strip("._") or "model"
+    return cleaned
