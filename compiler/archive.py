@@ -124,9 +124,7 @@ def mla_stats(compiled: CompiledModel) -> dict[int, dict[str, Any]]:
     return stats
 
 
-def archive_members(
-    compiled: CompiledModel, model_path: str, checksum: str
-) -> dict[str, bytes]:
+def archive_members(compiled: CompiledModel, model_path: str, checksum: str) -> dict[str, bytes]:
     """Every file of the archive, by name."""
     name = compiled.name
     members: dict[str, bytes] = {}

@@ -121,7 +121,9 @@ def compile_model(
         raise CompileError(
             f"output_path is a directory; the archive is named {name}{ARCHIVE_SUFFIX} in it"
         )
-    archive = write_archive(compiled, output_dir, model_path=model_path, checksum=model_checksum(data))
+    archive = write_archive(
+        compiled, output_dir, model_path=model_path, checksum=model_checksum(data)
+    )
     elf_files = [
         f"{name}_stage{k}_mla.elf" for k, s in enumerate(compiled.stages) if s.processor == "MLA"
     ]

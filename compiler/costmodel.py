@@ -252,6 +252,32 @@ class Schedule:
             spans[entry.layer] = (min(start, entry.start), max(end, entry.end))
         return spans
 
+    def layer_rows(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """One row per layer, in layer order, for `_mla_stats.yaml`.
+
+        Each row: name (from `names`, the program's `layers`), start_cycle, end_cycle,
+        cycles (the layer's own instruction cycles), macs and instructions (count).
+        """
+        rows: dict[int, dict[str, Any]] = {}
+        for entry in self.entries:
+            row = rows.setdefault(
+                entry.layer,
+                {
+                    "name": names[entry.layer] if entry.layer < len(names) else "",
+                    "start_cycle": entry.start,
+                    "end_cycle": entry.end,
+                    "cycles": 0,
+                    "macs": 0,
+                    "instructions": 0,
+                },
+            )
+            row["start_cycle"] = min(row["start_cycle"], entry.start)
+            row["end_cycle"] = max(row["end_cycle"], entry.end)
+            row["cycles"] += entry.cost.cycles
+            row["macs"] += entry.cost.macs
+            row["instructions"] += 1
+        return [rows[index] for index in sorted(rows)]
+
 
 def static_schedule(instructions: Sequence[Instruction], hw: MlaHardware) -> Schedule:
     """Serial schedule: each instruction starts when the previous one ends."""

@@ -321,21 +321,23 @@ def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
 HWC16_CHANNEL_ALIGN = 16
 
 
-def layout_strides(shape: Sequence[int], dtype: DType | npt.DTypeLike, layout: Layout) -> tuple:
+def layout_strides(
+    shape: Sequence[int], dtype: DType | npt.DTypeLike, layout: Layout
+) -> tuple[int, ...]:
     """Byte strides of a logical NCHW tensor stored in DRAM layout `layout`.
 
     NCHW is C order. HWC stores N, H, W, C in C order (channels innermost). HWC16 is HWC with the
     channel pitch rounded up to a multiple of 16 elements (the padding lanes are never read).
     Tensors of rank other than 4 are always C order.
     """
+    if layout not in LAYOUTS:
+        raise IsaError(f"unknown DRAM layout {layout!r}; expected one of {LAYOUTS}")
     itemsize = DType.of(dtype).itemsize
     shape = tuple(shape)
     if layout == "NCHW" or len(shape) != 4:
         return contiguous_strides(shape, itemsize)
-    n, c, h, w = shape
+    _, c, h, w = shape
     pitch = -(-c // HWC16_CHANNEL_ALIGN) * HWC16_CHANNEL_ALIGN if layout == "HWC16" else c
-    if layout not in LAYOUTS:
-        raise IsaError(f"unknown DRAM layout {layout!r}; expected one of {LAYOUTS}")
     return (h * w * pitch * itemsize, itemsize, w * pitch * itemsize, pitch * itemsize)
 
 

@@ -184,7 +184,7 @@ def _lower(executor: IntegerExecutor, x: np.ndarray, *, clobber: bool = False) -
             target = build.output(
                 step.output, shapes[step.input], step.params.dtype, Space.DRAM, "HWC16"
             )
-            build.emit(Store(src=tensors[step.input], dst=target))
+            build.emit(Store(src=tensors[step.input], dst=target, layer=len(build.layers) - 1))
     return build
 
 
@@ -334,3 +334,24 @@ def test_run_reports_both_cycle_estimates(small_cnn: IntegerExecutor) -> None:
     assert stats.bytes_read["CONST"] > 0 and stats.bytes_written["DRAM"] == 8
     spans = stats.static.by_layer()
     assert len(spans) == 6 and all(start < end for start, end in spans.values())
+
+
+def test_layer_rows_feed_the_stats_file(small_cnn: IntegerExecutor) -> None:
+    x = random_codes(np.random.default_rng(4), (1, 3, 8, 8), "int8")
+    build = _lower(small_cnn, x)
+    emulator = Emulator(build.program())
+    rows = emulator.static_schedule().layer_rows(build.layers)
+    assert [row["name"] for row in rows] == build.layers
+    assert rows[0]["start_cycle"] == 0
+    assert rows[-1]["end_cycle"] == emulator.static_schedule().total_cycles
+    assert all(a["end_cycle"] <= b["start_cycle"] for a, b in zip(rows, rows[1:], strict=False))
+    assert rows[0]["macs"] == 8 * 8 * 8 * 3 * 9
+
+
+def test_moving_codes_between_types_needs_a_rescale() -> None:
+    build = Codegen()
+    x = build.input("x", (1, 1, 2, 2), "uint8", Space.ARENA)
+    y = build.output("y", (1, 1, 1, 1), "int8", Space.ARENA)
+    build.emit(Pool(op=PoolOp.MAX, input=x, output=y, kernel=(2, 2)))
+    with pytest.raises(EmulatorError, match="keeps the dtype: UINT8 -> INT8"):
+        build.run({"x": np.zeros((1, 1, 2, 2), np.uint8)})

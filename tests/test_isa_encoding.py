@@ -94,7 +94,7 @@ def instructions(draw: st.DrawFn) -> Instruction:
     return cls(**values)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(program=st.lists(instructions(), max_size=6))
 def test_decode_inverts_encode_exactly(program: list[Instruction]) -> None:
     data = encode(program)

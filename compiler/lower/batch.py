@@ -40,7 +40,9 @@ def largest_fitting_batch(planners: Sequence[Planner], desired: int) -> BatchCho
     if fits(desired):
         return BatchChoice(desired, desired, "every activation of the batch fits the arena")
     if not fits(1):
-        return BatchChoice(desired, 1, "one frame does not fit the arena; activations spill to DRAM")
+        return BatchChoice(
+            desired, 1, "one frame does not fit the arena; activations spill to DRAM"
+        )
     low, high = 1, desired
     while high - low > 1:
         middle = (low + high) // 2

@@ -26,13 +26,12 @@ from compiler.isa import (
     ConstantPool,
     Conv,
     ConvTranspose,
-    DType,
     Eltwise,
     EltwiseOp,
     Fill,
     Instruction,
-    Layout,
     LayerNorm,
+    Layout,
     Load,
     Lut,
     MatMul,
@@ -48,7 +47,6 @@ from compiler.isa import (
     Space,
     Store,
     Tensor,
-    contiguous_strides,
     layout_tensor,
 )
 from compiler.lower.errors import CompileError
@@ -60,7 +58,7 @@ from compiler.runtime.ops.geometry import resolve_pads
 from compiler.runtime.ops.lut import LookupKernel
 from compiler.runtime.ops.matmul import MatMulKernel
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
-from compiler.runtime.ops.normalization import LayerNormKernel, OUTPUT_FRACTION_BITS
+from compiler.runtime.ops.normalization import OUTPUT_FRACTION_BITS, LayerNormKernel
 from compiler.runtime.ops.pool import (
     AveragePoolKernel,
     AverageStage,
@@ -111,7 +109,9 @@ class Storage:
     def frame(self, index: int) -> Tensor:
         """Frame `index` with the tensor's own logical shape."""
         if not self.shape:
-            return Tensor.contiguous(self.space, self.dtype, self.offset + index * self.frame_bytes, ())
+            return Tensor.contiguous(
+                self.space, self.dtype, self.offset + index * self.frame_bytes, ()
+            )
         head = self.shape[0]
         return self.stacked().slice(0, index * head, (index + 1) * head)
 
@@ -120,9 +120,6 @@ class Storage:
         if self.shape and self.shape[0] == 1:
             return self.stacked()
         return None
-
-
-Operand = Tensor
 
 
 # --- descriptor helpers --------------------------------------------------------------------------
@@ -243,9 +240,7 @@ def rescale_requant(rescale: Rescale, constants: Constants) -> Requant | None:
 def average_requant(stage: AverageStage, count: int) -> Requant:
     real = stage.input_scale / (stage.output_scale * float(count))
     multiplier, shift = quantize_multiplier(real)
-    return Requant(
-        int(multiplier), int(shift), stage.zero_point, stage.low, stage.high, stage.mode
-    )
+    return Requant(int(multiplier), int(shift), stage.zero_point, stage.low, stage.high, stage.mode)
 
 
 # --- emitters ------------------------------------------------------------------------------------
@@ -784,9 +779,7 @@ def _tile_views(x: Tensor, y: Tensor, repeats: Sequence[int]) -> tuple[Tensor, T
     return src, dst
 
 
-def _emit_pad(
-    e: Emission, x: Tensor, y: Tensor, args: dict, rescale: Rescale
-) -> list[Instruction]:
+def _emit_pad(e: Emission, x: Tensor, y: Tensor, args: dict, rescale: Rescale) -> list[Instruction]:
     """Pad: the interior is one MOVE; constant mode FILLs first, other modes copy edges after.
 
     Edge / reflect / wrap follow np.pad: axis by axis, each pass reading the output written so
@@ -989,16 +982,3 @@ def emit_copy(src: Tensor, dst: Tensor, index: int) -> Instruction:
     if src.space == Space.ARENA and dst.space == Space.DRAM:
         return Store(layer=index, src=src, dst=dst)
     return Move(layer=index, src=src, dst=dst)
-
-
-__all__ = [
-    "Constants",
-    "EMITTERS",
-    "Emission",
-    "Storage",
-    "batches_over_axis0",
-    "emit_copy",
-    "emit_layer",
-    "contiguous_strides",
-    "DType",
-]

@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from compiler.isa import Layout
 from compiler.lower.errors import CompileError
 from compiler.lower.partition import Partition
-from compiler.lower.tessellate import DEFAULT_TILE_SHAPE, TensorTessellateParameters
+from compiler.lower.tessellate import (
+    DEFAULT,
+    DEFAULT_TILE_SHAPE,
+    TensorTessellateParameters,
+    default_parameters,
+)
 from compiler.runtime.program import DequantizeStep, QuantizeStep
 
 ARENA_LAYOUT: Layout = "NCHW"
@@ -61,12 +66,20 @@ class LayoutPlan:
 def plan_layouts(
     partition: Partition,
     shapes: Mapping[str, Sequence[int]],
-    parameters: Mapping[str, TensorTessellateParameters],
+    parameters: Mapping[str, TensorTessellateParameters] | str,
 ) -> LayoutPlan:
-    """Choose the DRAM format of every MLA boundary tensor (module docstring)."""
+    """Choose the DRAM format of every MLA boundary tensor (module docstring).
+
+    `parameters="default"` asks for MLA-side tessellation (HWC in, HWC16 out) on every 4-D
+    pipeline input and output the MLA can read or write directly.
+    """
+    if parameters == DEFAULT:
+        parameters = default_direct_parameters(partition, shapes)
     stages = partition.stages
     producer = {name: stage for stage in stages for step in stage.steps for name in _outs(step)}
-    producing_step = {name: step for stage in stages for step in stage.steps for name in _outs(step)}
+    producing_step = {
+        name: step for stage in stages for step in stage.steps for name in _outs(step)
+    }
     readers: dict[str, list] = {}
     for stage in stages:
         for name in stage.inputs:
@@ -126,7 +139,9 @@ def plan_layouts(
         direct = (
             tensor not in partition.output_names
             and dequantized
-            and all(name in partition.output_names and not readers.get(name) for name in dequantized)
+            and all(
+                name in partition.output_names and not readers.get(name) for name in dequantized
+            )
             and all(
                 stage.kernel == "dequantize" and set(stage.inputs) <= set(mla_outputs)
                 for stage in consumers
@@ -143,6 +158,24 @@ def plan_layouts(
         for name in dequantized:
             plan.pipeline_outputs[name] = layout
     return plan
+
+
+def default_direct_parameters(
+    partition: Partition, shapes: Mapping[str, Sequence[int]]
+) -> dict[str, TensorTessellateParameters]:
+    """HWC / HWC16 MLA-side tessellation for every pipeline edge where it is possible."""
+    candidates = default_parameters(
+        [(n, shapes.get(n, ())) for n in partition.input_names],
+        [(n, shapes.get(n, ())) for n in partition.output_names],
+    )
+    chosen: dict[str, TensorTessellateParameters] = {}
+    for name, params in candidates.items():
+        try:
+            plan_layouts(partition, shapes, {**chosen, name: params})
+        except CompileError:
+            continue
+        chosen[name] = params
+    return chosen
 
 
 def _outs(step) -> tuple[str, ...]:

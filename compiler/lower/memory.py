@@ -217,9 +217,9 @@ def verify_plan(plan: MemoryPlan) -> None:
                         f"[{placement.offset}, {placement.end}) are live together"
                     )
             active.append(placement)
-        if space == "ARENA" and plan.capacity is not None and placed:
-            if max(p.end for p in placed) > plan.capacity:
-                raise CompileError("the arena plan exceeds the arena capacity")
+        arena_end = max((p.end for p in placed), default=0)
+        if space == "ARENA" and plan.capacity is not None and arena_end > plan.capacity:
+            raise CompileError("the arena plan exceeds the arena capacity")
 
 
 # --- orders -------------------------------------------------------------------------------------

@@ -62,9 +62,13 @@ from compiler.lower.schedule import (
     build_timeline,
     schedule_layers,
 )
-from compiler.lower.tessellate import TensorTessellateParameters, coerce_parameters
+from compiler.lower.tessellate import (
+    TensorDRAMLayout,
+    TensorTessellateParameters,
+    coerce_parameters,
+)
 from compiler.runtime.program import DequantizeStep, QuantizeStep
-from surgery.targets import Target, resolve_target
+from surgery.targets import resolve_target
 
 DRAM_ALIGNMENT = 64
 PROCESSOR_NAMES = {"MLA": "MLA", "CVU": "EV74", "APU": "A65"}
@@ -78,7 +82,7 @@ class CompileOptions:
     target: str = "mlsoc"
     batch_size: int = 1
     compress: bool = True
-    tessellate_parameters: Mapping[str, TensorTessellateParameters] | None = None
+    tessellate_parameters: Mapping[str, TensorTessellateParameters] | str | None = None
     memory_plan_strategy: Strategy = "BestFit"
     compute_order: ComputeOrder = "WidthFirst"
     single_core_mode: bool = False
@@ -205,7 +209,7 @@ class CompiledModel:
 
 
 @dataclass
-class _SegmentPrep:
+class SegmentPrep:
     """An MLA segment up to memory planning; `plan(batch)` scales it to a batch."""
 
     stage: Stage
@@ -236,8 +240,10 @@ def compile_pipeline(
     types = tensor_types(partition)
     shapes = {n: t.shape for n, t in types.items()}
     layouts = plan_layouts(partition, shapes, options.tessellate_parameters or {})
+    if options.tessellate_parameters == "default":
+        options = replace(options, tessellate_parameters=_chosen(layouts))
     preps = [
-        _prepare_segment(stage, partition, types, options.compute_order)
+        prepare_segment(stage, partition, types, options.compute_order)
         for stage in partition.mla_stages
     ]
     strategy = options.memory_plan_strategy
@@ -253,13 +259,23 @@ def compile_pipeline(
         return plan
 
     planners = [planner(i) for i in range(len(preps))]
-    batch = largest_fitting_batch(planners, options.batch_size) if preps else BatchChoice(
-        options.batch_size, options.batch_size, "no MLA segment"
+    batch = (
+        largest_fitting_batch(planners, options.batch_size)
+        if preps
+        else BatchChoice(options.batch_size, options.batch_size, "no MLA segment")
     )
     segments = [
-        _generate_segment(
-            prep, planners[i](batch.actual), batch.actual, partition, layouts, types, hardware,
-            quads, name, options,
+        generate_segment(
+            prep,
+            planners[i](batch.actual),
+            batch.actual,
+            partition,
+            layouts,
+            types,
+            hardware,
+            quads,
+            name,
+            options,
         )
         for i, prep in enumerate(preps)
     ]
@@ -299,9 +315,10 @@ def compile_pipeline(
 # --- one MLA segment ------------------------------------------------------------------------------
 
 
-def _prepare_segment(
+def prepare_segment(
     stage: Stage, partition: Partition, types: Mapping[str, TensorType], order: ComputeOrder
-) -> _SegmentPrep:
+) -> SegmentPrep:
+    """Fuse, schedule and lay out the timeline of one MLA stage; live ranges per frame."""
     leaving = set(stage.outputs)
     layers = fuse_layers(stage, partition.constants, leaving)
     roots: dict[str, str] = {}
@@ -331,16 +348,15 @@ def _prepare_segment(
             writes = tuple(root(n) for n in layer.outputs if n not in direct_outputs)
             accesses.append((reads, () if layer.is_view else writes))
     working = sorted(
-        {root(n) for layer in layers for n in (*layer.inputs, *layer.outputs)}
-        - direct_outputs
+        {root(n) for layer in layers for n in (*layer.inputs, *layer.outputs)} - direct_outputs
     )
     sizes = {n: math.prod(types[n].shape) * types[n].dtype.itemsize for n in working}
     live = live_ranges(accesses, sizes)
-    return _SegmentPrep(stage, layers, items, roots, working, direct_outputs, live)
+    return SegmentPrep(stage, layers, items, roots, working, direct_outputs, live)
 
 
-def _generate_segment(
-    prep: _SegmentPrep,
+def generate_segment(
+    prep: SegmentPrep,
     plan: MemoryPlan,
     batch: int,
     partition: Partition,
@@ -351,6 +367,11 @@ def _generate_segment(
     model_name: str,
     options: CompileOptions,
 ) -> CompiledSegment:
+    """Addresses from the plan, instructions from the layers, then the program and its ELF.
+
+    DRAM holds the segment's inputs and outputs in their boundary layouts (64-byte aligned, in
+    that order) and then the scratch space of spilled tensors.
+    """
     stage = prep.stage
     boundary: dict[str, Storage] = {}
     offset = 0
@@ -548,6 +569,15 @@ def _assemble(
             "params": plugin.params,
         }
     return stages
+
+
+def _chosen(layouts: LayoutPlan) -> dict[str, TensorTessellateParameters]:
+    """The parameters "default" resolved to, keyed by pipeline input / output name."""
+    chosen = {}
+    for name, layout in (*layouts.pipeline_inputs.items(), *layouts.pipeline_outputs.items()):
+        if layout != "NCHW":
+            chosen[name] = TensorTessellateParameters(dram_layout=TensorDRAMLayout(layout))
+    return chosen
 
 
 def _reorder_stage(kernel: str, formats, spec) -> PipelineStage:

@@ -94,10 +94,20 @@ class TensorTessellateParameters:
 TessellateParameters = Mapping[str, TensorTessellateParameters]
 
 
-def coerce_parameters(parameters: Any) -> dict[str, TensorTessellateParameters]:
-    """Accept None, {name: TensorTessellateParameters} or {name: dict} (e.g. from JSON)."""
+DEFAULT = "default"
+"""`tessellate_parameters="default"`: MLA-side tessellation wherever the pipeline allows it."""
+
+
+def coerce_parameters(parameters: Any) -> dict[str, TensorTessellateParameters] | str:
+    """Accept None, "default", {name: TensorTessellateParameters} or {name: dict} (JSON)."""
     if parameters is None:
         return {}
+    if isinstance(parameters, str):
+        if parameters != DEFAULT:
+            raise CompileError(
+                f"tessellate_parameters must be a mapping or {DEFAULT!r}, not {parameters!r}"
+            )
+        return DEFAULT
     if not isinstance(parameters, Mapping):
         raise CompileError("tessellate_parameters must map tensor names to parameters")
     result: dict[str, TensorTessellateParameters] = {}
@@ -117,7 +127,7 @@ def coerce_parameters(parameters: Any) -> dict[str, TensorTessellateParameters]:
 def default_parameters(
     inputs: Sequence[tuple[str, Sequence[int]]], outputs: Sequence[tuple[str, Sequence[int]]]
 ) -> dict[str, TensorTessellateParameters]:
-    """MLA-side tessellation for every 4-D pipeline input (HWC) and output (HWC16)."""
+    """MLA-side tessellation for the given 4-D pipeline inputs (HWC) and outputs (HWC16)."""
     params: dict[str, TensorTessellateParameters] = {}
     for name, shape in inputs:
         if len(shape) == 4:

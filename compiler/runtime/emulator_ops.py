@@ -98,6 +98,14 @@ def output_stage(
     return np.clip(scaled + requant.zero_point, requant.low, requant.high)
 
 
+def _same_dtype(what: str, source: Tensor, target: Tensor) -> None:
+    """Without a rescale the codes are moved as they are, so the storage types must agree."""
+    if source.dtype != target.dtype:
+        raise EmulatorError(
+            f"{what} without a rescale keeps the dtype: {source.dtype.name} -> {target.dtype.name}"
+        )
+
+
 def _centred(memory: MemoryPort, tensor: Tensor, zero_point: int) -> np.ndarray:
     return memory.read(tensor).astype(np.int64) - zero_point
 
@@ -324,6 +332,8 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
             pooled = output_stage(
                 memory, pooled - instruction.input_zero_point, instruction.requant
             )
+        else:
+            _same_dtype("a MAX POOL", instruction.input, instruction.output)
         memory.write(instruction.output, pooled)
         return
     if instruction.requant is None:
@@ -370,6 +380,8 @@ def execute_reduce(instruction: Reduce, memory: MemoryPort) -> None:
             result = output_stage(
                 memory, result - instruction.input_zero_point, instruction.requant
             )
+        else:
+            _same_dtype("a MAX/MIN REDUCE", instruction.input, instruction.output)
     if result.size != instruction.output.size:
         raise EmulatorError(
             f"REDUCE gives {result.shape}; the output {instruction.output.shape} differs in size"
@@ -391,10 +403,8 @@ def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
         rows = memory.read(table).astype(np.int64)
         if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
             raise EmulatorError(f"RESIZE table of shape {rows.shape}")
-        if (
-            rows[: 2 if linear else 1].min(initial=0) < 0
-            or rows[:2].max(initial=0) >= x.shape[axis]
-        ):
+        indices = rows[:2] if linear else rows[:1]
+        if indices.min(initial=0) < 0 or indices.max(initial=0) >= x.shape[axis]:
             raise EmulatorError(f"RESIZE index table points outside axis {axis}")
         if linear:
             x0, x1, w0, w1 = rows
@@ -414,6 +424,8 @@ def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
         x = output_stage(memory, x, instruction.requant)
     elif instruction.requant is not None:
         x = output_stage(memory, x - instruction.input_zero_point, instruction.requant)
+    else:
+        _same_dtype("a NEAREST RESIZE", instruction.input, instruction.output)
     memory.write(instruction.output, x)
 
 

@@ -19,3 +19,4 @@ def main() -> None:
 
 
 __all__ = ["app", "main"]
+from surgery.cli import compile as _compile  # noqa: E402,F401  (registers compile/archive/run)

@@ -112,7 +112,8 @@ class Rule:
         """
         applied = []
         for m in matches:
-            if not set(m.nodes) <= {n.name for n in graph.nodes}:
+            live = {n.name for n in graph.nodes if n.outputs}  # detached nodes await cleanup
+            if not set(m.nodes) <= live:
                 continue
             self.apply(graph, m, params, ctx)
             applied.append(m)

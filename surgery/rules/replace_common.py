@@ -8,8 +8,9 @@ Three things every replacement needs and none should re-invent:
   hard-coded op list. `net_freed` turns the probes into the blockers a match reports.
 - **Pattern lookups on the read-only view** (`Pattern`): producers, sole consumers, attributes
   and constant values, by op structure only (node names are never part of a pattern).
-- **Small graphsurgeon edits** (`Editor`): fresh names for new nodes, tensors and constants, and
-  the IR < 4 rule that every initializer is also a graph input (legacy Caffe2 exports).
+- **Small graphsurgeon edits** (`Editor`): fresh names for new nodes, tensors and constants,
+  constant values through the pre-edit context, and (`GraphRule`) one edit per match with
+  overlapping matches skipped.
 """
 
 from __future__ import annotations
@@ -458,23 +459,12 @@ class Editor:
             n.outputs.clear()
 
 
-def keep_initializers_as_inputs(graph: gs.Graph, ctx: RuleContext) -> None:
-    """IR < 4 requires every initializer to be a graph input too; list new constants there."""
-    if ctx.model.ir_version >= 4:
-        return
-    listed = {t.name for t in graph.inputs}
-    for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Constant) and tensor.outputs and tensor.name not in listed:
-            graph.inputs.append(tensor)
-            listed.add(tensor.name)
-
-
 class GraphRule(Rule):
     """A rule that edits through an `Editor`, one match at a time.
 
     `edit` returns False when the match no longer holds on the graph as edited so far (an
     earlier overlapping match rewrote it); such matches are not reported as applied. Matches
-    whose nodes an earlier match detached are skipped. Legacy (IR < 4) models stay valid.
+    whose nodes an earlier match detached are skipped.
     """
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
@@ -493,7 +483,6 @@ class GraphRule(Rule):
                 continue
             if self.edit(ed, m, params) is not False:
                 applied.append(m)
-        keep_initializers_as_inputs(graph, ctx)
         return applied
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import onnx
 
 from surgery.coverage import SUGGESTERS, CoverageReport
-from surgery.errors import SurgeryError
 from surgery.graph import GraphView
 from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
 from surgery.targets import Target
+
+log = logging.getLogger(__name__)
 
 
 def rule_matches(
@@ -26,7 +28,8 @@ def rule_matches(
     for rule in rules if rules is not None else [cls() for cls in all_rules()]:
         try:
             matches = rule.find(ctx, rule.Params())
-        except (SurgeryError, ValueError, KeyError, IndexError):
+        except Exception:  # noqa: BLE001 - one rule's bug must not break check or fix
+            log.warning("rule %s could not analyse the model", rule.name, exc_info=True)
             continue
         if matches:
             found.append((rule, matches))

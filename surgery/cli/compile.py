@@ -1,0 +1,358 @@
+"""`surgery compile`, `surgery archive`, `surgery run`: QDQ model -> archive -> emulated run.
+
+`compile` lowers a quantized model to `<name>_mpk.tar.gz` and reports the .elf count, each MLA
+segment's peak arena against its lower bound, and cycles. `archive` shows what an archive
+holds. `run` executes its pipeline (the emulator for MLA stages) and, with
+`--compare-reference`, checks the outputs against the integer reference executor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
+from surgery.cli.options import JsonOpt, TargetOpt
+from surgery.errors import SurgeryError
+
+ArchiveArg = Annotated[Path, typer.Argument(help="A compiled archive (<name>_mpk.tar.gz).")]
+
+
+@app.command("compile")
+@handle_errors
+def compile_command(
+    model: Annotated[Path, typer.Argument(help="Quantized (QDQ) ONNX model to compile.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Directory for <name>_mpk.tar.gz.")
+    ],
+    target: TargetOpt = "mlsoc",
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size", min=1, help="Batch wanted; the largest batch up to it that fits."
+        ),
+    ] = 1,
+    memory_plan: Annotated[
+        str,
+        typer.Option(
+            "--memory-plan",
+            help="Arena planning: BestFit, GreedyBySize, GreedyByLifetime, SlowPeakGrowth.",
+        ),
+    ] = "BestFit",
+    compute_order: Annotated[
+        str, typer.Option("--compute-order", help="Layer order: WidthFirst or DepthFirst.")
+    ] = "WidthFirst",
+    tessellate_default: Annotated[
+        bool,
+        typer.Option(
+            "--tessellate-default",
+            help="Let the MLA read HWC inputs and write HWC16 outputs directly "
+            "(no CVU tessellate / detessellate stages where possible).",
+        ),
+    ] = False,
+    single_core: Annotated[
+        bool, typer.Option("--single-core", help="Use one quad (single_core_mode).")
+    ] = False,
+    compress: Annotated[
+        bool, typer.Option("--compress/--no-compress", help="zlib-compress each ELF's .rodata.")
+    ] = True,
+    custom_string: Annotated[
+        str | None, typer.Option("--custom-string", help="Stored in the archive and every ELF.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Model name (default: the file name).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compile a QDQ model into <name>_mpk.tar.gz: one .elf per MLA segment plus host stages."""
+    from compiler.compile import compile_model
+
+    result = compile_model(
+        model,
+        output,
+        target=target,
+        batch_size=batch_size,
+        compress=compress,
+        tessellate_parameters="default" if tessellate_default else None,
+        memory_plan_strategy=memory_plan,  # type: ignore[arg-type]
+        compute_order=compute_order,  # type: ignore[arg-type]
+        single_core_mode=single_core,
+        custom_string=custom_string,
+        model_name=name,
+    )
+    if as_json:
+        emit_json(result.to_dict())
+        raise typer.Exit(EXIT_OK)
+    console.print(f"[bold]{result.archive}[/]", highlight=False)
+    console.print(
+        f"{len(result.elf_files)} .elf file(s) for {result.mla_segments} MLA segment(s) "
+        f"(surgery check); batch {result.actual_batch_size} of {result.desired_batch_size} "
+        f"requested; {result.quads} quad(s); {result.compile_seconds:.2f} s",
+        highlight=False,
+    )
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("segment", "layers", "peak arena", "lower bound", "peak/bound", "cycles"):
+        table.add_column(column, justify="left" if column == "segment" else "right")
+    for segment in result.segments:
+        bound = segment["lower_bound_bytes"] or 1
+        table.add_row(
+            segment["name"],
+            str(segment["layers"]),
+            f"{segment['peak_bytes']:,}",
+            f"{segment['lower_bound_bytes']:,}",
+            f"{segment['peak_bytes'] / bound:.3f}",
+            f"{segment['cycles']:,}",
+        )
+    console.print(table)
+    console.print(
+        "pipeline: " + " → ".join(f"{s['name']} ({s['processor']})" for s in result.stages),
+        highlight=False,
+    )
+    console.print(f"total MLA cycles (static schedule): {result.total_cycles:,}")
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+@app.command("archive")
+@handle_errors
+def archive_command(
+    archive: ArchiveArg,
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Also list every MLA layer's start and end cycle.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show what a compiled archive holds: the pipeline, its executables and MLA programs."""
+    from compiler.archive import read_archive
+
+    opened = read_archive(archive)
+    summary = opened.summary()
+    if stats:
+        summary["mla_stats"] = {str(k): v for k, v in sorted(opened.stats.items())}
+    if as_json:
+        emit_json(summary)
+        raise typer.Exit(EXIT_OK)
+    console.print(
+        f"[bold]{summary['name']}[/] for {summary['target']} — {len(summary['elf_files'])} .elf, "
+        f"batch {summary['actual_batch_size']} (asked {summary['desired_batch_size']})",
+        highlight=False,
+    )
+    console.print(f"[dim]{summary['model_sdk_version']}; model {summary['model_path']}[/]")
+    if summary["custom_string"]:
+        console.print(f"custom string: {summary['custom_string']}", highlight=False)
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("#", "plugin", "processor", "kernel", "executable", "cycles", "peak / bound"):
+        table.add_column(column)
+    for plugin in summary["plugins"]:
+        peak = plugin.get("peak_bytes")
+        table.add_row(
+            str(plugin["sequence"]),
+            plugin["name"],
+            plugin["processor"],
+            str(plugin["kernel"]),
+            plugin["executable"] or "(built-in)",
+            f"{plugin['static_cycles']:,}" if plugin.get("static_cycles") is not None else "",
+            f"{peak:,} / {plugin['lower_bound_bytes']:,}" if peak is not None else "",
+        )
+    console.print(table)
+    if stats:
+        layers = Table(show_edge=False, header_style="bold")
+        for column in ("idx", "layer", "start", "end"):
+            layers.add_column(column)
+        for index, entry in sorted(opened.stats.items()):
+            layers.add_row(
+                str(index), entry["name"], str(entry["start_cycle"]), str(entry["end_cycle"])
+            )
+        console.print(layers)
+    for note in summary["notes"]:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+@app.command("run")
+@handle_errors
+def run_command(
+    archive: ArchiveArg,
+    inputs: Annotated[
+        Path | None,
+        typer.Option(
+            "--inputs",
+            "-i",
+            help="An .npz keyed by input name (NCHW; frames on axis 0).",
+            metavar="FILE.npz",
+        ),
+    ] = None,
+    save_outputs: Annotated[
+        Path | None,
+        typer.Option("--save-outputs", help="Write the outputs to this .npz.", metavar="FILE.npz"),
+    ] = None,
+    compare_reference: Annotated[
+        bool,
+        typer.Option(
+            "--compare-reference",
+            help="Also run the QDQ model in the integer reference executor and compare.",
+        ),
+    ] = False,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="The QDQ model for --compare-reference (default: the "
+            "model_path recorded in the archive).",
+        ),
+    ] = None,
+    frames: Annotated[
+        int, typer.Option(min=1, help="Random frames to run when --inputs is not given.")
+    ] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run an archive's pipeline: CVU kernels in numpy, MLA stages in the bit-exact emulator.
+
+    Exit code: 0 on success (and bit-exact with --compare-reference), 1 when
+    --compare-reference finds a difference, 2 on bad input.
+    """
+    from compiler.archive import read_archive
+    from compiler.runtime.pipeline import run_archive
+
+    opened = read_archive(archive)
+    feed = _load_inputs(inputs) if inputs else _random_inputs(opened.manifest, frames, seed)
+    try:
+        outputs, stats = run_archive(opened, feed)
+    except (RuntimeError, ValueError) as error:
+        raise SurgeryError(f"running {archive} failed: {error}") from error
+    report: dict[str, Any] = {"archive": str(archive), "outputs": [], "stats": stats.to_dict()}
+    verdict = True
+    references = _reference(opened, model, feed) if compare_reference else {}
+    for name, value in outputs.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "shape": list(value.shape),
+            "dtype": str(value.dtype),
+            "min": float(np.min(value)) if value.size else None,
+            "max": float(np.max(value)) if value.size else None,
+        }
+        if compare_reference:
+            reference = references[name]
+            same_shape = reference.shape == value.shape
+            diff = (
+                float(np.max(np.abs(value.astype(np.float64) - reference.astype(np.float64))))
+                if same_shape and value.size
+                else (0.0 if same_shape else None)
+            )
+            exact = bool(same_shape and np.array_equal(value, reference))
+            entry["max_abs_diff_vs_reference"] = diff
+            entry["bit_exact"] = exact
+            verdict = verdict and exact
+        report["outputs"].append(entry)
+    if save_outputs:
+        np.savez(save_outputs, **outputs)
+        report["saved"] = str(save_outputs)
+    code = EXIT_OK if verdict else EXIT_VERDICT
+    if as_json:
+        emit_json(report)
+        raise typer.Exit(code)
+    _render_run(report, compare_reference)
+    raise typer.Exit(code)
+
+
+def _load_inputs(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError) as error:
+        raise SurgeryError(f"{path}: not a readable .npz ({error})") from None
+
+
+def _random_inputs(document: dict[str, Any], frames: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for node in document["input_nodes"]:
+        shape = list(node["shape"]) or [1]
+        shape[0] *= frames
+        dtype = np.dtype(node["dtype"])
+        if dtype.kind == "f":
+            feed[node["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
+        else:
+            feed[node["name"]] = rng.integers(0, 100, shape).astype(dtype)
+    return feed
+
+
+def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The integer reference executor's outputs on the same frames."""
+    from compiler.archive import model_checksum
+    from compiler.runtime import IntegerExecutor
+    from surgery.model import read_model
+
+    document = opened.manifest
+    path = model or Path(document.get("model_path", ""))
+    if not path or not path.is_file():
+        raise SurgeryError(
+            f"--compare-reference needs the QDQ model; {str(path)!r} is not a file",
+            hint="pass it with --model PATH",
+        )
+    if model is None and model_checksum(path.read_bytes()) != document.get("model_checksum"):
+        raise SurgeryError(
+            f"{path} changed since the archive was compiled (checksum differs)",
+            hint="pass the compiled model with --model PATH",
+        )
+    executor = IntegerExecutor(read_model(path), document.get("requantization_mode", "sima"))
+    nodes = document["input_nodes"]
+    heads = {n["name"]: (n["shape"][0] if n["shape"] else 1) for n in nodes}
+    count = max(1, feed[nodes[0]["name"]].shape[0] // heads[nodes[0]["name"]]) if nodes else 1
+    results: dict[str, list[np.ndarray]] = {}
+    for k in range(count):
+        frame = {name: feed[name][k * h : (k + 1) * h] for name, h in heads.items()}
+        for name, value in executor.run(frame).items():
+            results.setdefault(name, []).append(np.asarray(value))
+    return {name: np.concatenate(parts, axis=0) for name, parts in results.items()}
+
+
+def _render_run(report: dict[str, Any], compared: bool) -> None:
+    stats = report["stats"]
+    console.print(
+        f"[bold]{report['archive']}[/]: {stats['frames']} frame(s), batch "
+        f"{stats['actual_batch_size']}, {stats['wall_seconds']:.3f} s",
+        highlight=False,
+    )
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("stage", "processor", "kernel", "cycles", "µs / frame", "estimate"):
+        table.add_column(column)
+    for stage in stats["stages"]:
+        table.add_row(
+            stage["name"],
+            stage["processor"],
+            stage["kernel"],
+            f"{stage['stall_aware_cycles']:,}" if stage["stall_aware_cycles"] else "",
+            f"{stage['latency_us_per_frame']:.2f}",
+            stage["estimate"],
+        )
+    console.print(table)
+    console.print(f"latency per frame: {stats['latency_us_per_frame']:.2f} µs")
+    outputs = Table(show_edge=False, header_style="bold")
+    for column in (
+        "output",
+        "shape",
+        "min",
+        "max",
+        *(("max |Δ| vs ref", "bit-exact") if compared else ()),
+    ):
+        outputs.add_column(column)
+    for entry in report["outputs"]:
+        row = [
+            entry["name"],
+            json.dumps(entry["shape"]),
+            f"{entry['min']:.6g}",
+            f"{entry['max']:.6g}",
+        ]
+        if compared:
+            row += [
+                f"{entry['max_abs_diff_vs_reference']:.6g}",
+                "yes" if entry["bit_exact"] else "[red]no[/]",
+            ]
+        outputs.add_row(*row)
+    console.print(outputs)
