@@ -133,18 +133,12 @@ def test_compute_ops_are_bit_exact(case: str) -> None:
     _assert_bit_exact(model, feeds)
 
 
-def test_layer_normalization_and_reduce_mean_are_bit_exact() -> None:
-    nodes = [
-        helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
-        helper.make_node("ReduceMean", ["n", "axes"], ["y"], keepdims=0),
-    ]
-    initializers = {
-        "g": _weights(rng, 8) + 1,
-        "b": _weights(rng, 8),
-        "axes": np.array([2], np.int64),
-    }
+def test_layer_normalization_is_bit_exact() -> None:
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)]
+    initializers = {"g": _weights(rng, 8) + 1, "b": _weights(rng, 8)}
     model, feeds = _ort_case(nodes, {"x": (1, 3, 5, 8)}, ["y"], initializers, opset=18)
     _assert_bit_exact(model, feeds)
+    _assert_bit_exact(model, feeds, batch=2)
 
 
 @pytest.mark.parametrize("order", ["WidthFirst", "DepthFirst"])
@@ -175,7 +169,7 @@ def _movement(node, shape, **kwargs):
     return model, feeds
 
 
-MOVEMENT_CASES = {
+HAND_WRAPPED_CASES = {
     "transpose": (helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 3, 1]), (1, 3, 4, 5), {}),
     "reshape_rescaled": (
         helper.make_node("Reshape", ["x", "shape"], ["y"]), (1, 3, 4, 5),
@@ -229,6 +223,25 @@ MOVEMENT_CASES = {
         {"initializers": {"pads": np.array([0, 0, 2, 3, 0, 0, 1, 2], np.int64)}, "opset": 19},
     ),
     "flatten": (helper.make_node("Flatten", ["x"], ["y"], axis=2), (1, 3, 4, 5), {"out_scale": 0.06}),
+    "reduce_mean_two_axes": (
+        helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0), (1, 3, 4, 5),
+        {"initializers": {"axes": np.array([2, 3], np.int64)}, "opset": 18, "out_scale": 0.02},
+    ),
+    "reduce_sum_channels": (
+        helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1), (1, 3, 4, 5),
+        {"initializers": {"axes": np.array([1], np.int64)}, "out_scale": 0.2},
+    ),
+    "reduce_max": (
+        helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=1), (1, 3, 4, 5),
+        {"initializers": {"axes": np.array([3], np.int64)}, "opset": 18, "out_scale": 0.04},
+    ),
+    "reduce_min_all": (
+        helper.make_node("ReduceMin", ["x"], ["y"], keepdims=0), (1, 3, 4, 5), {"opset": 18},
+    ),
+    "hard_swish_table": (helper.make_node("HardSwish", ["x"], ["y"]), (1, 3, 4, 5), {}),
+    "leaky_relu_table": (
+        helper.make_node("LeakyRelu", ["x"], ["y"], alpha=0.1), (1, 3, 4, 5), {"out_scale": 0.03},
+    ),
     "squeeze_unsqueeze": (
         helper.make_node("Unsqueeze", ["x", "axes"], ["y"]), (1, 3, 4, 5),
         {"initializers": {"axes": np.array([2], np.int64)}, "out_scale": 0.03},
@@ -236,9 +249,9 @@ MOVEMENT_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(MOVEMENT_CASES))
-def test_data_movement_is_bit_exact(case: str) -> None:
-    node, shape, kwargs = MOVEMENT_CASES[case]
+@pytest.mark.parametrize("case", sorted(HAND_WRAPPED_CASES))
+def test_hand_wrapped_ops_are_bit_exact(case: str) -> None:
+    node, shape, kwargs = HAND_WRAPPED_CASES[case]
     model, feeds = _movement(node, shape, **kwargs)
     _assert_bit_exact(model, feeds)
     _assert_bit_exact(model, feeds, batch=2)

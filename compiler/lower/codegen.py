@@ -906,6 +906,18 @@ _PER_SAMPLE = (
 )
 
 
+def writes_c_order_only(layer: Layer) -> bool:
+    """Layers whose output must be C-ordered (they reshape it): never written to HWC DRAM."""
+    kernel = layer.step.kernel
+    if isinstance(kernel, SoftmaxKernel):
+        return kernel.flatten
+    if isinstance(kernel, MoveKernel) and layer.step.pattern == "Gather":
+        move = kernel.move
+        indices = move.keywords.get("indices") if isinstance(move, partial) else None
+        return indices is not None and np.ndim(indices) > 1
+    return False
+
+
 def batches_over_axis0(layer: Layer, frame_shapes: Sequence[tuple[int, ...]]) -> bool:
     """Whether one instruction may process every frame (axis 0 = independent samples)."""
     kernel = layer.step.kernel

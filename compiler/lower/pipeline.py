@@ -34,7 +34,13 @@ from compiler.isa import (
     layout_nbytes,
 )
 from compiler.lower.batch import BatchChoice, largest_fitting_batch
-from compiler.lower.codegen import Constants, Storage, emit_copy, emit_layer
+from compiler.lower.codegen import (
+    Constants,
+    Storage,
+    emit_copy,
+    emit_layer,
+    writes_c_order_only,
+)
 from compiler.lower.errors import CompileError
 from compiler.lower.fusion import Layer, fuse_layers
 from compiler.lower.layout import LayoutPlan, plan_layouts
@@ -332,6 +338,7 @@ def prepare_segment(
         if layer.view_of is not None:
             roots[layer.outputs[0]] = root(layer.view_of)
     read_inside = {n for layer in layers for n in layer.inputs}
+    read_inside |= {n for layer in layers if writes_c_order_only(layer) for n in layer.outputs}
     resident_outputs = [n for n in stage.outputs if n in read_inside]
     direct_outputs = leaving - set(resident_outputs)
     schedule = schedule_layers(layers, order)

@@ -162,6 +162,13 @@ def fix_command(
     ] = None,
     workspace: WorkspaceOpt = Path(".surgery"),
     input_shape: InputShapeOpt = None,
+    inputs: Annotated[
+        Path | None,
+        typer.Option(
+            "--inputs",
+            help="A .npz of real inputs to verify every step with (default: seeded random).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Apply verified rules until the model maps to one MLA segment (exit 0) or nothing helps (1)."""

@@ -111,7 +111,7 @@ def fix_model(
     current = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
     ctx = RuleContext.build(current, tgt)
     result = FixResult(current, tgt.name, ctx.coverage, ctx.coverage)
-    reference = Reference.of(current, inputs)
+    reference: Reference | None = None  # computed on first use: nothing to run if nothing applies
     tried: set[str] = set()
     while len(result.steps) < max_steps:
         if ctx.coverage.single_elf and not ctx.coverage.blockers:
@@ -119,6 +119,8 @@ def fix_model(
         applied = False
         for _, _, rule, _ in _candidates(rules, ctx, tried):
             try:
+                if reference is None:
+                    reference = Reference.of(current, inputs)
                 step = apply_rule(current, rule, tgt, reference=reference, ctx=ctx)
             except SurgeryError as exc:
                 result.rejected.append({"rule": rule.name, "reason": exc.message})
@@ -160,10 +162,27 @@ def fix_model(
     result.model = current
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
-        result.notes.append(
-            f"stopped at {ctx.coverage.mla_segments} MLA segments: no rule removes the remaining blockers"
-        )
+        result.notes.append(_explain_stop(ctx.coverage))
     return result
+
+
+def _explain_stop(cov: CoverageReport) -> str:
+    """Why the loop ended short of one segment, in terms a user can act on."""
+    ops = sorted({b.op_type for b in cov.blockers})
+    control = [op for op in ops if op in ("If", "Loop", "Scan")]
+    text = (
+        f"stopped at {cov.mla_segments} MLA segment(s): no verified rule removes the remaining "
+        f"blockers ({', '.join(ops[:12])}{' …' if len(ops) > 12 else ''})"
+    )
+    if control:
+        text += (
+            f"; {'/'.join(control)} control flow runs on the APU with its subgraphs (the network "
+            "inside the branches is not placed on the MLA) — if one branch is always taken, extract "
+            "it with `surgery split` or inline it, then run fix on that model"
+        )
+    if cov.mla_segments == 0:
+        text += "; nothing in the top-level graph can run on the MLA"
+    return text
 
 
 def _place_small_islands(
@@ -171,7 +190,7 @@ def _place_small_islands(
     current: onnx.ModelProto,
     ctx: RuleContext,
     target: Target,
-    reference: Reference,
+    reference: Reference | None,
     on_step: StepCallback | None,
     on_rewrite: Callable[[RewriteResult], None] | None,
 ) -> tuple[onnx.ModelProto, RuleContext]:

@@ -75,10 +75,14 @@ def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
     for o in like.opset_import:
         if o.domain not in declared:
             model.opset_import.append(o)
-    default_version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    default_version = next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0
+    )
     if default_version > default.get("", default.get("ai.onnx", 0)):
         try:  # a rule that raised the opset must raise the IR version with it
-            needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", default_version)])
+            needed = onnx.helper.find_min_ir_version_for(
+                [onnx.helper.make_opsetid("", default_version)]
+            )
             model.ir_version = max(model.ir_version, needed)
         except (KeyError, ValueError):
             pass
