@@ -21,12 +21,16 @@ def check_model(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     op_target: Mapping[str, str] | None = None,
+    suggest: bool = True,
 ) -> CoverageReport:
-    """Which nodes run on the MLA/CVU/APU of `target`, the MLA segments, and the blockers."""
+    """Which nodes run on the MLA/CVU/APU of `target`, the MLA segments, and the blockers.
+
+    `suggest` also asks every rewrite rule which blockers it removes (`suggested_rules`).
+    """
     tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
     with gc_paused():
         loaded, view = open_model(model, input_shapes)
-        return analyze_coverage(loaded, tgt, op_target=op_target, view=view)
+        return analyze_coverage(loaded, tgt, op_target=op_target, view=view, suggest=suggest)
 
 
 @contextmanager

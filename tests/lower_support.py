@@ -150,7 +150,10 @@ def emulate_all_integer_steps(
         executor.run(feed)
         captured.append(dict(executor.intermediates))
     emulator = Emulator(segment.program, hardware)
-    results = emulator.run(
-        {n: np.concatenate([c[n] for c in captured]) for n in stage.inputs}
-    )
-    return {n: (results[n], np.concatenate([c[n] for c in captured])) for n in stage.outputs}
+    results = emulator.run({n: _stack([c[n] for c in captured]) for n in stage.inputs})
+    return {n: (results[n], _stack([c[n] for c in captured])) for n in stage.outputs}
+
+
+def _stack(frames: list[np.ndarray]) -> np.ndarray:
+    """Frames stacked on axis 0 (a 0-d frame counts as one element)."""
+    return np.concatenate([np.reshape(f, (1,)) if np.ndim(f) == 0 else f for f in frames])

@@ -598,3 +598,15 @@ def _reorder_stage(kernel: str, formats, spec) -> PipelineStage:
         inputs = [spec(f.tensor, f.layout) for f in formats]
         outputs = [spec(f.tensor) for f in formats]
     return PipelineStage(kernel, "CVU", kernel, inputs, outputs, {"tensors": tensors})
+
+
+def segment_live_tensors(
+    qdq_model: onnx.ModelProto, target: str | Target = "mlsoc", order: ComputeOrder = "WidthFirst"
+) -> dict[str, list[LiveTensor]]:
+    """Per MLA segment, the tensors the memory planner places (batch 1): for benchmarks."""
+    partition = partition_model(qdq_model, target)
+    types = tensor_types(partition)
+    return {
+        stage.name: prepare_segment(stage, partition, types, order).live
+        for stage in partition.mla_stages
+    }
