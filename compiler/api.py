@@ -30,7 +30,7 @@ import onnx
 import onnxruntime as ort
 
 from compiler.defines import QuantizationParams, default_quantization
-from compiler.quantize.calibrate import Progress
+from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.data import load_calibration_data
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.quantizer import METADATA_KEY, quantize_model
@@ -48,16 +48,9 @@ SIDECAR_SUFFIX = ".quant.json"
 SIDECAR_FORMAT = "model-surgery/quantized-model"
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises its own exception types
-        raise QuantizationError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
-
-
-def _execute(session: ort.InferenceSession, model: onnx.ModelProto, inputs: Any) -> dict[str, np.ndarray]:
+def _execute(
+    session: ort.InferenceSession, model: onnx.ModelProto, inputs: Any
+) -> dict[str, np.ndarray]:
     feed = as_feed(inputs, input_signature(model), 0)
     values = session.run(None, feed)
     return {meta.name: np.asarray(v) for meta, v in zip(session.get_outputs(), values, strict=True)}
@@ -77,7 +70,7 @@ class LoadedNet:
     def execute(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run the float model (ONNX Runtime); inputs as a dict, an array or a list of arrays."""
         if self._session is None:
-            self._session = _session(self.model)
+            self._session = reference_session(self.model)
         return _execute(self._session, self.model, inputs)
 
     def quantize(
@@ -96,7 +89,12 @@ class LoadedNet:
         if isinstance(calibration_data, str | os.PathLike):
             calibration_data = self._dataset(Path(calibration_data), quantization_config)
         result = quantize_model(
-            self.model, calibration_data, quantization_config, target=target, progress=progress, op_target=op_target
+            self.model,
+            calibration_data,
+            quantization_config,
+            target=target,
+            progress=progress,
+            op_target=op_target,
         )
         params = result.params
         return Model(result.model, result.target, model_name or self.name, params, result.report)
@@ -108,7 +106,13 @@ class LoadedNet:
             mean, std = config.input_mean_std(0)
             bgr = config.input_bgr(0)
         return load_calibration_data(
-            path, self.model, input_shapes=self.input_shapes, mean=mean, std=std, bgr=bgr, layout=self.layout
+            path,
+            self.model,
+            input_shapes=self.input_shapes,
+            mean=mean,
+            std=std,
+            bgr=bgr,
+            layout=self.layout,
         )
 
 
@@ -143,9 +147,10 @@ class Model:
     _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
 
     def execute(self, inputs: Any) -> dict[str, np.ndarray]:
-        """Run the QDQ model in ONNX Runtime (the float-simulated reference)."""
+        """Run the QDQ model in ONNX Runtime as the float-simulated reference (Q/DQ not fused
+        into ORT's int8 kernels, which round differently)."""
         if self._session is None:
-            self._session = _session(self.qdq_model)
+            self._session = reference_session(self.qdq_model)
         return _execute(self._session, self.qdq_model, inputs)
 
     def save(self, name: str | None = None, directory: str | os.PathLike = ".") -> Path:
@@ -163,7 +168,9 @@ class Model:
             "sha256": hashlib.sha256(payload).hexdigest() if payload else None,
             "params": self.params.to_dict(),
         }
-        _write_text(folder / f"{name}{SIDECAR_SUFFIX}", json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+        _write_text(
+            folder / f"{name}{SIDECAR_SUFFIX}", json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
+        )
         return onnx_path
 
     @classmethod
@@ -180,11 +187,19 @@ class Model:
         if sidecar.get("format") != SIDECAR_FORMAT:
             raise QuantizationError(f"{sidecar_path}: not a {SIDECAR_FORMAT} sidecar")
         onnx_path = folder / sidecar["model"]
-        proto = read_model(onnx_path)
         expected = sidecar.get("sha256")
-        if expected and hashlib.sha256(onnx_path.read_bytes()).hexdigest() != expected:
-            raise QuantizationError(f"{onnx_path}: does not match the checksum recorded in {sidecar_path.name}")
-        report = next((json.loads(p.value) for p in proto.metadata_props if p.key == METADATA_KEY), {})
+        if (
+            expected
+            and onnx_path.is_file()
+            and hashlib.sha256(onnx_path.read_bytes()).hexdigest() != expected
+        ):
+            raise QuantizationError(
+                f"{onnx_path}: does not match the checksum recorded in {sidecar_path.name}"
+            )
+        proto = read_model(onnx_path)
+        report = next(
+            (json.loads(p.value) for p in proto.metadata_props if p.key == METADATA_KEY), {}
+        )
         params = QuantizationParams.from_dict(sidecar["params"])
         return cls(proto, sidecar["target"], sidecar["name"], params, report)
 

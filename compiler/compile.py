@@ -103,6 +103,7 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path)
         default_name = path.name.removesuffix(".onnx")
+    _check_quantized(model, model_path)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(
         target=target,
@@ -144,6 +145,26 @@ def compile_model(
         notes=list(compiled.notes),
         compiled=compiled,
     )
+
+
+def _check_quantized(model: onnx.ModelProto, label: str) -> None:
+    """A float model or one with dynamic inputs cannot be compiled; say so before lowering."""
+    if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
+        raise CompileError(
+            f"{label} is not a quantized (QDQ) model: it has no QuantizeLinear/DequantizeLinear",
+            hint="quantize it first (compiler.api load_model(...).quantize(...))",
+        )
+    constants = {i.name for i in model.graph.initializer}
+    for graph_input in model.graph.input:
+        if graph_input.name in constants or not graph_input.type.HasField("tensor_type"):
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value < 1 for d in dims):
+            raise CompileError(
+                f"input {graph_input.name!r} of {label} has a dynamic shape; the MLA needs "
+                "static shapes",
+                hint="fix the input shape (surgery check --input-shape NAME=DIMS) and quantize again",
+            )
 
 
 def _safe_name(name: str) -> str:

@@ -67,7 +67,9 @@ class QuantizationScheme:
 
     def __post_init__(self) -> None:
         if self.kind not in ("int", "bfloat16", "float16"):
-            raise ValueError(f"quantization scheme kind {self.kind!r}: expected int, bfloat16 or float16")
+            raise ValueError(
+                f"quantization scheme kind {self.kind!r}: expected int, bfloat16 or float16"
+            )
         if self.kind != "int":
             if self.bits != 16 or self.asymmetric or self.per_channel or self.group_size:
                 raise ValueError(f"a {self.kind} scheme is 16-bit, symmetric and per tensor")
@@ -81,12 +83,18 @@ class QuantizationScheme:
             if self.asymmetric:
                 raise ValueError("4-bit weights are symmetric")
         elif self.bits not in INTEGER_BITS:
-            raise ValueError(f"bits={self.bits}: integer schemes use 8 or 16 bits (4 only for group-wise weights)")
+            raise ValueError(
+                f"bits={self.bits}: integer schemes use 8 or 16 bits (4 only for group-wise weights)"
+            )
         if self.group_size is not None:
             if self.bits != 4:
-                raise ValueError("group-wise quantization (group_size) is only available with 4-bit weights")
+                raise ValueError(
+                    "group-wise quantization (group_size) is only available with 4-bit weights"
+                )
             if self.group_size not in GROUP_SIZES:
-                raise ValueError(f"group_size={self.group_size}: allowed values are {', '.join(map(str, GROUP_SIZES))}")
+                raise ValueError(
+                    f"group_size={self.group_size}: allowed values are {', '.join(map(str, GROUP_SIZES))}"
+                )
 
     @property
     def is_float(self) -> bool:
@@ -156,7 +164,9 @@ class CalibrationMethod:
         key = str(text).strip().lower().replace("-", "_").replace(" ", "_")
         factory = _METHOD_ALIASES.get(key)
         if factory is None:
-            raise ValueError(f"calibration method {text!r}: expected one of {', '.join(sorted(_METHOD_ALIASES))}")
+            raise ValueError(
+                f"calibration method {text!r}: expected one of {', '.join(sorted(_METHOD_ALIASES))}"
+            )
         return factory()
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,7 +178,9 @@ class CalibrationMethod:
         name = values.pop("method", None)
         cls = _METHODS_BY_NAME.get(str(name))
         if cls is None:
-            raise ValueError(f"calibration method {name!r}: expected one of {', '.join(_METHODS_BY_NAME)}")
+            raise ValueError(
+                f"calibration method {name!r}: expected one of {', '.join(_METHODS_BY_NAME)}"
+            )
         return cls(**values)
 
 
@@ -245,7 +257,13 @@ class HistogramPercentileMethod(_HistogramMethod):
 
 _METHODS_BY_NAME: dict[str, type[CalibrationMethod]] = {
     c.name: c
-    for c in (MinMaxMethod, MovingAverageMinMaxMethod, HistogramMSEMethod, HistogramEntropyMethod, HistogramPercentileMethod)
+    for c in (
+        MinMaxMethod,
+        MovingAverageMinMaxMethod,
+        HistogramMSEMethod,
+        HistogramEntropyMethod,
+        HistogramPercentileMethod,
+    )
 }
 
 _METHOD_ALIASES: dict[str, Callable[[], CalibrationMethod]] = {
@@ -295,12 +313,20 @@ class NodeQuantizationConfig:
         if isinstance(value, NodeQuantizationConfig):
             return value
         if isinstance(value, QuantizationParams):
-            return cls(value.calibration_method, value.activation_quantization_scheme, value.weight_quantization_scheme)
+            return cls(
+                value.calibration_method,
+                value.activation_quantization_scheme,
+                value.weight_quantization_scheme,
+            )
         if not isinstance(value, Mapping):
-            raise ValueError(f"{where}: expected a dict with keys {', '.join(cls.FIELDS)}, got {type(value).__name__}")
+            raise ValueError(
+                f"{where}: expected a dict with keys {', '.join(cls.FIELDS)}, got {type(value).__name__}"
+            )
         unknown = sorted(set(value) - set(cls.FIELDS))
         if unknown:
-            raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(cls.FIELDS)}")
+            raise ValueError(
+                f"{where}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(cls.FIELDS)}"
+            )
         method = value.get("calibration_method")
         return cls(
             _coerce_method(method, where) if method is not None else None,
@@ -310,7 +336,9 @@ class NodeQuantizationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "calibration_method": self.calibration_method.to_dict() if self.calibration_method else None,
+            "calibration_method": self.calibration_method.to_dict()
+            if self.calibration_method
+            else None,
             "activation_quantization_scheme": _scheme_dict(self.activation_quantization_scheme),
             "weight_quantization_scheme": _scheme_dict(self.weight_quantization_scheme),
         }
@@ -336,7 +364,9 @@ def _coerce_method(value: Any, where: str) -> CalibrationMethod:
         return value
     if isinstance(value, str):
         return CalibrationMethod.from_str(value)
-    raise ValueError(f"{where}: calibration_method must be a CalibrationMethod or a name, got {value!r}")
+    raise ValueError(
+        f"{where}: calibration_method must be a CalibrationMethod or a name, got {value!r}"
+    )
 
 
 def _coerce_scheme(value: Any, where: str) -> QuantizationScheme | None:
@@ -344,7 +374,9 @@ def _coerce_scheme(value: Any, where: str) -> QuantizationScheme | None:
         return value
     if isinstance(value, Mapping):
         return QuantizationScheme.from_dict(value)
-    raise ValueError(f"{where}: expected a QuantizationScheme (see quantization_scheme()), got {value!r}")
+    raise ValueError(
+        f"{where}: expected a QuantizationScheme (see quantization_scheme()), got {value!r}"
+    )
 
 
 # --------------------------------------------------------------------------- the whole configuration
@@ -363,7 +395,9 @@ class QuantizationParams:
     """Everything the quantizer needs besides the model, the data and the target."""
 
     calibration_method: CalibrationMethod = field(default_factory=HistogramMSEMethod)
-    activation_quantization_scheme: QuantizationScheme = field(default_factory=_default_activation_scheme)
+    activation_quantization_scheme: QuantizationScheme = field(
+        default_factory=_default_activation_scheme
+    )
     weight_quantization_scheme: QuantizationScheme = field(default_factory=_default_weight_scheme)
     requantization_mode: RequantizationMode = RequantizationMode.sima
     unquantized_nodes: tuple[str, ...] = ()
@@ -373,7 +407,11 @@ class QuantizationParams:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "calibration_method", _coerce_method(self.calibration_method, "QuantizationParams"))
+        set_(
+            self,
+            "calibration_method",
+            _coerce_method(self.calibration_method, "QuantizationParams"),
+        )
         try:
             set_(self, "requantization_mode", RequantizationMode(self.requantization_mode))
         except ValueError:
@@ -381,13 +419,24 @@ class QuantizationParams:
                 f"requantization_mode={self.requantization_mode!r}: expected one of "
                 f"{', '.join(m.value for m in RequantizationMode)}"
             ) from None
-        nodes = (self.unquantized_nodes,) if isinstance(self.unquantized_nodes, str) else self.unquantized_nodes
+        nodes = (
+            (self.unquantized_nodes,)
+            if isinstance(self.unquantized_nodes, str)
+            else self.unquantized_nodes
+        )
         set_(self, "unquantized_nodes", tuple(str(n) for n in nodes))
-        customs = {str(k): NodeQuantizationConfig.coerce(str(k), v) for k, v in dict(self.custom_quantization_configs).items()}
+        customs = {
+            str(k): NodeQuantizationConfig.coerce(str(k), v)
+            for k, v in dict(self.custom_quantization_configs).items()
+        }
         set_(self, "custom_quantization_configs", MappingProxyType(customs))
         set_(self, "bias_correction", bool(self.bias_correction))
         set_(self, "channel_equalization", bool(self.channel_equalization))
-        check_schemes(self.activation_quantization_scheme, self.weight_quantization_scheme, "QuantizationParams")
+        check_schemes(
+            self.activation_quantization_scheme,
+            self.weight_quantization_scheme,
+            "QuantizationParams",
+        )
         for name, cfg in customs.items():
             check_schemes(
                 cfg.activation_quantization_scheme or self.activation_quantization_scheme,
@@ -412,7 +461,9 @@ class QuantizationParams:
     # ---- copies with one thing changed (the vendor API's builder methods)
 
     def with_calibration(self, method: CalibrationMethod | str) -> QuantizationParams:
-        return dataclasses.replace(self, calibration_method=_coerce_method(method, "with_calibration"))
+        return dataclasses.replace(
+            self, calibration_method=_coerce_method(method, "with_calibration")
+        )
 
     def with_activation_quantization(self, scheme: QuantizationScheme) -> QuantizationParams:
         return dataclasses.replace(self, activation_quantization_scheme=scheme)
@@ -427,10 +478,14 @@ class QuantizationParams:
         flat: list[str] = []
         for n in names:
             flat.extend([n] if isinstance(n, str) else n)
-        return dataclasses.replace(self, unquantized_nodes=tuple(dict.fromkeys((*self.unquantized_nodes, *flat))))
+        return dataclasses.replace(
+            self, unquantized_nodes=tuple(dict.fromkeys((*self.unquantized_nodes, *flat)))
+        )
 
     def with_custom_quantization_configs(self, configs: Mapping[str, Any]) -> QuantizationParams:
-        return dataclasses.replace(self, custom_quantization_configs={**self.custom_quantization_configs, **configs})
+        return dataclasses.replace(
+            self, custom_quantization_configs={**self.custom_quantization_configs, **configs}
+        )
 
     def with_bias_correction(self, on: bool = True) -> QuantizationParams:
         return dataclasses.replace(self, bias_correction=on)
@@ -453,7 +508,9 @@ class QuantizationParams:
         """Model-wide and per-node schemes (to decide the opset or check target precisions)."""
         schemes = [self.activation_quantization_scheme, self.weight_quantization_scheme]
         for cfg in self.custom_quantization_configs.values():
-            schemes += [s for s in (cfg.activation_quantization_scheme, cfg.weight_quantization_scheme) if s]
+            schemes += [
+                s for s in (cfg.activation_quantization_scheme, cfg.weight_quantization_scheme) if s
+            ]
         return schemes
 
     def to_dict(self) -> dict[str, Any]:
@@ -463,7 +520,9 @@ class QuantizationParams:
             "weight_quantization_scheme": self.weight_quantization_scheme.to_dict(),
             "requantization_mode": self.requantization_mode.value,
             "unquantized_nodes": list(self.unquantized_nodes),
-            "custom_quantization_configs": {k: v.to_dict() for k, v in self.custom_quantization_configs.items()},
+            "custom_quantization_configs": {
+                k: v.to_dict() for k, v in self.custom_quantization_configs.items()
+            },
             "bias_correction": self.bias_correction,
             "channel_equalization": self.channel_equalization,
         }
@@ -472,12 +531,17 @@ class QuantizationParams:
     def from_dict(cls, data: Mapping[str, Any]) -> QuantizationParams:
         return cls(
             calibration_method=CalibrationMethod.from_dict(data["calibration_method"]),
-            activation_quantization_scheme=QuantizationScheme.from_dict(data["activation_quantization_scheme"]),
-            weight_quantization_scheme=QuantizationScheme.from_dict(data["weight_quantization_scheme"]),
+            activation_quantization_scheme=QuantizationScheme.from_dict(
+                data["activation_quantization_scheme"]
+            ),
+            weight_quantization_scheme=QuantizationScheme.from_dict(
+                data["weight_quantization_scheme"]
+            ),
             requantization_mode=RequantizationMode(data["requantization_mode"]),
             unquantized_nodes=tuple(data.get("unquantized_nodes", ())),
             custom_quantization_configs={
-                k: NodeQuantizationConfig.from_dict(v) for k, v in data.get("custom_quantization_configs", {}).items()
+                k: NodeQuantizationConfig.from_dict(v)
+                for k, v in data.get("custom_quantization_configs", {}).items()
             },
             bias_correction=bool(data.get("bias_correction", False)),
             channel_equalization=bool(data.get("channel_equalization", False)),
@@ -487,13 +551,21 @@ class QuantizationParams:
 def check_schemes(activation: Any, weight: Any, where: str) -> None:
     """The MLA's rules on scheme combinations; raises ValueError naming the offending field."""
     if not isinstance(activation, QuantizationScheme):
-        raise ValueError(f"{where}: activation_quantization_scheme must be a QuantizationScheme, got {activation!r}")
+        raise ValueError(
+            f"{where}: activation_quantization_scheme must be a QuantizationScheme, got {activation!r}"
+        )
     if not isinstance(weight, QuantizationScheme):
-        raise ValueError(f"{where}: weight_quantization_scheme must be a QuantizationScheme, got {weight!r}")
+        raise ValueError(
+            f"{where}: weight_quantization_scheme must be a QuantizationScheme, got {weight!r}"
+        )
     if activation.per_channel:
-        raise ValueError(f"{where}: activation_quantization_scheme is per-channel; activations are quantized per tensor")
+        raise ValueError(
+            f"{where}: activation_quantization_scheme is per-channel; activations are quantized per tensor"
+        )
     if activation.group_size is not None or (activation.kind == "int" and activation.bits == 4):
-        raise ValueError(f"{where}: activation_quantization_scheme: 4-bit and group-wise apply to weights only")
+        raise ValueError(
+            f"{where}: activation_quantization_scheme: 4-bit and group-wise apply to weights only"
+        )
     if weight.asymmetric:
         raise ValueError(
             f"{where}: weight_quantization_scheme is asymmetric; weights are quantized symmetrically "
@@ -505,7 +577,9 @@ def check_schemes(activation: Any, weight: Any, where: str) -> None:
             f"use {weight.kind} for both (e.g. bfloat16_scheme() for activations and weights)"
         )
     if weight.bits == 4 and not activation.is_float:
-        raise ValueError(f"{where}: 4-bit group-wise weights go with float16 activations (RKNN w4a16)")
+        raise ValueError(
+            f"{where}: 4-bit group-wise weights go with float16 activations (RKNN w4a16)"
+        )
 
 
 default_quantization = QuantizationParams()

@@ -78,9 +78,12 @@ def qdq_op(
         "z": np.array(zero_point, np.int8),
         **(initializers or {}),
     }
-    op = helper.make_node(node.op_type, ["x_dq", *node.input[1:]], ["y_f"], **{
-        a.name: helper.get_attribute_value(a) for a in node.attribute
-    })
+    op = helper.make_node(
+        node.op_type,
+        ["x_dq", *node.input[1:]],
+        ["y_f"],
+        **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+    )
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "s_in", "z"], ["x_q"], name="q_in"),
         helper.make_node("DequantizeLinear", ["x_q", "s_in", "z"], ["x_dq"], name="dq_in"),
@@ -115,16 +118,13 @@ def emulate_all_integer_steps(
     (emulator result, IntegerExecutor result) over the `batch` frames of `feeds`.
     """
     partition = partition_model(model, "mlsoc")
-    steps = [
-        s
-        for stage in partition.stages
-        for s in stage.steps
-        if isinstance(s, IntegerStep)
-    ]
+    steps = [s for stage in partition.stages for s in stage.steps if isinstance(s, IntegerStep)]
     assert steps, "the model has no integer step"
     produced = {n for s in steps for n in s.outputs if n}
     read = [n for s in steps for n in s.inputs if n]
-    inputs = tuple(dict.fromkeys(n for n in read if n not in produced and n not in partition.constants))
+    inputs = tuple(
+        dict.fromkeys(n for n in read if n not in produced and n not in partition.constants)
+    )
     read_outside = {
         n
         for stage in partition.stages
@@ -132,7 +132,12 @@ def emulate_all_integer_steps(
         if not isinstance(s, IntegerStep)
         for n in getattr(s, "inputs", (getattr(s, "input", ""),))
     }
-    outputs = tuple(n for s in steps for n in s.outputs if n and (n in read_outside or n in partition.output_names))
+    outputs = tuple(
+        n
+        for s in steps
+        for n in s.outputs
+        if n and (n in read_outside or n in partition.output_names)
+    )
     stage = Stage("MLA_0", "MLA", "mla", tuple(steps), inputs, outputs)
     partition.stages = [stage]
     types = tensor_types(partition)

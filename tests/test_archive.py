@@ -45,7 +45,15 @@ def test_members_are_named_after_the_model_and_stages(topk_archive) -> None:
 def test_manifest_has_the_vendor_fields(topk_archive) -> None:
     archive = read_archive(topk_archive.archive)
     document = archive.manifest
-    for key in ("name", "model_path", "model_checksum", "sequence", "model_sdk_version", "input_nodes", "plugins"):
+    for key in (
+        "name",
+        "model_path",
+        "model_checksum",
+        "sequence",
+        "model_sdk_version",
+        "input_nodes",
+        "plugins",
+    ):
         assert key in document, key
     assert document["model_checksum"].startswith("sha256:")
     assert document["sequence"] == [p["name"] for p in document["plugins"]]
@@ -94,7 +102,9 @@ def test_compression_shrinks_rodata_and_both_run_bit_exact(tmp_path) -> None:
     packed = compile_model(model, tmp_path / "z", model_name="m", compress=True)
     plain = compile_model(model, tmp_path / "p", model_name="m", compress=False)
     elf = packed.elf_files[0]
-    assert len(read_archive(packed.archive).files[elf]) < len(read_archive(plain.archive).files[elf])
+    assert len(read_archive(packed.archive).files[elf]) < len(
+        read_archive(plain.archive).files[elf]
+    )
     feeds = input_frames(model, 2)
     reference = reference_outputs(model, feeds, 2)
     for result in (packed, plain):

@@ -38,9 +38,9 @@ def _overlaps(plan: MemoryPlan) -> list[tuple[str, str]]:
     bad = []
     for i, a in enumerate(placed):
         for b in placed[i + 1 :]:
-            if a.space == b.space and a.tensor.overlaps(b.tensor):
-                if a.offset < b.end and b.offset < a.end:
-                    bad.append((a.tensor.name, b.tensor.name))
+            shared = a.space == b.space and a.offset < b.end and b.offset < a.end
+            if shared and a.tensor.overlaps(b.tensor):
+                bad.append((a.tensor.name, b.tensor.name))
     return bad
 
 
@@ -61,8 +61,7 @@ def test_lower_bound_is_the_most_bytes_live_at_one_position() -> None:
     rng = np.random.default_rng(11)
     tensors = _random_tensors(rng, 40, 30)
     brute = max(
-        sum(t.size for t in tensors if t.first <= position <= t.last)
-        for position in range(0, 40)
+        sum(t.size for t in tensors if t.first <= position <= t.last) for position in range(0, 40)
     )
     aligned = [LiveTensor(t.name, -(-t.size // 16) * 16, t.first, t.last) for t in tensors]
     assert lower_bound(tensors) == brute
@@ -106,7 +105,9 @@ def test_capacity_spills_to_dram_without_overlap() -> None:
 
 
 def test_a_tensor_larger_than_the_arena_is_spilled() -> None:
-    plan = plan_memory([LiveTensor("big", 1 << 20, 0, 3), LiveTensor("small", 64, 1, 2)], capacity=4096)
+    plan = plan_memory(
+        [LiveTensor("big", 1 << 20, 0, 3), LiveTensor("small", 64, 1, 2)], capacity=4096
+    )
     assert plan.spilled == ["big"]
     assert plan.placements["small"].space == "ARENA"
 
@@ -126,15 +127,22 @@ def test_unknown_strategy_is_a_clear_error() -> None:
 
 def test_live_ranges_and_profile() -> None:
     accesses = [((), ("a",)), (("a",), ("b",)), (("b",), ("c", "dead")), (("a", "c"), ())]
-    ranges = {t.name: (t.first, t.last) for t in live_ranges(accesses, {"a": 1, "b": 1, "c": 1, "dead": 1})}
+    ranges = {
+        t.name: (t.first, t.last)
+        for t in live_ranges(accesses, {"a": 1, "b": 1, "c": 1, "dead": 1})
+    }
     assert ranges == {"a": (0, 3), "b": (1, 2), "c": (2, 3), "dead": (2, 2)}
     profile = live_bytes([LiveTensor("x", 10, 0, 1), LiveTensor("y", 5, 1, 2)])
     assert profile[0] == 10 and profile[1] == 15 and profile[2] == 5
 
 
-@pytest.mark.parametrize("name", ["plain_cnn", "yolo_head", "yolov5_head", "transformer_block", "cnn_with_topk"])
+@pytest.mark.parametrize(
+    "name", ["plain_cnn", "yolo_head", "yolov5_head", "transformer_block", "cnn_with_topk"]
+)
 @pytest.mark.parametrize("order", ["WidthFirst", "DepthFirst"])
-def test_best_fit_is_within_five_percent_of_the_bound_on_the_fixtures(name: str, order: str) -> None:
+def test_best_fit_is_within_five_percent_of_the_bound_on_the_fixtures(
+    name: str, order: str
+) -> None:
     segments = segment_live_tensors(load_example(name), "mlsoc", order)
     assert segments
     for tensors in segments.values():

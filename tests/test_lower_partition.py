@@ -66,7 +66,9 @@ def test_two_segments_around_the_apu_node_in_pipeline_order() -> None:
 def test_a_node_left_in_float_splits_its_segment_with_a_note(tmp_path) -> None:
     """ORT excludes the middle conv from quantization; coverage still puts it on the MLA."""
     rng = np.random.default_rng(0)
-    weights = {f"w{k}": (rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32) for k in range(3)}
+    weights = {
+        f"w{k}": (rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32) for k in range(3)
+    }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1], name="c0"),
         helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1], name="c1"),

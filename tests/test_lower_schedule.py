@@ -76,7 +76,9 @@ def test_depth_first_never_needs_more_memory_on_branches() -> None:
             tensors.append(LiveTensor(name, size, first, max(readers or [first])))
         return plan_memory(tensors).peak_bytes
 
-    assert peak(schedule_layers(BRANCHES, "DepthFirst")) < peak(schedule_layers(BRANCHES, "WidthFirst"))
+    assert peak(schedule_layers(BRANCHES, "DepthFirst")) < peak(
+        schedule_layers(BRANCHES, "WidthFirst")
+    )
 
 
 def test_fusion_names_layers_like_the_vendor_and_marks_views() -> None:

@@ -27,8 +27,12 @@ from compiler.quantize import RknnConfig
 def test_default_quantization_matches_the_vendor_default() -> None:
     p = default_quantization
     assert p.calibration_method == HistogramMSEMethod()
-    assert p.activation_quantization_scheme == quantization_scheme(asymmetric=True, per_channel=False, bits=8)
-    assert p.weight_quantization_scheme == quantization_scheme(asymmetric=False, per_channel=True, bits=8)
+    assert p.activation_quantization_scheme == quantization_scheme(
+        asymmetric=True, per_channel=False, bits=8
+    )
+    assert p.weight_quantization_scheme == quantization_scheme(
+        asymmetric=False, per_channel=True, bits=8
+    )
     assert p.requantization_mode is RequantizationMode.sima
     assert int16_quantization.activation_quantization_scheme.bits == 16
 
@@ -43,7 +47,9 @@ def test_params_are_immutable_and_with_methods_copy() -> None:
         .with_weight_quantization(quantization_scheme(False, False))
         .with_requantization_mode("tflite")
         .with_unquantized_nodes("a", ["b"])
-        .with_custom_quantization_configs({"c": {"activation_quantization_scheme": quantization_scheme(True, False, 16)}})
+        .with_custom_quantization_configs(
+            {"c": {"activation_quantization_scheme": quantization_scheme(True, False, 16)}}
+        )
         .with_bias_correction()
         .with_channel_equalization()
     )
@@ -96,11 +102,25 @@ def test_method_parameters_and_positional_percentile() -> None:
         (lambda: MovingAverageMinMaxMethod(momentum=1.0), "momentum"),
         (lambda: quantization_scheme(True, False, bits=4), "bits"),
         (lambda: quantization_scheme(True, False, bits=12), "bits"),
-        (lambda: default_quantization.with_weight_quantization(quantization_scheme(True, True)), "weight_quantization_scheme"),
-        (lambda: default_quantization.with_activation_quantization(quantization_scheme(True, True)), "activation_quantization_scheme"),
-        (lambda: default_quantization.with_weight_quantization(bfloat16_scheme()), "weight_quantization_scheme"),
+        (
+            lambda: default_quantization.with_weight_quantization(quantization_scheme(True, True)),
+            "weight_quantization_scheme",
+        ),
+        (
+            lambda: default_quantization.with_activation_quantization(
+                quantization_scheme(True, True)
+            ),
+            "activation_quantization_scheme",
+        ),
+        (
+            lambda: default_quantization.with_weight_quantization(bfloat16_scheme()),
+            "weight_quantization_scheme",
+        ),
         (lambda: default_quantization.with_requantization_mode("fast"), "requantization_mode"),
-        (lambda: default_quantization.with_custom_quantization_configs({"n": {"bits": 8}}), "custom_quantization_configs"),
+        (
+            lambda: default_quantization.with_custom_quantization_configs({"n": {"bits": 8}}),
+            "custom_quantization_configs",
+        ),
         (lambda: QuantizationScheme(False, True, bits=4, group_size=40), "group_size"),
     ],
 )
@@ -110,26 +130,48 @@ def test_invalid_settings_raise_value_error_naming_the_field(build, message: str
 
 
 def test_bfloat16_scheme_for_both() -> None:
-    p = default_quantization.with_activation_quantization(bfloat16_scheme()).with_weight_quantization(bfloat16_scheme())
-    assert p.activation_quantization_scheme.is_float and p.weight_quantization_scheme.kind == "bfloat16"
+    p = default_quantization.with_activation_quantization(
+        bfloat16_scheme()
+    ).with_weight_quantization(bfloat16_scheme())
+    assert (
+        p.activation_quantization_scheme.is_float
+        and p.weight_quantization_scheme.kind == "bfloat16"
+    )
 
 
 # --------------------------------------------------------------------------- RKNN config
 
 
 def test_rknn_config_converts_into_the_same_params() -> None:
-    config = RknnConfig(target_platform="rk3588", quantized_algorithm="mmse", quantized_method="layer")
+    config = RknnConfig(
+        target_platform="rk3588", quantized_algorithm="mmse", quantized_method="layer"
+    )
     params = config.to_quantization_params()
     assert params.calibration_method == HistogramMSEMethod()
     assert params.activation_quantization_scheme == quantization_scheme(True, False, 8)
     assert params.weight_quantization_scheme == quantization_scheme(False, False, 8)
-    assert RknnConfig(target_platform="rk3588").to_quantization_params().calibration_method == MinMaxMethod()
-    assert RknnConfig(target_platform="rk3588", quantized_algorithm="kl_divergence").to_quantization_params().calibration_method == HistogramEntropyMethod()
-    w4 = RknnConfig(target_platform="rk3576", quantized_dtype="w4a16", quantized_method="group64").to_quantization_params()
+    assert (
+        RknnConfig(target_platform="rk3588").to_quantization_params().calibration_method
+        == MinMaxMethod()
+    )
+    assert (
+        RknnConfig(target_platform="rk3588", quantized_algorithm="kl_divergence")
+        .to_quantization_params()
+        .calibration_method
+        == HistogramEntropyMethod()
+    )
+    w4 = RknnConfig(
+        target_platform="rk3576", quantized_dtype="w4a16", quantized_method="group64"
+    ).to_quantization_params()
     assert (w4.weight_quantization_scheme.bits, w4.weight_quantization_scheme.group_size) == (4, 64)
     assert w4.activation_quantization_scheme.kind == "float16"
-    dfp = RknnConfig(target_platform="rv1106", quantized_dtype="w16a16i_dfp").to_quantization_params()
-    assert dfp.activation_quantization_scheme.power_of_two and dfp.weight_quantization_scheme.bits == 16
+    dfp = RknnConfig(
+        target_platform="rv1106", quantized_dtype="w16a16i_dfp"
+    ).to_quantization_params()
+    assert (
+        dfp.activation_quantization_scheme.power_of_two
+        and dfp.weight_quantization_scheme.bits == 16
+    )
     assert RknnConfig(target_platform="rk3588").auto_hybrid_cos_thresh == 0.98
     assert RknnConfig(target_platform="rk3588").auto_hybrid_euc_thresh is None
 
@@ -140,11 +182,25 @@ def test_rknn_config_converts_into_the_same_params() -> None:
         ({}, "target_platform"),
         ({"target_platform": "rk9999"}, "target_platform"),
         ({"target_platform": "rk2118"}, "quantized_dtype"),
-        ({"target_platform": "rk3588", "quantized_dtype": "w4a16", "quantized_method": "group32"}, "quantized_dtype"),
+        (
+            {
+                "target_platform": "rk3588",
+                "quantized_dtype": "w4a16",
+                "quantized_method": "group32",
+            },
+            "quantized_dtype",
+        ),
         ({"target_platform": "rk3588", "quantized_dtype": "w8a16"}, "quantized_dtype"),
         ({"target_platform": "rk3588", "quantized_dtype": "w16a16i_dfp"}, "quantized_dtype"),
         ({"target_platform": "rk3588", "quantized_dtype": "int8"}, "quantized_dtype"),
-        ({"target_platform": "rk3576", "quantized_dtype": "w4a16", "quantized_method": "channel"}, "quantized_method"),
+        (
+            {
+                "target_platform": "rk3576",
+                "quantized_dtype": "w4a16",
+                "quantized_method": "channel",
+            },
+            "quantized_method",
+        ),
         ({"target_platform": "rk3588", "quantized_method": "group64"}, "quantized_method"),
         ({"target_platform": "rk3588", "quantized_method": "group48"}, "quantized_method"),
         ({"target_platform": "rk3588", "quantized_algorithm": "gdq"}, "quantized_algorithm"),

@@ -17,7 +17,9 @@ def _model(nodes, inits, inputs, outputs, opset: int = 17) -> onnx.ModelProto:
     return model
 
 
-def conv_net(seed: int = 0, *, constant_weights: bool = False, channels: int = 8) -> onnx.ModelProto:
+def conv_net(
+    seed: int = 0, *, constant_weights: bool = False, channels: int = 8
+) -> onnx.ModelProto:
     """conv → relu → depthwise conv → relu → 1x1 conv → residual add → maxpool → GAP.
 
     Depthwise kernels get very different magnitudes per channel (what per-channel weights and
@@ -32,7 +34,15 @@ def conv_net(seed: int = 0, *, constant_weights: bool = False, channels: int = 8
     def weight(name: str, value: np.ndarray) -> None:
         value = value.astype(np.float32)
         if constant_weights:
-            nodes.append(helper.make_node("Constant", [], [name], name=f"const_{name}", value=numpy_helper.from_array(value, name)))
+            nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [name],
+                    name=f"const_{name}",
+                    value=numpy_helper.from_array(value, name),
+                )
+            )
         else:
             inits.append(numpy_helper.from_array(value, name))
 
@@ -45,11 +55,15 @@ def conv_net(seed: int = 0, *, constant_weights: bool = False, channels: int = 8
     nodes += [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], group=c),
+        helper.make_node(
+            "Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], group=c
+        ),
         helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
         helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3"),
         helper.make_node("Add", ["c3", "r1"], ["a3"], name="add"),
-        helper.make_node("MaxPool", ["a3"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node(
+            "MaxPool", ["a3"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]
+        ),
         helper.make_node("GlobalAveragePool", ["p"], ["y"], name="gap"),
     ]
     return _model(
@@ -60,7 +74,9 @@ def conv_net(seed: int = 0, *, constant_weights: bool = False, channels: int = 8
     )
 
 
-def two_conv_net(seed: int = 0, *, activation: str | None = "Relu", depthwise: bool = False) -> onnx.ModelProto:
+def two_conv_net(
+    seed: int = 0, *, activation: str | None = "Relu", depthwise: bool = False
+) -> onnx.ModelProto:
     """conv1 → [activation] → conv2 with badly balanced channels (for equalization)."""
     rng = np.random.default_rng(seed)
     c = 6
@@ -88,13 +104,19 @@ def two_conv_net(seed: int = 0, *, activation: str | None = "Relu", depthwise: b
     )
 
 
-def random_samples(n: int, seed: int = 1, shape: tuple[int, ...] = SHAPE) -> list[dict[str, np.ndarray]]:
+def random_samples(
+    n: int, seed: int = 1, shape: tuple[int, ...] = SHAPE
+) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"x": rng.random(shape, dtype=np.float32)} for _ in range(n)]
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")  # float-simulated Q/DQ
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feed)[0]
 
 

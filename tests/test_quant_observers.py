@@ -13,7 +13,11 @@ from compiler.defines import (
     MovingAverageMinMaxMethod,
     quantization_scheme,
 )
-from compiler.quantize.observers import HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver
+from compiler.quantize.observers import (
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+)
 from compiler.quantize.qparams import activation_qparams
 from compiler.quantize.ranges import Range, make_observer, mse_range, select_range
 
@@ -21,7 +25,9 @@ ASYM8 = quantization_scheme(asymmetric=True, per_channel=False, bits=8)
 SYM8 = quantization_scheme(asymmetric=False, per_channel=False, bits=8)
 
 
-def laplace_with_outlier(samples: int = 8, size: int = 250_000, outlier: float = 100.0) -> list[np.ndarray]:
+def laplace_with_outlier(
+    samples: int = 8, size: int = 250_000, outlier: float = 100.0
+) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     batches = [rng.laplace(0.0, 1.0, size).astype(np.float32) for _ in range(samples)]
     batches[samples // 2][0] = outlier
@@ -42,7 +48,9 @@ def test_min_max_keeps_the_outlier() -> None:
     assert r.lo == pytest.approx(min(float(b.min()) for b in batches))
 
 
-@pytest.mark.parametrize("method", [HistogramEntropyMethod(), HistogramPercentileMethod(99.99), HistogramMSEMethod()])
+@pytest.mark.parametrize(
+    "method", [HistogramEntropyMethod(), HistogramPercentileMethod(99.99), HistogramMSEMethod()]
+)
 def test_histogram_methods_clip_a_far_outlier(method) -> None:
     batches = laplace_with_outlier()
     for scheme in (ASYM8, SYM8):
@@ -112,7 +120,10 @@ def test_histogram_rebinning_matches_a_direct_histogram() -> None:
     assert np.abs(h.counts - direct).sum() <= 2  # float rounding at bin edges only
 
 
-@pytest.mark.parametrize("method", [MinMaxMethod(), MovingAverageMinMaxMethod(), HistogramMSEMethod(), HistogramEntropyMethod()])
+@pytest.mark.parametrize(
+    "method",
+    [MinMaxMethod(), MovingAverageMinMaxMethod(), HistogramMSEMethod(), HistogramEntropyMethod()],
+)
 def test_observer_memory_does_not_grow_with_samples(method) -> None:
     rng = np.random.default_rng(0)
     obs = make_observer(method)

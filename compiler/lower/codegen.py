@@ -957,8 +957,12 @@ def emit_layer(
     run_time = [storages[n] for n in (*names, *step.outputs) if n and n in storages]
     together = batch > 1 and batches_over_axis0(layer, frame_shapes)
     together = together and all(s.batched() is not None for s in run_time)
-    if isinstance(step.kernel, MatMulKernel) and names[1] in storages:
-        together = together and len(storages[names[1]].shape) >= 3
+    if isinstance(step.kernel, MatMulKernel):
+        if names[1] in storages:
+            together = together and len(storages[names[1]].shape) >= 3
+    elif run_time:
+        rank = len(run_time[-1].shape)
+        together = together and all(len(s.shape) == rank for s in run_time)
     frames = [None] if batch == 1 or together else list(range(batch))
     instructions: list[Instruction] = []
     for frame in frames:

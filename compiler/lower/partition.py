@@ -202,7 +202,7 @@ def partition_model(
     program = build_program(graph, mode)
     coverage = analyze_coverage(float_view(model), target, suggest=False)
     constants = dict(graph.constants)
-    steps, folded = _fold_constant_steps(program.steps, constants)
+    steps, folded = _fold_constant_steps(program.steps, constants, set(graph.output_names))
     notes: list[str] = []
     assignment = _assign(steps, coverage, resolve_target(target), notes)
     units = _order_units(steps, assignment, constants)
@@ -223,14 +223,18 @@ def partition_model(
 
 
 def _fold_constant_steps(
-    steps: tuple[Step, ...], constants: dict[str, np.ndarray]
+    steps: tuple[Step, ...], constants: dict[str, np.ndarray], outputs: set[str]
 ) -> tuple[list[Step], list[str]]:
-    """Run steps whose inputs are all constants now; their outputs join the constants."""
+    """Run steps whose inputs are all constants now; their outputs join the constants.
+
+    Steps producing a pipeline output stay, so every output has a stage that writes it.
+    """
     kept: list[Step] = []
     folded: list[str] = []
     for step in steps:
         inputs = _step_inputs(step)
-        if inputs and all(name in constants for name in inputs):
+        constant = inputs and all(name in constants for name in inputs)
+        if constant and not set(_step_outputs(step)) & outputs:
             values = {name: constants[name] for name in inputs}
             step.run(values)
             for name in _step_outputs(step):

@@ -74,7 +74,7 @@ from compiler.lower.tessellate import (
     coerce_parameters,
 )
 from compiler.runtime.program import DequantizeStep, QuantizeStep
-from surgery.targets import resolve_target
+from surgery.targets import Target, resolve_target
 
 DRAM_ALIGNMENT = 64
 PROCESSOR_NAMES = {"MLA": "MLA", "CVU": "EV74", "APU": "A65"}
@@ -242,6 +242,11 @@ def compile_pipeline(
     quads = 1 if options.single_core_mode else hardware.quads
     hardware = hardware.with_quads(quads)
     capacity = options.arena_bytes if options.arena_bytes is not None else hardware.arena_bytes
+    if capacity > hardware.arena_bytes:
+        raise CompileError(
+            f"arena_bytes={capacity} exceeds the {hardware.arena_bytes} bytes of SRAM that "
+            f"{quads} quad(s) of {target.name} have"
+        )
     partition = partition_model(qdq_model, target)
     types = tensor_types(partition)
     shapes = {n: t.shape for n, t in types.items()}
@@ -529,7 +534,8 @@ def _assemble(
             inputs = []
             outputs = []
             for step in stage.steps:
-                assert isinstance(step, QuantizeStep | DequantizeStep)
+                if not isinstance(step, QuantizeStep | DequantizeStep):
+                    raise CompileError(f"{stage.name} mixes a {step.kind} step into {stage.kernel}")
                 layout = (
                     layouts.pipeline_inputs.get(step.input, "NCHW")
                     if isinstance(step, QuantizeStep)

@@ -61,7 +61,9 @@ class _SideModel:
         self.built_nodes = {n.name: n for n in built.model.graph.node}
         self.built_producer = {o: n for n in built.model.graph.node for o in n.output if o}
         self.built_inits = {t.name: t for t in built.model.graph.initializer}
-        self.names = {t.name for t in self.g.initializer} | {o for n in self.g.node for o in n.output}
+        self.names = {t.name for t in self.g.initializer} | {
+            o for n in self.g.node for o in n.output
+        }
         self.names |= {i.name for i in self.g.input}
         self.copied: set[str] = set()
 
@@ -90,15 +92,29 @@ class _SideModel:
         if not (self._copy_dequantized(built.input[1]) and self._copy_dequantized(built.input[2])):
             return None
         base = f"{float_node.name}__bias_correction"
-        scale, zp, q, dq, out = (f"{base}_{s}" for s in ("scale", "zero_point", "quantized", "input", "output"))
+        scale, zp, q, dq, out = (
+            f"{base}_{s}" for s in ("scale", "zero_point", "quantized", "input", "output")
+        )
         if any(n in self.names for n in (scale, zp, q, dq, out)):
             return None
-        self.g.initializer.append(numpy_helper.from_array(np.array(qp.scale, dtype=np.float32), scale))
-        self.g.initializer.append(numpy_helper.from_array(np.array(qp.zero_point, dtype=storage_dtype(qp.scheme.bits)), zp))
+        self.g.initializer.append(
+            numpy_helper.from_array(np.array(qp.scale, dtype=np.float32), scale)
+        )
+        self.g.initializer.append(
+            numpy_helper.from_array(
+                np.array(qp.zero_point, dtype=storage_dtype(qp.scheme.bits)), zp
+            )
+        )
         x = float_node.input[0]
-        self.g.node.append(helper.make_node("QuantizeLinear", [x, scale, zp], [q], name=f"{base}_Q"))
-        self.g.node.append(helper.make_node("DequantizeLinear", [q, scale, zp], [dq], name=f"{base}_DQ"))
-        clone = helper.make_node(float_node.op_type, [dq, built.input[1], built.input[2]], [out], name=f"{base}_clone")
+        self.g.node.append(
+            helper.make_node("QuantizeLinear", [x, scale, zp], [q], name=f"{base}_Q")
+        )
+        self.g.node.append(
+            helper.make_node("DequantizeLinear", [q, scale, zp], [dq], name=f"{base}_DQ")
+        )
+        clone = helper.make_node(
+            float_node.op_type, [dq, built.input[1], built.input[2]], [out], name=f"{base}_clone"
+        )
         clone.attribute.extend(float_node.attribute)
         self.g.node.append(clone)
         return out
@@ -144,7 +160,9 @@ def correct_biases(
         if progress is not None:
             progress(done, data.total)
     if done == 0:
-        raise CalibrationDataError("the calibration data yielded no samples on the bias-correction pass")
+        raise CalibrationDataError(
+            "the calibration data yielded no samples on the bias-correction pass"
+        )
     return _apply(float_model, targets)
 
 
@@ -160,5 +178,8 @@ def _apply(float_model: onnx.ModelProto, targets: list[_Target]) -> dict[str, di
             continue
         corrected = (bias.astype(np.float64) + shift.reshape(bias.shape)).astype(bias.dtype)
         inits[target.bias].CopyFrom(numpy_helper.from_array(corrected, target.bias))
-        report[target.node] = {"max_abs_shift": float(np.abs(shift).max()), "mean_abs_shift": float(np.abs(shift).mean())}
+        report[target.node] = {
+            "max_abs_shift": float(np.abs(shift).max()),
+            "mean_abs_shift": float(np.abs(shift).mean()),
+        }
     return report

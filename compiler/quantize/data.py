@@ -25,7 +25,9 @@ from surgery.model import read_model, set_input_shapes
 
 __all__ = ["CalibrationDataset", "ImagePreprocess", "load_calibration_data"]
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm"})
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm"}
+)
 ARRAY_SUFFIXES = frozenset({".npy", ".npz"})
 Layout = Literal["NCHW", "NHWC"]
 
@@ -52,7 +54,9 @@ class ImagePreprocess:
                 img.load()
                 mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(self.channels)
                 if mode is None:
-                    raise CalibrationDataError(f"{path}: the model input has {self.channels} channels; images have 1, 3 or 4")
+                    raise CalibrationDataError(
+                        f"{path}: the model input has {self.channels} channels; images have 1, 3 or 4"
+                    )
                 img = img.convert(mode)
                 img = self._fit(img)
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
@@ -77,7 +81,9 @@ class ImagePreprocess:
         ratio = min(self.width / img.width, self.height / img.height)
         size = (max(1, round(img.width * ratio)), max(1, round(img.height * ratio)))
         resized = img.resize(size, Image.BILINEAR)
-        fill = (self.pad_value,) * len(img.getbands()) if len(img.getbands()) > 1 else self.pad_value
+        fill = (
+            (self.pad_value,) * len(img.getbands()) if len(img.getbands()) > 1 else self.pad_value
+        )
         canvas = Image.new(img.mode, (self.width, self.height), fill)
         canvas.paste(resized, ((self.width - size[0]) // 2, (self.height - size[1]) // 2))
         return canvas
@@ -90,7 +96,9 @@ class ImagePreprocess:
         std = np.asarray(self.std if self.std is not None else (1.0,), dtype=np.float32)
         for name, v in (("mean", mean), ("std", std)):
             if v.size not in (1, channels):
-                raise CalibrationDataError(f"{name} has {v.size} values; the input has {channels} channels")
+                raise CalibrationDataError(
+                    f"{name} has {v.size} values; the input has {channels} channels"
+                )
         if np.any(std == 0):
             raise CalibrationDataError("std contains 0")
         return (pixels - mean) / std
@@ -99,7 +107,13 @@ class ImagePreprocess:
 class CalibrationDataset:
     """A lazy, re-iterable sequence of feed dicts read from files."""
 
-    def __init__(self, rows: Sequence[Sequence[Path]], signature: InputSignature, readers: Mapping[str, object], source: Path) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Sequence[Path]],
+        signature: InputSignature,
+        readers: Mapping[str, object],
+        source: Path,
+    ) -> None:
         self.rows = [list(r) for r in rows]
         self.signature = signature
         self._readers = readers
@@ -121,7 +135,9 @@ class CalibrationDataset:
         try:
             return as_feed(sample, self.signature, index)
         except CalibrationDataError as exc:
-            raise CalibrationDataError(f"{', '.join(map(str, row))}: {exc.message}", hint=exc.hint) from None
+            raise CalibrationDataError(
+                f"{', '.join(map(str, row))}: {exc.message}", hint=exc.hint
+            ) from None
 
     def _read(self, name: str, path: Path) -> np.ndarray:
         if path.suffix.lower() == ".npy":
@@ -131,7 +147,9 @@ class CalibrationDataset:
                 raise CalibrationDataError(f"{path}: not a readable .npy file ({exc})") from None
         reader = self._readers.get(name)
         if reader is None:
-            raise CalibrationDataError(f"{path}: input {name!r} is not an image input (give a .npy file)")
+            raise CalibrationDataError(
+                f"{path}: input {name!r} is not an image input (give a .npy file)"
+            )
         return reader(path)  # type: ignore[operator]
 
 
@@ -143,7 +161,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise CalibrationDataError(f"{path}: not a readable .npz file ({exc})") from None
 
 
-def _signature(model: onnx.ModelProto | str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None) -> InputSignature:
+def _signature(
+    model: onnx.ModelProto | str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None
+) -> InputSignature:
     proto = model if isinstance(model, onnx.ModelProto) else read_model(model)
     inits = {t.name for t in proto.graph.initializer}
     stub = onnx.ModelProto()
@@ -174,7 +194,14 @@ def _image_reader(
             hint="pass input_shapes, e.g. {'" + name + "': [1, 3, 640, 640]}",
         )
     return ImagePreprocess(
-        h, w, c, layout, tuple(mean) if mean is not None else None, tuple(std) if std is not None else None, bgr, letterbox
+        h,
+        w,
+        c,
+        layout,
+        tuple(mean) if mean is not None else None,
+        tuple(std) if std is not None else None,
+        bgr,
+        letterbox,
     )
 
 
@@ -199,7 +226,9 @@ def load_calibration_data(
     signature = _signature(model, input_shapes)
     names = signature.names
     readers = {
-        n: r for n in names if (r := _image_reader_or_none(signature, n, layout, mean, std, bgr, letterbox)) is not None
+        n: r
+        for n in names
+        if (r := _image_reader_or_none(signature, n, layout, mean, std, bgr, letterbox)) is not None
     }
     if source.is_dir():
         rows = _folder_rows(source, names, readers)
@@ -214,7 +243,9 @@ def load_calibration_data(
     if limit is not None:
         rows = rows[:limit]
     if any(r[0].suffix.lower() in IMAGE_SUFFIXES for r in rows) and not readers:
-        raise CalibrationDataError(f"{source}: images given, but no model input is a 4-D image tensor")
+        raise CalibrationDataError(
+            f"{source}: images given, but no model input is a 4-D image tensor"
+        )
     return CalibrationDataset(rows, signature, readers, source)
 
 
@@ -254,7 +285,9 @@ def _folder_rows(folder: Path, names: list[str], readers: Mapping[str, object]) 
                 hint="use a dataset.txt with one path per input on each line",
             )
         return [[p] for p in images]
-    raise CalibrationDataError(f"{folder}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) or .npy/.npz files found")
+    raise CalibrationDataError(
+        f"{folder}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) or .npy/.npz files found"
+    )
 
 
 def _dataset_txt_rows(path: Path, names: list[str]) -> list[list[Path]]:

@@ -53,7 +53,9 @@ def _single_reader(view: GraphView, tensor: str) -> int | None:
 
 def _clip_is_relu(view: GraphView, node: onnx.NodeProto) -> bool:
     """Clip(0, +inf) (bounds from attributes before opset 11, from constant inputs after)."""
-    bounds: dict[str, float | None] = {a.name: a.f for a in node.attribute if a.name in ("min", "max")}
+    bounds: dict[str, float | None] = {
+        a.name: a.f for a in node.attribute if a.name in ("min", "max")
+    }
     for k, key in ((1, "min"), (2, "max")):
         if len(node.input) > k and node.input[k]:
             value = view.constant_value(node.input[k])
@@ -65,12 +67,25 @@ def _clip_is_relu(view: GraphView, node: onnx.NodeProto) -> bool:
 
 
 def _weight_ok(view: GraphView, node: onnx.NodeProto) -> bool:
-    if len(node.input) < 2 or node.input[1] not in view.initializers or len(view.consumers.get(node.input[1], [])) != 1:
+    if (
+        len(node.input) < 2
+        or node.input[1] not in view.initializers
+        or len(view.consumers.get(node.input[1], [])) != 1
+    ):
         return False
-    return not (len(node.input) > 2 and node.input[2] and (node.input[2] not in view.initializers or len(view.consumers.get(node.input[2], [])) != 1))
+    return not (
+        len(node.input) > 2
+        and node.input[2]
+        and (
+            node.input[2] not in view.initializers
+            or len(view.consumers.get(node.input[2], [])) != 1
+        )
+    )
 
 
-def find_pairs(model: onnx.ModelProto, allowed: set[str]) -> tuple[list[Pair], list[dict[str, str]]]:
+def find_pairs(
+    model: onnx.ModelProto, allowed: set[str]
+) -> tuple[list[Pair], list[dict[str, str]]]:
     """Conv pairs that can be equalized without changing the float model, and those skipped."""
     view = GraphView(model)
     pairs: list[Pair] = []
@@ -101,7 +116,9 @@ def find_pairs(model: onnx.ModelProto, allowed: set[str]) -> tuple[list[Pair], l
                 continue
             nxt = following
         second = view.nodes[nxt]
-        if second.op_type != "Conv" or second.input[0] != (view.nodes[act].output[0] if act is not None else node.output[0]):
+        if second.op_type != "Conv" or second.input[0] != (
+            view.nodes[act].output[0] if act is not None else node.output[0]
+        ):
             continue
         if view.names[nxt] not in allowed or not _weight_ok(view, second):
             continue
@@ -140,14 +157,18 @@ def _equalize_pair(inits: dict[str, onnx.TensorProto], view: GraphView, pair: Pa
     grouped = grouped * s.reshape(g2, 1, ipg, *([1] * (w2.ndim - 2)))
     dtype = onnx.helper.tensor_dtype_to_np_dtype(inits[conv1.input[1]].data_type)
     inits[conv1.input[1]].CopyFrom(numpy_helper.from_array(w1.astype(dtype), conv1.input[1]))
-    inits[conv2.input[1]].CopyFrom(numpy_helper.from_array(grouped.reshape(w2.shape).astype(dtype), conv2.input[1]))
+    inits[conv2.input[1]].CopyFrom(
+        numpy_helper.from_array(grouped.reshape(w2.shape).astype(dtype), conv2.input[1])
+    )
     if len(conv1.input) > 2 and conv1.input[2]:
         b1 = numpy_helper.to_array(inits[conv1.input[2]]).astype(np.float64) / s
         inits[conv1.input[2]].CopyFrom(numpy_helper.from_array(b1.astype(dtype), conv1.input[2]))
     return float(np.abs(np.log(s)).max())
 
 
-def equalize(model: onnx.ModelProto, allowed: set[str], *, max_iterations: int = 20, tolerance: float = 1e-3) -> EqualizationReport:
+def equalize(
+    model: onnx.ModelProto, allowed: set[str], *, max_iterations: int = 20, tolerance: float = 1e-3
+) -> EqualizationReport:
     """Equalize all eligible pairs in place, repeating until the scales settle (chains)."""
     pairs, skipped = find_pairs(model, allowed)
     report = EqualizationReport(skipped=skipped)

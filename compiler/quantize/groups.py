@@ -67,7 +67,12 @@ class ElementwiseGroup:
     outputs: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
-        return {"source": self.source, "kind": self.kind, "nodes": self.nodes, "outputs": self.outputs}
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "nodes": self.nodes,
+            "outputs": self.outputs,
+        }
 
 
 def _combine(a: str, b: str) -> str | None:
@@ -76,7 +81,9 @@ def _combine(a: str, b: str) -> str | None:
     return a if _RANK[a] >= _RANK[b] else b
 
 
-def _node_kind(view: GraphView, node: onnx.NodeProto, constants: set[str], dynamic: list[str]) -> str | None:
+def _node_kind(
+    view: GraphView, node: onnx.NodeProto, constants: set[str], dynamic: list[str]
+) -> str | None:
     """The group kind this node contributes, or None when it cannot join a group."""
     consts = [i for i in node.input if i and i in constants]
     if node.op_type in UNARY_OPS:
@@ -133,7 +140,10 @@ def find_groups(
             continue
         key = keys.pop()
         gid = key if isinstance(key, int) else None
-        if gid is not None and (_configs_differ(configs, member_of, gid, idx) or _combine(groups[gid].kind, kind) is None):
+        if gid is not None and (
+            _configs_differ(configs, member_of, gid, idx)
+            or _combine(groups[gid].kind, kind) is None
+        ):
             if len(set(dynamic)) != 1:
                 continue
             gid = None  # start a new group; the shared input becomes an output of the old one
@@ -171,7 +181,13 @@ def _key(tensor: str, group_of: dict[str, int], open_for: dict[str, int]) -> int
     return ("src", tensor)
 
 
-def _configs_differ(configs: dict[int, NodeQuantizationConfig], member_of: dict[int, int], gid: int, idx: int) -> bool:
+def _configs_differ(
+    configs: dict[int, NodeQuantizationConfig], member_of: dict[int, int], gid: int, idx: int
+) -> bool:
     """Nodes of one group share a scheme (one table is built for one input/output format)."""
     first = next((m for m, g in member_of.items() if g == gid), None)
-    return first is not None and configs[first].activation_quantization_scheme != configs[idx].activation_quantization_scheme
+    return (
+        first is not None
+        and configs[first].activation_quantization_scheme
+        != configs[idx].activation_quantization_scheme
+    )

@@ -72,7 +72,9 @@ SAME_SCALE_OPS = frozenset(
 )
 """Ops whose outputs are input values moved around (or convex mixes of them, for Resize)."""
 
-ALL_OPERAND_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Concat", "MatMul", "Einsum"})
+ALL_OPERAND_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Concat", "MatMul", "Einsum"}
+)
 """Every input is data; constant inputs are stored quantized. Other ops quantize input 0 only
 (the rest are parameters: Clip bounds, Resize scales, Pad pads, norm scales …)."""
 
@@ -139,7 +141,9 @@ class QuantPlan:
 
 def check_target_precisions(params: QuantizationParams, target: Target) -> None:
     """Float schemes need the target's MLA to offer them (BF16 on modalix, not on mlsoc)."""
-    offered = target.profile.processors["MLA"].precisions if "MLA" in target.profile.processors else []
+    offered = (
+        target.profile.processors["MLA"].precisions if "MLA" in target.profile.processors else []
+    )
     for scheme in params.all_schemes():
         wanted = _FLOAT_KINDS.get(scheme.kind)
         if wanted and wanted not in offered:
@@ -170,13 +174,18 @@ def make_plan(
             continue
         config = _node_config(params, name, placement.precisions, plan)
         if config is None:
-            plan.unquantized[name] = f"no MLA precision among {', '.join(placement.precisions) or 'none'} fits the schemes"
+            plan.unquantized[name] = (
+                f"no MLA precision among {', '.join(placement.precisions) or 'none'} fits the schemes"
+            )
             continue
         plan.quantized.append(idx)
         plan.configs[idx] = config
     quantized = set(plan.quantized)
     plan.fused = _fused_tensors(view, quantized, plan.configs, constants)
-    plan.groups, plan.internal, grouped = find_groups(view, plan.quantized, plan.configs, constants, plan.fused)
+    _inherit_fused_configs(view, plan, params)
+    plan.groups, plan.internal, grouped = find_groups(
+        view, plan.quantized, plan.configs, constants, plan.fused
+    )
     for idx in plan.quantized:
         _plan_node(view, idx, plan, constants, in_group=idx in grouped)
     _share_scales(view, plan)
@@ -198,13 +207,23 @@ def _node_config(
     if wanted in offered or not offered:
         return config
     if wanted == "int8" and "bf16" in offered:
-        plan.decisions.append({"node": name, "decision": "bf16", "reason": "the op runs on the MLA in bf16 only"})
-        return NodeQuantizationConfig(config.calibration_method, bfloat16_scheme(), bfloat16_scheme())
+        plan.decisions.append(
+            {"node": name, "decision": "bf16", "reason": "the op runs on the MLA in bf16 only"}
+        )
+        return NodeQuantizationConfig(
+            config.calibration_method, bfloat16_scheme(), bfloat16_scheme()
+        )
     if wanted == "int8" and "fp16" in offered:
-        plan.decisions.append({"node": name, "decision": "fp16", "reason": "the op runs on the MLA in fp16 only"})
-        return NodeQuantizationConfig(config.calibration_method, float16_scheme(), config.weight_quantization_scheme)
+        plan.decisions.append(
+            {"node": name, "decision": "fp16", "reason": "the op runs on the MLA in fp16 only"}
+        )
+        return NodeQuantizationConfig(
+            config.calibration_method, float16_scheme(), config.weight_quantization_scheme
+        )
     if "int8" in offered:
-        plan.decisions.append({"node": name, "decision": "int8", "reason": f"the op has no {wanted} on the MLA"})
+        plan.decisions.append(
+            {"node": name, "decision": "int8", "reason": f"the op has no {wanted} on the MLA"}
+        )
         return NodeQuantizationConfig(
             config.calibration_method,
             quantization_scheme(asymmetric=True, per_channel=False),
@@ -217,7 +236,10 @@ def _node_config(
 
 
 def _fused_tensors(
-    view: GraphView, quantized: set[int], configs: dict[int, NodeQuantizationConfig], constants: set[str]
+    view: GraphView,
+    quantized: set[int],
+    configs: dict[int, NodeQuantizationConfig],
+    constants: set[str],
 ) -> dict[str, str]:
     """Outputs of weighted ops read only by a quantized Relu/Clip: no Q/DQ between the two."""
     fused: dict[str, str] = {}
@@ -235,11 +257,26 @@ def _fused_tensors(
             continue
         if any(i and i not in constants for i in act.input[1:]):
             continue
-        own, other = configs[idx].activation_quantization_scheme, configs[readers[0]].activation_quantization_scheme
+        own, other = (
+            configs[idx].activation_quantization_scheme,
+            configs[readers[0]].activation_quantization_scheme,
+        )
         if own is None or other is None or own.is_float or other.is_float:
             continue
         fused[tensor] = view.names[readers[0]]
     return fused
+
+
+def _inherit_fused_configs(view: GraphView, plan: QuantPlan, params: QuantizationParams) -> None:
+    """A per-node config on a conv also covers the Relu/Clip fused into it (one MLA op)."""
+    for tensor, act_name in plan.fused.items():
+        conv = view.producer[tensor]
+        act = view.index_by_name[act_name]
+        if (
+            view.names[conv] in params.custom_quantization_configs
+            and act_name not in params.custom_quantization_configs
+        ):
+            plan.configs[act] = plan.configs[conv]
 
 
 # --------------------------------------------------------------------------- one node
@@ -258,7 +295,9 @@ def _operand_indices(node: onnx.NodeProto, weighted: bool) -> tuple[int, ...]:
     return _OPERAND_INDICES.get(node.op_type, (0,))
 
 
-def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str], *, in_group: bool) -> None:
+def _plan_node(
+    view: GraphView, idx: int, plan: QuantPlan, constants: set[str], *, in_group: bool
+) -> None:
     node = view.nodes[idx]
     config = plan.configs[idx]
     act = config.activation_quantization_scheme
@@ -284,11 +323,19 @@ def _plan_node(view: GraphView, idx: int, plan: QuantPlan, constants: set[str], 
         _plan_weight(view, idx, plan, act, weight, input_key, constants)
     for out in node.output:
         if out and out not in plan.fused and out not in plan.internal and _is_float(view, out):
-            plan.activations[out] = ActivationSpec(out, out, act, method, produced_by_quantized=True)
+            plan.activations[out] = ActivationSpec(
+                out, out, act, method, produced_by_quantized=True
+            )
 
 
 def _consume(
-    view: GraphView, plan: QuantPlan, tensor: str, idx: int, k: int, act: QuantizationScheme, method: CalibrationMethod
+    view: GraphView,
+    plan: QuantPlan,
+    tensor: str,
+    idx: int,
+    k: int,
+    act: QuantizationScheme,
+    method: CalibrationMethod,
 ) -> str:
     """Register (node idx, input k) as a reader of `tensor` quantized with `act`; returns the key."""
     producer = view.producer.get(tensor)
@@ -298,12 +345,16 @@ def _consume(
             out_scheme = plan.configs[producer].activation_quantization_scheme
             out_method = plan.configs[producer].calibration_method
             assert out_scheme is not None and out_method is not None
-            primary = ActivationSpec(tensor, tensor, out_scheme, out_method, produced_by_quantized=True)
+            primary = ActivationSpec(
+                tensor, tensor, out_scheme, out_method, produced_by_quantized=True
+            )
             plan.activations[tensor] = primary
         if primary.scheme.is_float == act.is_float:
             return tensor
         key = f"{tensor}::{act.describe()}"
-        spec = plan.activations.setdefault(key, ActivationSpec(key, tensor, act, method, produced_by_quantized=False))
+        spec = plan.activations.setdefault(
+            key, ActivationSpec(key, tensor, act, method, produced_by_quantized=False)
+        )
         spec.consumers.append((idx, k))
         return key
     spec = plan.activations.get(tensor)
@@ -321,7 +372,12 @@ def _wider(a: QuantizationScheme, b: QuantizationScheme) -> bool:
 
 
 def _constant_param(
-    view: GraphView, idx: int, k: int, tensor: str, act: QuantizationScheme, weight: QuantizationScheme
+    view: GraphView,
+    idx: int,
+    k: int,
+    tensor: str,
+    act: QuantizationScheme,
+    weight: QuantizationScheme,
 ) -> ParamSpec:
     """Constant operands of elementwise ops: the node's float type, or symmetric integers —
     per axis when the constant varies along exactly one axis (a per-channel multiplier or
@@ -332,7 +388,9 @@ def _constant_param(
     dims = tuple(view.initializers[tensor].dims)
     varying = [d for d, n in enumerate(dims) if n > 1]
     if len(varying) == 1:
-        return ParamSpec(idx, k, tensor, "constant", quantization_scheme(False, True, bits), axis=varying[0])
+        return ParamSpec(
+            idx, k, tensor, "constant", quantization_scheme(False, True, bits), axis=varying[0]
+        )
     return ParamSpec(idx, k, tensor, "constant", quantization_scheme(False, False, bits))
 
 
@@ -362,17 +420,25 @@ def _plan_weight(
     if weight.is_float:
         axis = None
     elif weight.group_size is not None:
-        if reduce_axis is None or (node.op_type in ("Conv", "ConvTranspose") and _attr(node, "group", 1) != 1):
+        if reduce_axis is None or (
+            node.op_type in ("Conv", "ConvTranspose") and _attr(node, "group", 1) != 1
+        ):
             scheme = quantization_scheme(asymmetric=False, per_channel=True)
             plan.decisions.append(
-                {"node": name, "decision": "int8 per-channel weights", "reason": "group-wise 4-bit needs group=1 conv or a 2-D matmul weight"}
+                {
+                    "node": name,
+                    "decision": "int8 per-channel weights",
+                    "reason": "group-wise 4-bit needs group=1 conv or a 2-D matmul weight",
+                }
             )
         else:
             axis, block = reduce_axis, weight.group_size
     if not scheme.is_float and not scheme.per_channel and block is None:
         axis = None
     if scheme.per_channel and axis is None and block is None and not scheme.is_float:
-        plan.decisions.append({"node": name, "decision": "per-tensor weights", "reason": "no per-output-channel axis"})
+        plan.decisions.append(
+            {"node": name, "decision": "per-tensor weights", "reason": "no per-output-channel axis"}
+        )
     plan.params.append(ParamSpec(idx, 1, w_name, "weight", scheme, axis, block))
     if node.op_type == "MatMul" or len(node.input) < 3 or not node.input[2]:
         return
@@ -384,7 +450,16 @@ def _plan_weight(
             plan.params.append(ParamSpec(idx, 2, bias, "constant", act))
         return
     plan.params.append(
-        ParamSpec(idx, 2, bias, "bias", scheme, axis=0 if axis is not None else None, activation_key=input_key, weight_tensor=w_name)
+        ParamSpec(
+            idx,
+            2,
+            bias,
+            "bias",
+            scheme,
+            axis=0 if axis is not None else None,
+            activation_key=input_key,
+            weight_tensor=w_name,
+        )
     )
 
 

@@ -30,7 +30,17 @@ from surgery.model import infer_model_shapes, load_model, toposort_nodes
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
 _NEVER_FOLD = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"}
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "If",
+        "Loop",
+        "Scan",
+    }
 )
 _FOLD_LIMIT_BYTES = 256 * 2**20
 """A folded constant larger than this stays a subgraph (e.g. an Expand to a full image)."""
@@ -143,7 +153,11 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
     keep: list[onnx.NodeProto] = []
     moved = 0
     for node in g.node:
-        tensor = _constant_node_tensor(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        tensor = (
+            _constant_node_tensor(node)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+            else None
+        )
         if tensor is None or node.output[0] in outputs:
             keep.append(node)
             continue
@@ -164,7 +178,8 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
     folded: list[int] = []
     for idx, node in enumerate(g.node):
         if node.op_type in _NEVER_FOLD or any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
         ):
             continue
         ins = [i for i in node.input if i]
@@ -207,7 +222,9 @@ def _ancestors(g: onnx.GraphProto, within: set[int], tensors: set[str]) -> set[i
     return seen
 
 
-def _evaluate(model: onnx.ModelProto, nodes: list[onnx.NodeProto], outputs: list[str]) -> dict[str, np.ndarray] | None:
+def _evaluate(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto], outputs: list[str]
+) -> dict[str, np.ndarray] | None:
     g = model.graph
     used = {i for n in nodes for i in n.input if i}
     graph = onnx.helper.make_graph(
@@ -217,11 +234,15 @@ def _evaluate(model: onnx.ModelProto, nodes: list[onnx.NodeProto], outputs: list
         [onnx.helper.make_empty_tensor_value_info(o) for o in outputs],
         [t for t in g.initializer if t.name in used],
     )
-    sub = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    sub = onnx.helper.make_model(
+        graph, opset_imports=list(model.opset_import), ir_version=model.ir_version
+    )
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(sub.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            sub.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
         results = session.run(outputs, {})
     except Exception:  # ORT's own exception types; unfoldable constants are left to ORT at run time
         return None
@@ -262,11 +283,17 @@ def _affine_of(
     node = view.nodes[idx]
     op = node.op_type
     if op == "BatchNormalization":
-        if node.input[0] != src or len([o for o in node.output if o]) != 1 or not all(n in inits for n in node.input[1:5]):
+        if (
+            node.input[0] != src
+            or len([o for o in node.output if o]) != 1
+            or not all(n in inits for n in node.input[1:5])
+        ):
             return None
         if any(a.name == "training_mode" and a.i for a in node.attribute):
             return None
-        gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64).reshape(-1) for n in node.input[1:5])
+        gamma, beta, mean, var = (
+            numpy_helper.to_array(inits[n]).astype(np.float64).reshape(-1) for n in node.input[1:5]
+        )
         if gamma.size != channels:
             return None
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
@@ -299,7 +326,9 @@ def _scale_weight(conv: onnx.NodeProto, weight: np.ndarray, scale: np.ndarray) -
     group = next((a.i for a in conv.attribute if a.name == "group"), 1)
     cin, cout_g = weight.shape[0], weight.shape[1]
     grouped = weight.reshape(group, cin // group, cout_g, *weight.shape[2:])
-    return (grouped * scale.reshape(group, 1, cout_g, *([1] * (weight.ndim - 2)))).reshape(weight.shape)
+    return (grouped * scale.reshape(group, 1, cout_g, *([1] * (weight.ndim - 2)))).reshape(
+        weight.shape
+    )
 
 
 def _fold_affine(model: onnx.ModelProto) -> list[str]:
@@ -321,7 +350,12 @@ def _fold_affine_pass(model: onnx.ModelProto) -> list[str]:
     touched: set[int] = set()
     folded: list[str] = []
     for p, conv in enumerate(view.nodes):
-        if conv.op_type not in _CONV_OPS or len(conv.input) < 2 or conv.input[1] not in inits or p in touched:
+        if (
+            conv.op_type not in _CONV_OPS
+            or len(conv.input) < 2
+            or conv.input[1] not in inits
+            or p in touched
+        ):
             continue
         src = conv.output[0]
         readers = view.consumers.get(src, [])
@@ -339,7 +373,11 @@ def _fold_affine_pass(model: onnx.ModelProto) -> list[str]:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(w_tensor.data_type)
         weight = numpy_helper.to_array(w_tensor).astype(np.float64)
         _replace_initializer(inits, conv.input[1], _scale_weight(conv, weight, scale).astype(dtype))
-        bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64).reshape(-1) if has_bias else np.zeros(channels)
+        bias = (
+            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64).reshape(-1)
+            if has_bias
+            else np.zeros(channels)
+        )
         new_bias = (bias * scale + shift).astype(dtype)
         if has_bias:
             _replace_initializer(inits, conv.input[2], new_bias)
@@ -353,7 +391,12 @@ def _fold_affine_pass(model: onnx.ModelProto) -> list[str]:
     return folded
 
 
-def _set_bias(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto], node: onnx.NodeProto, value: np.ndarray) -> str:
+def _set_bias(
+    model: onnx.ModelProto,
+    inits: dict[str, onnx.TensorProto],
+    node: onnx.NodeProto,
+    value: np.ndarray,
+) -> str:
     name = f"{node.name}.bias"
     tensor = numpy_helper.from_array(value, name)
     model.graph.initializer.append(tensor)
@@ -404,4 +447,3 @@ def _add_zero_biases(model: onnx.ModelProto) -> list[str]:
         _set_bias(model, inits, node, np.zeros(channels, dtype=dtype))
         added.append(node.name)
     return added
-

@@ -53,7 +53,9 @@ class BuildResult:
 
 
 class _Builder:
-    def __init__(self, model: onnx.ModelProto, plan: QuantPlan, qparams: Mapping[str, ActivationQParams]) -> None:
+    def __init__(
+        self, model: onnx.ModelProto, plan: QuantPlan, qparams: Mapping[str, ActivationQParams]
+    ) -> None:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.g = self.model.graph
@@ -85,7 +87,9 @@ class _Builder:
         self.inits[name] = tensor
         return name
 
-    def add_node(self, op: str, inputs: list[str], outputs: list[str], base: str, **attrs: Any) -> None:
+    def add_node(
+        self, op: str, inputs: list[str], outputs: list[str], base: str, **attrs: Any
+    ) -> None:
         self.new_nodes.append(helper.make_node(op, inputs, outputs, name=self.fresh(base), **attrs))
 
     # ---- activations
@@ -110,8 +114,12 @@ class _Builder:
             return
         scale_name, zp_name = self.qparam_names(spec)
         quantized = self.fresh(f"{base}_quantized")
-        self.add_node("QuantizeLinear", [src, scale_name, zp_name], [quantized], f"{base}_QuantizeLinear")
-        self.add_node("DequantizeLinear", [quantized, scale_name, zp_name], [dst], f"{base}_DequantizeLinear")
+        self.add_node(
+            "QuantizeLinear", [src, scale_name, zp_name], [quantized], f"{base}_QuantizeLinear"
+        )
+        self.add_node(
+            "DequantizeLinear", [quantized, scale_name, zp_name], [dst], f"{base}_DequantizeLinear"
+        )
 
     def qparam_names(self, spec: ActivationSpec) -> tuple[str, str]:
         root = spec.share_with or spec.key
@@ -119,13 +127,17 @@ class _Builder:
             qp = self.qparams[root]
             base = root.replace("::", "_")
             scale = self.add_init(f"{base}_scale", np.array(qp.scale, dtype=np.float32))
-            zp = self.add_init(f"{base}_zero_point", np.array(qp.zero_point, dtype=storage_dtype(qp.scheme.bits)))
+            zp = self.add_init(
+                f"{base}_zero_point", np.array(qp.zero_point, dtype=storage_dtype(qp.scheme.bits))
+            )
             self._qparam_names[root] = (scale, zp)
         return self._qparam_names[root]
 
     # ---- constants
 
-    def param(self, spec: ParamSpec, weight_scales_by_tensor: dict[tuple[str, int], np.ndarray]) -> None:
+    def param(
+        self, spec: ParamSpec, weight_scales_by_tensor: dict[tuple[str, int], np.ndarray]
+    ) -> None:
         node = self.g.node[spec.node]
         value = numpy_helper.to_array(self.inits[spec.tensor])
         if spec.role == "bias":
@@ -141,7 +153,9 @@ class _Builder:
         key = ("float", spec.tensor, spec.scheme.kind)
         if key in self._param_cache:
             return self._param_cache[key]
-        stored = self.add_init(f"{spec.tensor}_{spec.scheme.kind}", value.astype(_NP_FLOATS[spec.scheme.kind]))
+        stored = self.add_init(
+            f"{spec.tensor}_{spec.scheme.kind}", value.astype(_NP_FLOATS[spec.scheme.kind])
+        )
         out = self.fresh(f"{spec.tensor}_dequantized")
         self.add_node("Cast", [stored], [out], f"{spec.tensor}_Cast", to=onnx.TensorProto.FLOAT)
         self._record(spec, spec.scheme, None, None, None)
@@ -149,7 +163,11 @@ class _Builder:
         return out
 
     def int_constant(
-        self, spec: ParamSpec, node: onnx.NodeProto, value: np.ndarray, scales_out: dict[tuple[str, int], np.ndarray]
+        self,
+        spec: ParamSpec,
+        node: onnx.NodeProto,
+        value: np.ndarray,
+        scales_out: dict[tuple[str, int], np.ndarray],
     ) -> str:
         key = ("int", spec.tensor, spec.scheme, spec.axis, spec.block_size)
         if key in self._param_cache:
@@ -177,7 +195,9 @@ class _Builder:
         return out
 
     def _bias_safe(self, spec: ParamSpec, node: onnx.NodeProto, scale: np.ndarray) -> np.ndarray:
-        bias_spec = next((p for p in self.plan.params if p.node == spec.node and p.role == "bias"), None)
+        bias_spec = next(
+            (p for p in self.plan.params if p.node == spec.node and p.role == "bias"), None
+        )
         if bias_spec is None or bias_spec.activation_key is None:
             return scale
         input_qp = self._activation_qparams(bias_spec.activation_key)
@@ -189,14 +209,23 @@ class _Builder:
         return self.qparams[spec.share_with or key]
 
     def bias(
-        self, spec: ParamSpec, node: onnx.NodeProto, value: np.ndarray, scales: dict[tuple[str, int], np.ndarray]
+        self,
+        spec: ParamSpec,
+        node: onnx.NodeProto,
+        value: np.ndarray,
+        scales: dict[tuple[str, int], np.ndarray],
     ) -> str | None:
         assert spec.activation_key is not None and spec.weight_tensor is not None
         w_scale = scales.get((spec.weight_tensor, spec.node))
         if w_scale is None:
             return None
         if w_scale.size > 1 and w_scale.size != value.size:
-            self.result.notes.append({"node": node.name, "note": "bias shape does not match the weight channels; kept float"})
+            self.result.notes.append(
+                {
+                    "node": node.name,
+                    "note": "bias shape does not match the weight channels; kept float",
+                }
+            )
             return None
         input_qp = self._activation_qparams(spec.activation_key)
         q = quantize_bias(value, input_qp.scale, w_scale)
@@ -205,7 +234,9 @@ class _Builder:
         scale_name = self.add_init(f"{base}_scale", q.scale)
         out = self.fresh(f"{base}_dequantized")
         attrs = {"axis": q.axis} if q.axis is not None else {}
-        self.add_node("DequantizeLinear", [stored, scale_name], [out], f"{base}_DequantizeLinear", **attrs)
+        self.add_node(
+            "DequantizeLinear", [stored, scale_name], [out], f"{base}_DequantizeLinear", **attrs
+        )
         self._record(spec, None, q.axis, None, q.scale, dtype="int32")
         return out
 
@@ -221,7 +252,10 @@ class _Builder:
         entry: dict[str, Any] = {
             "node": self.g.node[spec.node].name,
             "role": spec.role,
-            "dtype": dtype or (scheme.kind if scheme and scheme.is_float else f"int{scheme.bits if scheme else 32}"),
+            "dtype": dtype
+            or (
+                scheme.kind if scheme and scheme.is_float else f"int{scheme.bits if scheme else 32}"
+            ),
             "axis": axis,
         }
         if block is not None:
@@ -241,7 +275,9 @@ class _Builder:
             if spec.produced_by_quantized:
                 self.activation(spec)
         scales: dict[tuple[str, int], np.ndarray] = {}
-        ordered = sorted(self.plan.params, key=lambda p: {"weight": 0, "constant": 1, "bias": 2}[p.role])
+        ordered = sorted(
+            self.plan.params, key=lambda p: {"weight": 0, "constant": 1, "bias": 2}[p.role]
+        )
         for spec in ordered:
             self.param(spec, scales)
         for idx in self.plan.quantized:
@@ -254,6 +290,8 @@ class _Builder:
         return self.result
 
 
-def build_qdq(model: onnx.ModelProto, plan: QuantPlan, qparams: Mapping[str, ActivationQParams]) -> BuildResult:
+def build_qdq(
+    model: onnx.ModelProto, plan: QuantPlan, qparams: Mapping[str, ActivationQParams]
+) -> BuildResult:
     """The QDQ model for `plan` with activation parameters `qparams` (keyed like plan.activations)."""
     return _Builder(model, plan, qparams).build()

@@ -118,7 +118,9 @@ def _expand(scale: np.ndarray, w: np.ndarray, axis: int | None, block: int | Non
     return scale.reshape(shape)
 
 
-def weight_scales(w: np.ndarray, scheme: QuantizationScheme, axis: int | None, block: int | None) -> np.ndarray:
+def weight_scales(
+    w: np.ndarray, scheme: QuantizationScheme, axis: int | None, block: int | None
+) -> np.ndarray:
     """Symmetric scales: max|w| / qmax per tensor, output channel or block (1.0 where all-zero)."""
     amax = _amax(w, axis, block)
     qmax = scheme.qmax
@@ -146,16 +148,28 @@ def bias_safe_weight_scales(
 
 
 def quantize_with_scales(
-    w: np.ndarray, scale: np.ndarray, scheme: QuantizationScheme, axis: int | None, block: int | None
+    w: np.ndarray,
+    scale: np.ndarray,
+    scheme: QuantizationScheme,
+    axis: int | None,
+    block: int | None,
 ) -> QuantizedTensor:
     full = _expand(scale.astype(np.float64), w, axis, block)
     q = np.clip(np.rint(w.astype(np.float64) / full), -scheme.qmax, scheme.qmax)
-    values = q.astype(np.int8).astype(ml_dtypes.int4) if scheme.bits == 4 else q.astype(storage_dtype(scheme.bits))
-    zero_point = None if scheme.bits == 4 else np.zeros(scale.shape, dtype=storage_dtype(scheme.bits))
+    values = (
+        q.astype(np.int8).astype(ml_dtypes.int4)
+        if scheme.bits == 4
+        else q.astype(storage_dtype(scheme.bits))
+    )
+    zero_point = (
+        None if scheme.bits == 4 else np.zeros(scale.shape, dtype=storage_dtype(scheme.bits))
+    )
     return QuantizedTensor(values, scale.astype(np.float32), zero_point, axis, block)
 
 
-def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: np.ndarray) -> QuantizedTensor:
+def quantize_bias(
+    bias: np.ndarray, input_scale: float, weight_scale: np.ndarray
+) -> QuantizedTensor:
     """int32 bias at scale s_in · s_w (per output channel when the weights are per channel)."""
     scale = (np.float64(input_scale) * weight_scale.astype(np.float64)).astype(np.float32)
     if scale.ndim == 0 or scale.size == 1:

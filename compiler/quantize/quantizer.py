@@ -46,7 +46,9 @@ __all__ = ["METADATA_KEY", "QuantizedModel", "quantize_model", "required_opset"]
 METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON quantization record."""
 
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"})
+_QDQ_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
+)
 
 
 @dataclass
@@ -96,26 +98,48 @@ def quantize_model(
             "(generator) gives only one",
             hint="pass a list, a dataset from load_calibration_data, or a callable returning a fresh iterator",
         )
-    prepared = prepare_model(model, opset=required_opset(params), input_shapes=input_shapes, add_biases=params.bias_correction)
+    prepared = prepare_model(
+        model,
+        opset=required_opset(params),
+        input_shapes=input_shapes,
+        add_biases=params.bias_correction,
+    )
     _check_names(params, prepared)
     coverage = analyze_coverage(prepared.model, tgt, op_target=op_target, suggest=False)
     equalization = EqualizationReport()
     if params.channel_equalization:
-        eligible = {p.name for p in coverage.placements if p.processor == "MLA" and p.name not in params.unquantized_nodes}
+        eligible = {
+            p.name
+            for p in coverage.placements
+            if p.processor == "MLA" and p.name not in params.unquantized_nodes
+        }
         equalization = equalize(prepared.model, eligible)
     plan = make_plan(prepared.model, coverage, params)
     observers = {key: make_observer(spec.method) for key, spec in plan.observed().items()}
     by_tensor: dict[str, list[Observer]] = {}
     for key, obs in observers.items():
         by_tensor.setdefault(plan.activations[key].tensor, []).append(obs)
-    stats = calibrate(prepared.model, by_tensor, data, progress=progress, max_output_bytes=max_output_bytes)
+    stats = calibrate(
+        prepared.model, by_tensor, data, progress=progress, max_output_bytes=max_output_bytes
+    )
     qparams = _activation_qparams(plan, observers)
     built = build_qdq(prepared.model, plan, qparams)
     corrections: dict[str, dict[str, float]] = {}
     if params.bias_correction:
         corrections = correct_biases(prepared.model, built, plan, qparams, data, progress=progress)
         built = build_qdq(prepared.model, plan, qparams)
-    report = _report(params, tgt, prepared, plan, observers, qparams, built, equalization, corrections, stats.samples)
+    report = _report(
+        params,
+        tgt,
+        prepared,
+        plan,
+        observers,
+        qparams,
+        built,
+        equalization,
+        corrections,
+        stats.samples,
+    )
     _write_metadata(built.model, report, plan, tgt, prepared)
     _check(built.model)
     return QuantizedModel(built.model, prepared.model, params, tgt.name, report)
@@ -132,14 +156,18 @@ def _resolve_params(params: Any) -> QuantizationParams:
     convert = getattr(params, "to_quantization_params", None)
     if callable(convert):
         return convert()
-    raise QuantizationError(f"quantization settings must be QuantizationParams or RknnConfig, got {type(params).__name__}")
+    raise QuantizationError(
+        f"quantization settings must be QuantizationParams or RknnConfig, got {type(params).__name__}"
+    )
 
 
 def _reject_quantized(model: Any) -> None:
     if isinstance(model, onnx.ModelProto):
         found = sorted({n.op_type for n in model.graph.node if n.op_type in _QDQ_OPS})
         if found:
-            raise QuantizationError(f"the model is already quantized (it contains {', '.join(found)})")
+            raise QuantizationError(
+                f"the model is already quantized (it contains {', '.join(found)})"
+            )
 
 
 def _check_names(params: QuantizationParams, prepared: PreparedModel) -> None:
@@ -156,7 +184,9 @@ def _check_names(params: QuantizationParams, prepared: PreparedModel) -> None:
             )
 
 
-def _activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) -> dict[str, ActivationQParams]:
+def _activation_qparams(
+    plan: QuantPlan, observers: Mapping[str, Observer]
+) -> dict[str, ActivationQParams]:
     qparams: dict[str, ActivationQParams] = {}
     for key, obs in observers.items():
         spec = plan.activations[key]
@@ -190,7 +220,10 @@ def _report(
         tensors[key] = entry
     hybrid = list(plan.decisions)
     hybrid += [{"node": n, "decision": "float", "reason": r} for n, r in plan.unquantized.items()]
-    hybrid += [{"node": n, "decision": "custom", "reason": json.dumps(c.to_dict())} for n, c in params.custom_quantization_configs.items()]
+    hybrid += [
+        {"node": n, "decision": "custom", "reason": json.dumps(c.to_dict())}
+        for n, c in params.custom_quantization_configs.items()
+    ]
     return {
         "version": 1,
         "target": target.name,
@@ -214,7 +247,13 @@ def _report(
     }
 
 
-def _write_metadata(model: onnx.ModelProto, report: Mapping[str, Any], plan: QuantPlan, target: Target, prepared: PreparedModel) -> None:
+def _write_metadata(
+    model: onnx.ModelProto,
+    report: Mapping[str, Any],
+    plan: QuantPlan,
+    target: Target,
+    prepared: PreparedModel,
+) -> None:
     """The JSON record, and placement pins so coverage of the QDQ model keeps float nodes off the MLA."""
     props = {p.key: p.value for p in model.metadata_props}
     props[METADATA_KEY] = json.dumps(report, sort_keys=True, default=_json_default)
@@ -245,4 +284,6 @@ def _check(model: onnx.ModelProto) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        raise QuantizationError(f"the QDQ model fails onnx.checker (a quantizer bug): {str(exc).splitlines()[0][:300]}") from None
+        raise QuantizationError(
+            f"the QDQ model fails onnx.checker (a quantizer bug): {str(exc).splitlines()[0][:300]}"
+        ) from None

@@ -73,7 +73,9 @@ def make_observer(method: CalibrationMethod) -> Observer:
     return HistogramObserver(num_bins=bins)
 
 
-def select_range(method: CalibrationMethod, observer: Observer, scheme: QuantizationScheme) -> Range:
+def select_range(
+    method: CalibrationMethod, observer: Observer, scheme: QuantizationScheme
+) -> Range:
     """The range `method` picks from `observer` for tensors quantized with `scheme`."""
     if observer.empty:
         return Range(0.0, 0.0)

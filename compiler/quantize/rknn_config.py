@@ -33,7 +33,19 @@ from compiler.defines import (
 
 __all__ = ["DTYPE_PLATFORMS", "PLATFORMS", "RknnConfig"]
 
-PLATFORMS = ("rv1103", "rv1103b", "rv1106", "rv1106b", "rv1126b", "rk2118", "rk3562", "rk3566", "rk3568", "rk3576", "rk3588")
+PLATFORMS = (
+    "rv1103",
+    "rv1103b",
+    "rv1106",
+    "rv1106b",
+    "rv1126b",
+    "rk2118",
+    "rk3562",
+    "rk3566",
+    "rk3568",
+    "rk3576",
+    "rk3588",
+)
 
 DTYPE_PLATFORMS: dict[str, tuple[str, ...]] = {
     "w8a8": tuple(p for p in PLATFORMS if p != "rk2118"),
@@ -92,7 +104,9 @@ class RknnConfig(BaseModel):
             raise ValueError(f"target_platform is required; one of {_allowed(PLATFORMS)}")
         key = value.lower()
         if key not in PLATFORMS:
-            raise ValueError(f"target_platform {value!r} is not supported; one of {_allowed(PLATFORMS)}")
+            raise ValueError(
+                f"target_platform {value!r} is not supported; one of {_allowed(PLATFORMS)}"
+            )
         return key
 
     @field_validator("quantized_dtype")
@@ -106,7 +120,9 @@ class RknnConfig(BaseModel):
     @classmethod
     def _algorithm(cls, value: str) -> str:
         if value not in ALGORITHMS:
-            raise ValueError(f"quantized_algorithm {value!r}: one of {_allowed(list(ALGORITHMS))} (gdq is not implemented)")
+            raise ValueError(
+                f"quantized_algorithm {value!r}: one of {_allowed(list(ALGORITHMS))} (gdq is not implemented)"
+            )
         return value
 
     @field_validator("quantized_method")
@@ -144,7 +160,9 @@ class RknnConfig(BaseModel):
     @classmethod
     def _euc(cls, value: float | None) -> float | None:
         if value is not None and value <= 0:
-            raise ValueError(f"auto_hybrid_euc_thresh {value}: must be positive (or None to disable)")
+            raise ValueError(
+                f"auto_hybrid_euc_thresh {value}: must be positive (or None to disable)"
+            )
         return value
 
     @field_validator("memory_plan_strategy")
@@ -169,7 +187,9 @@ class RknnConfig(BaseModel):
         lists = value if value and isinstance(value[0], list) else [value]
         for per_input in lists:
             if not 1 <= len(per_input) <= 4:
-                raise ValueError(f"{info.field_name}: each input takes 1 to 4 per-channel values, got {len(per_input)}")
+                raise ValueError(
+                    f"{info.field_name}: each input takes 1 to 4 per-channel values, got {len(per_input)}"
+                )
             if info.field_name == "std_values" and any(v == 0 for v in per_input):
                 raise ValueError("std_values: values must be non-zero")
         return value
@@ -184,9 +204,13 @@ class RknnConfig(BaseModel):
             )
         grouped = self.quantized_method.startswith("group")
         if grouped and self.quantized_dtype != "w4a16":
-            raise ValueError(f"quantized_method {self.quantized_method!r} (group-wise) needs quantized_dtype 'w4a16'")
+            raise ValueError(
+                f"quantized_method {self.quantized_method!r} (group-wise) needs quantized_dtype 'w4a16'"
+            )
         if self.quantized_dtype == "w4a16" and not grouped:
-            raise ValueError(f"quantized_dtype 'w4a16' needs quantized_method one of {_allowed(GROUP_METHODS)}")
+            raise ValueError(
+                f"quantized_dtype 'w4a16' needs quantized_method one of {_allowed(GROUP_METHODS)}"
+            )
         if self.single_core_mode and self.target_platform not in ("rk3588", "rk3576"):
             raise ValueError("single_core_mode is available on rk3588 and rk3576 only")
         if self.sparse_infer and self.target_platform not in ("rk3576", "rv1126b"):
@@ -196,7 +220,9 @@ class RknnConfig(BaseModel):
             and self.std_values is not None
             and isinstance(self.mean_values[0], list) != isinstance(self.std_values[0], list)
         ):
-            raise ValueError("mean_values and std_values: give both per input (list of lists) or both flat")
+            raise ValueError(
+                "mean_values and std_values: give both per input (list of lists) or both flat"
+            )
         return self
 
     # ---- conversion
@@ -248,5 +274,9 @@ class RknnConfig(BaseModel):
 
     def input_bgr(self, index: int = 0) -> bool:
         if isinstance(self.quant_img_RGB2BGR, list):
-            return bool(self.quant_img_RGB2BGR[index]) if index < len(self.quant_img_RGB2BGR) else False
+            return (
+                bool(self.quant_img_RGB2BGR[index])
+                if index < len(self.quant_img_RGB2BGR)
+                else False
+            )
         return self.quant_img_RGB2BGR

@@ -37,7 +37,9 @@ class InputSignature:
             self.names.append(vi.name)
             self.dtypes[vi.name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type or 1))
             if tt.HasField("shape"):
-                self.shapes[vi.name] = tuple(d.dim_value if d.dim_value > 0 else None for d in tt.shape.dim)
+                self.shapes[vi.name] = tuple(
+                    d.dim_value if d.dim_value > 0 else None for d in tt.shape.dim
+                )
             else:
                 self.shapes[vi.name] = None
 
@@ -82,14 +84,18 @@ def _conform(name: str, value: np.ndarray, signature: InputSignature, index: int
     dtype = signature.dtypes[name]
     if value.dtype != dtype:
         if value.dtype.kind not in "fiub" or (dtype.kind != "f" and value.dtype.kind == "f"):
-            raise CalibrationDataError(f"calibration sample {index}: input {name!r} is {value.dtype}, the model takes {dtype}")
+            raise CalibrationDataError(
+                f"calibration sample {index}: input {name!r} is {value.dtype}, the model takes {dtype}"
+            )
         value = value.astype(dtype)
     shape = signature.shapes.get(name)
     if shape is None:
         return value
     if value.ndim == len(shape) - 1 and shape[0] in (1, None):
         value = value[None]
-    if value.ndim != len(shape) or any(d is not None and d != v for d, v in zip(shape, value.shape, strict=True)):
+    if value.ndim != len(shape) or any(
+        d is not None and d != v for d, v in zip(shape, value.shape, strict=True)
+    ):
         raise CalibrationDataError(
             f"calibration sample {index}: input {name!r} has shape {list(value.shape)}, the model takes "
             f"{[d if d is not None else '?' for d in shape]}"

@@ -367,11 +367,11 @@ def _run_mla(
             for k, frame in enumerate(chunk):
                 part = value[k * head : (k + 1) * head] if node["shape"] else value
                 frame[(info.name, node["layout"])] = tessellate(part, node["layout"])
-        assert emulator.stats is not None
+        run = emulator.stats
         stage.invocations += 1
         stage.frames += len(chunk)
-        stage.static_cycles += emulator.stats.static_cycles
-        stage.stall_aware_cycles += emulator.stats.stall_aware_cycles
+        stage.static_cycles += run.static_cycles if run else 0
+        stage.stall_aware_cycles += run.stall_aware_cycles if run else 0
 
 
 _RUNNERS = {

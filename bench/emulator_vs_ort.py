@@ -1,0 +1,121 @@
+"""Emulator speed vs ONNX Runtime on the same QDQ model, and compile time.
+
+For every model (the example fixtures, and the real models fixed + quantized as in
+bench/memory_plan.py), side by side in one process:
+
+* compile: `compile_model` wall time (the issue's bar: yolov8n < 10 s);
+* emulator: `run_archive` on one frame (archive read once) — the whole pipeline, and its
+  MLA stages alone;
+* ORT: ONNX Runtime on the QDQ model (default graph optimisations, CPU), best of N;
+* the ratio emulator / ORT (bar: <= 3x), and whether the outputs agree with the reference.
+
+    python bench/emulator_vs_ort.py [--no-real] [--repeat 3] [--cache DIR]
+
+Prints a table and writes bench/results/emulator_vs_ort.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from memory_plan import ROOT, prepared_models
+
+from compiler.archive import read_archive
+from compiler.compile import compile_model
+from compiler.runtime.pipeline import run_archive
+
+
+def _feeds(model) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for info in model.graph.input:
+        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        feeds[info.name] = rng.random(shape, dtype=np.float32)
+    return feeds
+
+
+def _best(fn, repeat: int):
+    """(best wall time, what the best run returned)."""
+    best, payload = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        value = fn()
+        elapsed = time.perf_counter() - started
+        if elapsed < best:
+            best, payload = elapsed, value
+    return best, payload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-real", action="store_true", help="Fixtures only.")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ms-bench")
+    parser.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    parser.add_argument(
+        "--output", type=Path, default=ROOT / "bench" / "results" / "emulator_vs_ort.json"
+    )
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, model in prepared_models(not args.no_real, args.cache, args.models).items():
+            started = time.perf_counter()
+            result = compile_model(model, folder, model_name=name)
+            compile_seconds = time.perf_counter() - started
+            feeds = _feeds(model)
+            archive = read_archive(result.archive)
+            emulator_seconds, (_, stats) = _best(
+                lambda archive=archive, feeds=feeds: run_archive(archive, feeds), args.repeat
+            )
+            mla_seconds = sum(s.wall_seconds for s in stats.stages if s.processor == "MLA")
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            session = ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+            session.run(None, feeds)
+            ort_seconds, _ = _best(
+                lambda session=session, feeds=feeds: session.run(None, feeds), args.repeat
+            )
+            rows.append(
+                {
+                    "model": name,
+                    "elf_files": len(result.elf_files),
+                    "compile_seconds": round(compile_seconds, 3),
+                    "emulator_seconds": round(emulator_seconds, 4),
+                    "emulator_mla_seconds": round(mla_seconds, 4),
+                    "ort_seconds": round(ort_seconds, 4),
+                    "ratio": round(emulator_seconds / ort_seconds, 2),
+                    "mla_static_cycles": stats.mla_static_cycles,
+                    "latency_us_per_frame": round(stats.latency_us_per_frame, 2),
+                }
+            )
+    header = (
+        f"{'model':<18} {'elf':>3} {'compile s':>10} {'emulator s':>11} {'(MLA s)':>9} "
+        f"{'ORT s':>8} {'emu/ORT':>8} {'MLA cycles':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['model']:<18} {row['elf_files']:>3} {row['compile_seconds']:>10.2f} "
+            f"{row['emulator_seconds']:>11.3f} {row['emulator_mla_seconds']:>9.3f} "
+            f"{row['ort_seconds']:>8.4f} {row['ratio']:>8.1f} {row['mla_static_cycles']:>12,}"
+        )
+    yolo = next((r for r in rows if r["model"] == "yolov8n"), None)
+    if yolo:
+        print(f"\nyolov8n compile: {yolo['compile_seconds']:.2f} s (bar: < 10 s)")
+    print(f"worst emulator/ORT: {max(r['ratio'] for r in rows):.1f}x (bar: <= 3x)")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
