@@ -12,6 +12,7 @@ import onnx
 import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
 from surgery.coverage import CoverageReport, analyze_coverage
 from surgery.model import open_model
+from surgery.qdq import float_view, is_qdq
 from surgery.targets import Target, resolve_target
 
 
@@ -30,6 +31,8 @@ def check_model(
     tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
     with gc_paused():
         loaded, view = open_model(model, input_shapes)
+        if is_qdq(loaded):  # count the segments of the float model it quantizes, as compile does
+            loaded, view = open_model(float_view(loaded))
         return analyze_coverage(loaded, tgt, op_target=op_target, view=view, suggest=suggest)
 
 

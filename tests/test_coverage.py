@@ -249,3 +249,28 @@ def test_model_is_not_modified_by_analysis(yolo_head):
     analyze_coverage(loaded, "mlsoc")
     assert loaded.SerializeToString() == before
     assert isinstance(loaded, onnx.ModelProto)
+
+
+def test_check_on_a_qdq_model_counts_the_float_models_segments(plain_cnn, tmp_path):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from surgery.check import check_model
+    from surgery.model import save_model
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter(
+                [{"input": np.random.default_rng(0).random((1, 3, 32, 32), np.float32)}]
+            )
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    src = save_model(plain_cnn, tmp_path / "f.onnx")
+    quantize_static(str(src), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    report = check_model(tmp_path / "q.onnx", "mlsoc")
+    assert report.mla_segments == 1
+    assert not any(
+        p.op_type in ("QuantizeLinear", "DequantizeLinear") and not p.foldable
+        for p in report.placements
+    )

@@ -37,7 +37,7 @@ from onnx import helper, numpy_helper
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 from compiler.lower.errors import CompileError
-from compiler.runtime.lowering import DEQUANTIZE, QUANTIZE, QdqGraph, build_program
+from compiler.runtime.lowering import QdqGraph, build_program
 from compiler.runtime.program import (
     DequantizeStep,
     IntegerStep,
@@ -46,6 +46,7 @@ from compiler.runtime.program import (
 )
 from compiler.runtime.qparams import QuantParams
 from surgery.coverage import CoverageReport, analyze_coverage
+from surgery.qdq import float_view
 from surgery.targets import Target, resolve_target
 
 Processor = Literal["MLA", "CVU", "APU"]
@@ -113,73 +114,6 @@ def with_unique_names(model: onnx.ModelProto) -> onnx.ModelProto:
         node.name = name
         seen.add(name)
     return named
-
-
-def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
-    """The QDQ graph without its activation Q -> DQ pairs: what coverage should look at.
-
-    Consumers of a DequantizeLinear whose input comes from a QuantizeLinear of a run-time tensor
-    read that tensor directly. A pair whose DequantizeLinear output is a graph output renames the
-    float tensor to the output name. Weight DequantizeLinear nodes stay: they fold to constants.
-    """
-    model = copy.deepcopy(qdq_model)
-    graph = model.graph
-    constants = {init.name for init in graph.initializer}
-    constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
-    producer = {out: node for node in graph.node for out in node.output if out}
-    graph_inputs = {i.name for i in graph.input}
-    alias: dict[str, str] = {}
-    dropped: set[int] = set()
-    for node in graph.node:
-        if node.op_type != DEQUANTIZE or not node.input:
-            continue
-        quantizer = producer.get(node.input[0])
-        if quantizer is None or quantizer.op_type != QUANTIZE:
-            continue
-        source = quantizer.input[0]
-        if source in constants:
-            continue
-        alias[node.output[0]] = source
-        dropped.add(id(node))
-        dropped.add(id(quantizer))
-    # A QuantizeLinear also read by something other than a DequantizeLinear must stay.
-    for node in graph.node:
-        if id(node) in dropped or node.op_type == DEQUANTIZE:
-            continue
-        for name in node.input:
-            quantizer = producer.get(name)
-            if quantizer is not None and id(quantizer) in dropped:
-                dropped.discard(id(quantizer))
-    output_names = [o.name for o in graph.output]
-    for name in output_names:
-        quantizer = producer.get(name)
-        if quantizer is not None and quantizer.op_type == QUANTIZE:
-            dropped.discard(id(quantizer))
-    rename: dict[str, str] = {}
-    for name in output_names:
-        source = alias.get(name)
-        if source is not None and source not in graph_inputs and source not in rename:
-            rename[source] = name
-    kept = [n for n in graph.node if id(n) not in dropped]
-
-    def resolve(name: str) -> str:
-        while name in alias:
-            name = alias[name]
-        return rename.get(name, name)
-
-    for node in kept:
-        for k, name in enumerate(node.input):
-            if name:
-                node.input[k] = resolve(name)
-        for k, name in enumerate(node.output):
-            node.output[k] = rename.get(name, name)
-    del graph.node[:]
-    graph.node.extend(kept)
-    produced = {out for node in kept for out in node.output}
-    keep = [v for v in graph.value_info if v.name in produced]
-    del graph.value_info[:]
-    graph.value_info.extend(keep)
-    return model
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

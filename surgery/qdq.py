@@ -1,0 +1,95 @@
+"""QDQ models seen as the float model they quantize: what placement and segmentation look at.
+
+Coverage on a QDQ graph itself would be wrong: every QuantizeLinear / DequantizeLinear between
+two MLA ops runs on the CVU, so each op would become its own segment. The *float view* removes
+every activation QuantizeLinear -> DequantizeLinear pair (consumers read the float tensor again)
+and keeps the weight DequantizeLinear nodes (they fold as constants), so `surgery check` on a
+quantized model and the compiler's partition both count the segments of the float model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import onnx
+
+_QUANTIZE = "QuantizeLinear"
+_DEQUANTIZE = "DequantizeLinear"
+
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    """Whether the model quantizes run-time tensors (a QuantizeLinear fed by a non-constant)."""
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    return any(
+        n.op_type == _QUANTIZE and n.input and n.input[0] not in constants for n in model.graph.node
+    )
+
+
+def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The QDQ graph without its activation Q -> DQ pairs: what coverage should look at.
+
+    Consumers of a DequantizeLinear whose input comes from a QuantizeLinear of a run-time tensor
+    read that tensor directly. A pair whose DequantizeLinear output is a graph output renames the
+    float tensor to the output name. Weight DequantizeLinear nodes stay: they fold to constants.
+    Nodes are tracked by index (protobuf wrapper objects have no stable identity).
+    """
+    model = copy.deepcopy(qdq_model)
+    graph = model.graph
+    nodes = list(graph.node)
+    constants = {init.name for init in graph.initializer}
+    constants |= {n.output[0] for n in nodes if n.op_type == "Constant" and n.output}
+    producer = {out: k for k, node in enumerate(nodes) for out in node.output if out}
+    graph_inputs = {i.name for i in graph.input}
+    alias: dict[str, str] = {}
+    dropped: set[int] = set()
+    for k, node in enumerate(nodes):
+        if node.op_type != _DEQUANTIZE or not node.input:
+            continue
+        q = producer.get(node.input[0])
+        if q is None or nodes[q].op_type != _QUANTIZE or nodes[q].input[0] in constants:
+            continue
+        alias[node.output[0]] = nodes[q].input[0]
+        dropped.update((k, q))
+    # A QuantizeLinear also read by something other than a DequantizeLinear, or that is a graph
+    # output, must stay.
+    for k, node in enumerate(nodes):
+        if k in dropped or node.op_type == _DEQUANTIZE:
+            continue
+        for name in node.input:
+            q = producer.get(name)
+            if q is not None and nodes[q].op_type == _QUANTIZE:
+                dropped.discard(q)
+    output_names = [o.name for o in graph.output]
+    for name in output_names:
+        q = producer.get(name)
+        if q is not None and nodes[q].op_type == _QUANTIZE:
+            dropped.discard(q)
+    rename: dict[str, str] = {}
+    for name in output_names:
+        source = alias.get(name)
+        if source is not None and source not in graph_inputs and source not in rename:
+            rename[source] = name
+
+    def resolve(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return rename.get(name, name)
+
+    kept = [node for k, node in enumerate(nodes) if k not in dropped]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if name:
+                node.input[i] = resolve(name)
+        for i, name in enumerate(node.output):
+            node.output[i] = rename.get(name, name)
+    kept_copies = [onnx.NodeProto() for _ in kept]
+    for dst, src in zip(kept_copies, kept, strict=True):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(kept_copies)
+    produced = {out for node in kept_copies for out in node.output}
+    keep = [v for v in graph.value_info if v.name in produced]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+    return model
