@@ -464,3 +464,56 @@ def test_calibration_memory_does_not_grow_with_the_number_of_samples() -> None:
 
     few, many = peak(4), peak(64)
     assert many < few * 1.2 + 64 * 1024, (few, many)
+
+
+def hardswish_net() -> onnx.ModelProto:
+    """conv → x·clip(x + 3, 0, 6) / 6 (HardSwish as exporters write it) → conv."""
+    model = two_conv_net(activation=None)
+    h = onnx.helper
+    hs = [
+        h.make_node("Add", ["c1", "three"], ["t"], name="hs_add"),
+        h.make_node("Clip", ["t", "zero", "six"], ["cl"], name="hs_clip"),
+        h.make_node("Mul", ["c1", "cl"], ["m"], name="hs_mul"),
+        h.make_node("Div", ["m", "six"], ["a1"], name="hs_div"),
+    ]
+    for k, node in enumerate(hs):
+        model.graph.node.insert(1 + k, node)
+    model.graph.node[-1].input[0] = "a1"
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("three", 3.0), ("zero", 0.0), ("six", 6.0))
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_elementwise_groups_are_opt_in_and_leave_no_qdq_inside() -> None:
+    model = hardswish_net()
+    data = random_samples(8)
+    grouped = quantize_model(model, data, default_quantization, elementwise_groups=True)
+    plain = quantize_model(model, data, default_quantization)
+    assert grouped.report["elementwise_groups"] == [
+        {
+            "source": "c1",
+            "kind": "lut",
+            "nodes": ["hs_add", "hs_clip", "hs_mul", "hs_div"],
+            "outputs": ["a1"],
+        }
+    ]
+    assert not plain.report["elementwise_groups"]
+    inside = {"t", "cl", "m"}
+    assert not inside & set(grouped.report["tensors"])
+    assert inside <= set(plain.report["tensors"])
+    feed = random_samples(1, seed=6)[0]
+    assert sqnr_db(run(model, feed), run(grouped.model, feed)) > 25.0
+
+
+def test_silu_is_one_table_by_default() -> None:
+    model = two_conv_net(activation=None)
+    h = onnx.helper
+    model.graph.node.insert(1, h.make_node("Sigmoid", ["c1"], ["s"], name="gate"))
+    model.graph.node.insert(2, h.make_node("Mul", ["c1", "s"], ["a1"], name="silu"))
+    model.graph.node[-1].input[0] = "a1"
+    result = quantize_model(model, random_samples(4), default_quantization)
+    assert [g["nodes"] for g in result.report["elementwise_groups"]] == [["gate", "silu"]]
+    assert "s" not in result.report["tensors"] and "a1" in result.report["tensors"]

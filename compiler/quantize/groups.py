@@ -65,6 +65,8 @@ class ElementwiseGroup:
     (per-channel affine)."""
     nodes: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    members: list[int] = field(default_factory=list, repr=False)
+    internal: list[str] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -114,8 +116,14 @@ def find_groups(
     configs: dict[int, NodeQuantizationConfig],
     constants: set[str],
     fused: dict[str, str],
+    *,
+    gates_only: bool = False,
 ) -> tuple[list[ElementwiseGroup], set[str], set[int]]:
-    """(groups, internal tensors without Q/DQ, member node indices)."""
+    """(groups, internal tensors without Q/DQ, member node indices).
+
+    `gates_only` keeps just x·Sigmoid(x) and x·HardSigmoid(x) (SiLU, HardSwish), the runs the
+    integer executor already evaluates as one table.
+    """
     group_of: dict[str, int] = {}  # tensor → group id (tensors computed inside a group)
     open_for: dict[str, int] = {}  # source tensor → its open group id
     groups: list[ElementwiseGroup] = []
@@ -156,20 +164,29 @@ def find_groups(
         assert combined is not None
         group.kind = combined
         group.nodes.append(view.names[idx])
+        group.members.append(idx)
         member_of[idx] = gid
         group_of[node.output[0]] = gid
-    internal: set[str] = set()
     for tensor, gid in group_of.items():
         readers = view.consumers.get(tensor, [])
         inside = readers and all(member_of.get(r) == gid for r in readers) and tensor not in outputs
-        if inside:
-            internal.add(tensor)
-        else:
-            groups[gid].outputs.append(tensor)
-    single = {i for i, g in enumerate(groups) if len(g.nodes) <= 1}
-    kept = [g for i, g in enumerate(groups) if i not in single]
-    members = {idx for idx, gid in member_of.items() if gid not in single}
+        (groups[gid].internal if inside else groups[gid].outputs).append(tensor)
+    kept = [g for g in groups if len(g.nodes) > 1 and (not gates_only or _is_gate(view, g))]
+    internal = {t for g in kept for t in g.internal}
+    members = {idx for g in kept for idx in g.members}
     return kept, internal, members
+
+
+def _is_gate(view: GraphView, group: ElementwiseGroup) -> bool:
+    """x · Sigmoid(x) or x · HardSigmoid(x), nothing else."""
+    if len(group.members) != 2:
+        return False
+    gate, mul = (view.nodes[i] for i in group.members)
+    return (
+        gate.op_type in ("Sigmoid", "HardSigmoid")
+        and mul.op_type == "Mul"
+        and sorted(mul.input) == sorted([group.source, gate.output[0]])
+    )
 
 
 def _key(tensor: str, group_of: dict[str, int], open_for: dict[str, int]) -> int | tuple[str, str]:

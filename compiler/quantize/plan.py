@@ -160,7 +160,11 @@ def make_plan(
     params: QuantizationParams,
     *,
     view: GraphView | None = None,
+    elementwise_groups: bool = False,
 ) -> QuantPlan:
+    """The plan for `model`. x·Sigmoid(x) / x·HardSigmoid(x) are always one table (no Q/DQ on
+    the gate); `elementwise_groups=True` does the same for every run of single-input elementwise
+    ops (`compiler.quantize.groups`)."""
     view = view or GraphView(model)
     constants = set(view.initializers)
     unquantized_request = set(params.unquantized_nodes)
@@ -184,7 +188,7 @@ def make_plan(
     plan.fused = _fused_tensors(view, quantized, plan.configs, constants)
     _inherit_fused_configs(view, plan, params)
     plan.groups, plan.internal, grouped = find_groups(
-        view, plan.quantized, plan.configs, constants, plan.fused
+        view, plan.quantized, plan.configs, constants, plan.fused, gates_only=not elementwise_groups
     )
     for idx in plan.quantized:
         _plan_node(view, idx, plan, constants, in_group=idx in grouped)
@@ -312,7 +316,7 @@ def _plan_node(
         tensor = node.input[k]
         if tensor in constants:
             if not in_group:  # group constants are part of the table / affine map, kept float
-                plan.params.append(_constant_param(view, idx, k, tensor, act, weight))
+                plan.params.append(_constant_param(idx, k, tensor, act, weight))
             continue
         if tensor in plan.fused or tensor in plan.internal:
             continue
@@ -372,25 +376,15 @@ def _wider(a: QuantizationScheme, b: QuantizationScheme) -> bool:
 
 
 def _constant_param(
-    view: GraphView,
-    idx: int,
-    k: int,
-    tensor: str,
-    act: QuantizationScheme,
-    weight: QuantizationScheme,
+    idx: int, k: int, tensor: str, act: QuantizationScheme, weight: QuantizationScheme
 ) -> ParamSpec:
-    """Constant operands of elementwise ops: the node's float type, or symmetric integers —
-    per axis when the constant varies along exactly one axis (a per-channel multiplier or
-    offset), since one scale for values of different magnitudes would flatten the small ones."""
+    """Constant operands of elementwise ops: the node's float type, or symmetric integers per
+    tensor. The integer executor multiplies two per-tensor operands (one multiplier per op), so
+    per-axis constants would leave the op in float; per-channel multipliers after a conv are
+    folded into it by `prepare` instead."""
     if act.is_float:
         return ParamSpec(idx, k, tensor, "constant", act)
     bits = weight.bits if weight.bits in (8, 16) else 8
-    dims = tuple(view.initializers[tensor].dims)
-    varying = [d for d, n in enumerate(dims) if n > 1]
-    if len(varying) == 1:
-        return ParamSpec(
-            idx, k, tensor, "constant", quantization_scheme(False, True, bits), axis=varying[0]
-        )
     return ParamSpec(idx, k, tensor, "constant", quantization_scheme(False, False, bits))
 
 

@@ -13,17 +13,25 @@ gives garbage rather than plausible zeros.
 
 Cycle counts come from `compiler.costmodel`: a static per-instruction estimate and a
 DRAM-stall-aware overlapped schedule.
+
+An ELF (path or bytes) is decoded once per process: its program, instructions, cycle schedules
+and the values derived from its read-only CONST tensors are kept, by content, for every later
+`Emulator` of the same bytes (the pipeline builds one per run). All of them are immutable, so
+sharing them changes no result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
 from compiler.costmodel import (
+    InstructionCost,
     MlaHardware,
     Schedule,
     instruction_cost,
@@ -40,11 +48,23 @@ POISON = 0xA5
 __all__ = ["POISON", "Emulator", "EmulatorError", "Memory", "RunStats"]
 
 
+T = TypeVar("T")
+
+
 class Memory:
-    """The flat memory image: one byte array per space, read and written through descriptors."""
+    """The flat memory image: one byte array per space, read and written through descriptors.
+
+    `constants` (shared by every run of one program) keeps what `read_cached` derives from CONST
+    tensors, which no instruction can change.
+    """
 
     def __init__(
-        self, dram_size: int, arena_size: int, rodata: bytes, poison: int | None = POISON
+        self,
+        dram_size: int,
+        arena_size: int,
+        rodata: bytes,
+        poison: int | None = POISON,
+        constants: dict[tuple[Tensor, str], Any] | None = None,
     ) -> None:
         fill = 0 if poison is None else poison
         self.spaces: dict[Space, bytearray | bytes] = {
@@ -54,8 +74,14 @@ class Memory:
         }
         self.bytes_read = dict.fromkeys(self.spaces, 0)
         self.bytes_written = dict.fromkeys(self.spaces, 0)
+        self.constants: dict[tuple[Tensor, str], Any] = {} if constants is None else constants
+        self._views: dict[Tensor, np.ndarray] = {}
 
     def _view(self, tensor: Tensor) -> np.ndarray:
+        """The tensor's elements as a numpy view of its space (made once per descriptor)."""
+        view = self._views.get(tensor)
+        if view is not None:
+            return view
         buffer = self.spaces[tensor.space]
         low, high = tensor.span()
         if tensor.size and (low < 0 or high > len(buffer)):
@@ -64,20 +90,34 @@ class Memory:
                 f"{tensor.dtype.numpy.name} tensor fall outside the {len(buffer)}-byte space"
             )
         if tensor.size == 0:
-            return np.zeros(tensor.shape, dtype=tensor.dtype.numpy)
-        start = tensor.offset - low
-        return np.ndarray(
-            tensor.shape,
-            dtype=tensor.dtype.numpy,
-            buffer=memoryview(buffer)[low:high],
-            offset=start,
-            strides=tensor.strides,
-        )
+            view = np.zeros(tensor.shape, dtype=tensor.dtype.numpy)
+        else:
+            view = np.ndarray(
+                tensor.shape,
+                dtype=tensor.dtype.numpy,
+                buffer=memoryview(buffer)[low:high],
+                offset=tensor.offset - low,
+                strides=tensor.strides,
+            )
+        self._views[tensor] = view
+        return view
 
     def read(self, tensor: Tensor) -> np.ndarray:
         """A copy of the tensor's elements, shape `tensor.shape`, dtype `tensor.dtype`."""
         self.bytes_read[tensor.space] += tensor.nbytes
         return self._view(tensor).copy()
+
+    def read_cached(self, tensor: Tensor, key: str, derive: Callable[[np.ndarray], T]) -> T:
+        """derive(elements), counted as one read. For a CONST tensor it is computed once per
+        program (the `constants` cache, under `key`), so `derive` must return something its
+        callers never modify."""
+        if tensor.space != Space.CONST:
+            return derive(self.read(tensor))
+        self.bytes_read[tensor.space] += tensor.nbytes
+        entry = (tensor, key)
+        if entry not in self.constants:
+            self.constants[entry] = derive(self._view(tensor).copy())
+        return self.constants[entry]
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None:
         """Store integer values; values outside the dtype's range are an error, never a wrap."""
@@ -91,12 +131,21 @@ class Memory:
         if values.shape != tensor.shape:
             raise EmulatorError(f"writing {values.shape} values into a {tensor.shape} tensor")
         low, high = dtype_range(tensor.dtype.numpy)
-        if values.size and (values.min() < low or values.max() > high):
+        checked = values.size and not _within(values.dtype, low, high)
+        if checked and (values.min() < low or values.max() > high):
             raise EmulatorError(
                 f"values in [{values.min()}, {values.max()}] do not fit {tensor.dtype.numpy.name}"
             )
         self.bytes_written[tensor.space] += tensor.nbytes
-        self._view(tensor)[...] = values.astype(tensor.dtype.numpy)
+        self._view(tensor)[...] = values
+
+
+def _within(dtype: np.dtype, low: int, high: int) -> bool:
+    """Whether every value of an integer dtype lies in [low, high] (then no check is needed)."""
+    if not np.issubdtype(dtype, np.integer):
+        return False
+    dtype_low, dtype_high = dtype_range(dtype)
+    return low <= dtype_low and dtype_high <= high
 
 
 @dataclass(frozen=True)
@@ -118,6 +167,51 @@ class RunStats:
         return self.stall_aware.total_cycles
 
 
+DECODED_PROGRAMS = 32
+"""ELF files whose decoded program `Emulator` keeps (least recently used first out). A staged
+model has one per MLA segment (ppocrv4_det has 25), and every run of a pipeline rebuilds its
+emulators from the same archive bytes."""
+
+
+@dataclass
+class _Decoded:
+    """A program and what every run of it shares: its instructions, per-hardware costs and
+    schedules, and `Memory.constants`. Each is computed once and never modified."""
+
+    program: MlaProgram
+    instructions: tuple[Instruction, ...] | None = None
+    costs: dict[MlaHardware, tuple[InstructionCost, ...]] = field(default_factory=dict)
+    schedules: dict[tuple[str, MlaHardware], Schedule] = field(default_factory=dict)
+    constants: dict[tuple[Tensor, str], Any] = field(default_factory=dict)
+
+    def decode(self) -> tuple[Instruction, ...]:
+        """The instructions decoded from the encoded `.text` bytes."""
+        if self.instructions is None:
+            try:
+                self.instructions = tuple(decode(self.program.text))
+            except IsaError as error:
+                raise EmulatorError(f"cannot decode the program: {error}") from error
+        return self.instructions
+
+
+_DECODED: OrderedDict[bytes, _Decoded] = OrderedDict()
+
+
+def _decoded_elf(source: str | Path | bytes | bytearray) -> _Decoded:
+    """The decoded ELF, from `_DECODED` when these exact bytes were seen before."""
+    from compiler.elf import read_elf
+
+    data = bytes(source) if isinstance(source, bytes | bytearray) else Path(source).read_bytes()
+    decoded = _DECODED.get(data)
+    if decoded is None:
+        decoded = _DECODED[data] = _Decoded(read_elf(data))
+        while len(_DECODED) > DECODED_PROGRAMS:
+            _DECODED.popitem(last=False)
+    else:
+        _DECODED.move_to_end(data)
+    return decoded
+
+
 class Emulator:
     """Run an MLA program (an `MlaProgram`, or an ELF path / bytes) on integer inputs.
 
@@ -133,11 +227,11 @@ class Emulator:
         *,
         poison: int | None = POISON,
     ) -> None:
-        if not isinstance(program, MlaProgram):
-            from compiler.elf import read_elf
-
-            program = read_elf(program)
-        self.program = program
+        if isinstance(program, MlaProgram):
+            self._decoded = _Decoded(program)
+        else:
+            self._decoded = _decoded_elf(program)
+        program = self.program = self._decoded.program
         self.poison = poison
         metadata = program.metadata
         base = hardware or MlaHardware()
@@ -150,15 +244,15 @@ class Emulator:
                 f"the program plans {metadata.arena_size} arena bytes; {metadata.quads} quads "
                 f"have {self.hardware.arena_bytes}"
             )
-        try:
-            self.instructions: tuple[Instruction, ...] = tuple(decode(program.text))
-        except IsaError as error:
-            raise EmulatorError(f"cannot decode the program: {error}") from error
-        self.costs = tuple(instruction_cost(i, self.hardware) for i in self.instructions)
+        self.instructions: tuple[Instruction, ...] = self._decoded.decode()
+        costs = self._decoded.costs
+        if self.hardware not in costs:
+            costs[self.hardware] = tuple(
+                instruction_cost(i, self.hardware) for i in self.instructions
+            )
+        self.costs = costs[self.hardware]
         self.memory: Memory | None = None
         self.stats: RunStats | None = None
-        self._static: Schedule | None = None
-        self._stall_aware: Schedule | None = None
 
     @property
     def input_names(self) -> list[str]:
@@ -168,17 +262,19 @@ class Emulator:
     def output_names(self) -> list[str]:
         return [t.name for t in self.program.metadata.outputs]
 
+    def _schedule(self, kind: str, build: Callable[..., Schedule]) -> Schedule:
+        schedules = self._decoded.schedules
+        if (kind, self.hardware) not in schedules:
+            schedules[kind, self.hardware] = build(self.instructions, self.hardware)
+        return schedules[kind, self.hardware]
+
     def static_schedule(self) -> Schedule:
         """Instructions back to back (what `_mla_stats.yaml` reports); computed once."""
-        if self._static is None:
-            self._static = static_schedule(self.instructions, self.hardware)
-        return self._static
+        return self._schedule("static", static_schedule)
 
     def stall_aware_schedule(self) -> Schedule:
         """DMA/compute overlap with DRAM contention (compiler.costmodel); computed once."""
-        if self._stall_aware is None:
-            self._stall_aware = stall_aware_schedule(self.instructions, self.hardware)
-        return self._stall_aware
+        return self._schedule("stall_aware", stall_aware_schedule)
 
     def _describe(self, index: int) -> str:
         instruction = self.instructions[index]
@@ -188,7 +284,13 @@ class Emulator:
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Execute the program once; returns every output tensor as integers (logical shape)."""
         metadata = self.program.metadata
-        memory = Memory(metadata.dram_size, metadata.arena_size, self.program.rodata, self.poison)
+        memory = Memory(
+            metadata.dram_size,
+            metadata.arena_size,
+            self.program.rodata,
+            self.poison,
+            self._decoded.constants,
+        )
         for info in metadata.inputs:
             if info.name not in inputs:
                 raise EmulatorError(

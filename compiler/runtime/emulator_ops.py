@@ -10,8 +10,10 @@ reference ops that define them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -20,7 +22,6 @@ from compiler.intmath import (
     apply_lut,
     divide_round_half_up,
     dtype_range,
-    int_matmul,
     reciprocal_sqrt,
     requantize,
     rounding_right_shift,
@@ -58,10 +59,15 @@ class EmulatorError(RuntimeError):
     """The program is wrong: a bad operand, shape, address or value; the message says which."""
 
 
+T = TypeVar("T")
+
+
 class MemoryPort(Protocol):
     """How an instruction reads and writes the memory image (see `emulator.Memory`)."""
 
     def read(self, tensor: Tensor) -> np.ndarray: ...
+
+    def read_cached(self, tensor: Tensor, key: str, derive: Callable[[np.ndarray], T]) -> T: ...
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None: ...
 
@@ -71,8 +77,19 @@ def _expect_shape(what: str, actual: tuple[int, ...], expected: tuple[int, ...])
         raise EmulatorError(f"{what} has shape {tuple(actual)}; expected {tuple(expected)}")
 
 
+def _frozen(values: np.ndarray) -> np.ndarray:
+    """values, read-only: what `MemoryPort.read_cached` keeps is shared by every run."""
+    values.flags.writeable = False
+    return values
+
+
+def _int64(memory: MemoryPort, tensor: Tensor) -> np.ndarray:
+    """A table operand (bias, multipliers, shifts) as int64; read-only."""
+    return memory.read_cached(tensor, "int64", lambda codes: _frozen(codes.astype(np.int64)))
+
+
 def _table(memory: MemoryPort, value: int | Tensor) -> np.ndarray | int:
-    return memory.read(value).astype(np.int64) if isinstance(value, Tensor) else value
+    return _int64(memory, value) if isinstance(value, Tensor) else value
 
 
 def _per_channel(values: np.ndarray | int, ndim: int) -> np.ndarray | int:
@@ -82,20 +99,165 @@ def _per_channel(values: np.ndarray | int, ndim: int) -> np.ndarray | int:
     return values
 
 
-def output_stage(
-    memory: MemoryPort, acc: np.ndarray, requant: Requant, *, per_channel: bool = False
+BLOCK_ELEMENTS = 1 << 16
+"""Elements per block of blockwise elementwise work (`_blockwise`). The dozen int64 temporaries
+of an output stage then stay in the L2 cache instead of streaming a whole feature map through
+memory once per numpy operation, and are recycled by the allocator instead of being mapped
+(and page-faulted) afresh."""
+
+Block = tuple[slice, ...]
+
+
+def _blocks(shape: tuple[int, ...]) -> list[Block]:
+    """Index tuples of slices (so no axis is dropped) that tile `shape` in blocks of about
+    BLOCK_ELEMENTS: whole trailing axes, a run along one axis, single indices before it."""
+    if math.prod(shape) <= BLOCK_ELEMENTS:
+        return [tuple(slice(None) for _ in shape)]
+    axis = 0
+    while math.prod(shape[axis + 1 :]) > BLOCK_ELEMENTS:
+        axis += 1
+    step = max(1, BLOCK_ELEMENTS // math.prod(shape[axis + 1 :]))
+    tail = tuple(slice(None) for _ in shape[axis + 1 :])
+    return [
+        (*(slice(i, i + 1) for i in lead), slice(start, start + step), *tail)
+        for lead in np.ndindex(*shape[:axis])
+        for start in range(0, shape[axis], step)
+    ]
+
+
+def _block_of(table: np.ndarray | int | None, block: Block) -> np.ndarray | int | None:
+    """The part of a table, broadcast against the whole result, that one block of it needs."""
+    if not isinstance(table, np.ndarray) or table.ndim == 0:
+        return table
+    aligned = table.reshape((1,) * (len(block) - table.ndim) + table.shape)
+    return aligned[
+        tuple(s if n > 1 else slice(None) for s, n in zip(block, aligned.shape, strict=True))
+    ]
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype | type, like: Tensor | None) -> np.ndarray:
+    """np.empty laid out in the memory order of `like` (largest stride outermost), so that
+    writing it there copies in order instead of transposing byte by byte (HWC tensors)."""
+    if like is None or like.shape != shape:
+        return np.empty(shape, dtype=dtype)
+    order = sorted(range(len(shape)), key=lambda axis: -abs(like.strides[axis]))
+    return np.empty([shape[axis] for axis in order], dtype=dtype).transpose(np.argsort(order))
+
+
+def _blockwise(
+    shape: tuple[int, ...],
+    dtype: np.dtype | type,
+    compute: Callable[[Block], np.ndarray],
+    blocks: list[Block] | None = None,
+    like: Tensor | None = None,
 ) -> np.ndarray:
-    """saturate int32 -> requantize (M, n) -> + zero point -> clamp [low, high]."""
-    multiplier = _table(memory, requant.multiplier)
-    shift = _table(memory, requant.shift)
-    if per_channel:
-        multiplier = _per_channel(multiplier, acc.ndim)
-        shift = _per_channel(shift, acc.ndim)
-    try:
-        scaled = requantize(acc, multiplier, shift, requant.mode)
-    except ValueError as error:
-        raise EmulatorError(f"requantization tables do not fit the result: {error}") from error
-    return np.clip(scaled + requant.zero_point, requant.low, requant.high)
+    """A result of `shape` (laid out like `like`) filled block by block by compute(block),
+    over `blocks` (by default `_blocks(shape)`), which must tile the result."""
+    result = _empty(shape, dtype, like)
+    for block in _blocks(shape) if blocks is None else blocks:
+        result[block] = compute(block)
+    return result
+
+
+@dataclass(frozen=True)
+class _OutputStage:
+    """An instruction's output stage, its tables read once: saturate int32 -> requantize (M, n)
+    -> + zero point -> clamp [low, high], after an optional per-channel bias."""
+
+    requant: Requant
+    multiplier: np.ndarray | int
+    shift: np.ndarray | int
+    bias: np.ndarray | None
+
+    @classmethod
+    def read(
+        cls,
+        memory: MemoryPort,
+        requant: Requant,
+        ndim: int,
+        *,
+        per_channel: bool = False,
+        bias: np.ndarray | None = None,
+    ) -> _OutputStage:
+        multiplier = _table(memory, requant.multiplier)
+        shift = _table(memory, requant.shift)
+        if per_channel:
+            multiplier = _per_channel(multiplier, ndim)
+            shift = _per_channel(shift, ndim)
+        if bias is not None:
+            bias = _per_channel(bias, ndim)
+        return cls(requant, multiplier, shift, bias)
+
+    def blockwise(self, shape: tuple[int, ...]) -> bool:
+        """Whether the tables broadcast to `shape` (else one whole evaluation decides what
+        shape the result, or the error, has)."""
+        tables = [
+            t.shape for t in (self.multiplier, self.shift, self.bias) if isinstance(t, np.ndarray)
+        ]
+        try:
+            return np.broadcast_shapes(shape, *tables) == shape
+        except ValueError:
+            return False
+
+    def dtype(self, target: Tensor | None) -> np.dtype | type:
+        """The target's dtype if every value of [low, high] fits it (narrowing then loses
+        nothing, and a write still range-checks), else int64."""
+        if target is None:
+            return np.int64
+        low, high = dtype_range(target.dtype.numpy)
+        fits = low <= self.requant.low and self.requant.high <= high
+        return target.dtype.numpy if fits else np.int64
+
+    def __call__(
+        self, acc: np.ndarray, block: Block | None = None, zero_point: int = 0
+    ) -> np.ndarray:
+        """The stage on acc - zero_point (integers, in any integer dtype or exactly in a float
+        one); `block` says which part of the result acc is, to pick the table entries."""
+
+        def part(table: np.ndarray | int | None) -> np.ndarray | int | None:
+            return table if block is None else _block_of(table, block)
+
+        if self.bias is None:
+            acc = acc.astype(np.int64)
+        else:
+            acc = np.add(acc, part(self.bias), dtype=np.int64, casting="unsafe")
+        if zero_point:
+            acc -= zero_point
+        try:
+            scaled = requantize(acc, part(self.multiplier), part(self.shift), self.requant.mode)
+        except ValueError as error:
+            raise EmulatorError(f"requantization tables do not fit the result: {error}") from error
+        scaled = np.asarray(scaled)
+        scaled += self.requant.zero_point
+        return np.clip(scaled, self.requant.low, self.requant.high, out=scaled)
+
+
+def output_stage(
+    memory: MemoryPort,
+    acc: np.ndarray,
+    requant: Requant,
+    *,
+    per_channel: bool = False,
+    zero_point: int = 0,
+    bias: np.ndarray | None = None,
+    target: Tensor | None = None,
+) -> np.ndarray:
+    """acc - zero_point + bias -> saturate int32 -> requantize (M, n) -> + zero point -> clamp.
+
+    `acc` holds integers, in an integer dtype or exactly in a float one; `bias` is per output
+    channel. The stage is elementwise, so it runs blockwise (`_blockwise`) through the same
+    `compiler.intmath.requantize`. The result is int64, or of the dtype and layout of `target`
+    (the tensor it is for) when [low, high] fits that dtype.
+    """
+    stage = _OutputStage.read(memory, requant, acc.ndim, per_channel=per_channel, bias=bias)
+    if not stage.blockwise(acc.shape):
+        return stage(acc, zero_point=zero_point)
+    return _blockwise(
+        acc.shape,
+        stage.dtype(target),
+        lambda block: stage(acc[block], block, zero_point),
+        like=target,
+    )
 
 
 def _same_dtype(what: str, source: Tensor, target: Tensor) -> None:
@@ -138,8 +300,14 @@ def execute_move(instruction: Move, memory: MemoryPort) -> None:
         _copy(memory, instruction.src, instruction.dst)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
-    centred = _centred(memory, instruction.src, instruction.input_zero_point)
-    memory.write(instruction.dst, output_stage(memory, centred, instruction.requant))
+    result = output_stage(
+        memory,
+        memory.read(instruction.src),
+        instruction.requant,
+        zero_point=instruction.input_zero_point,
+        target=instruction.dst,
+    )
+    memory.write(instruction.dst, result)
 
 
 def execute_fill(instruction: Fill, memory: MemoryPort) -> None:
@@ -168,9 +336,157 @@ def _rank4(what: str, tensor: Tensor) -> tuple[int, int, int, int]:
     return tensor.shape  # type: ignore[return-value]
 
 
+# --- exact integer products on the floating-point units ------------------------------------------
+#
+# The MAC array sums int8/int16 products exactly in its accumulator. numpy's integer matmul does
+# not use BLAS and is some 30x slower than a float one, so CONV, CONV_TRANSPOSE and MATMUL carry
+# the centred integers in a floating-point dtype instead, chosen per instruction so that nothing
+# ever rounds:
+#
+# * a float with a p-bit significand represents every integer of magnitude <= 2**p exactly
+#   (p = 24 for float32, 53 for float64);
+# * the stored codes, the zero point, the centred codes and the weights are integers, and so is
+#   every product and every partial sum of products, whatever order or blocking BLAS uses;
+# * every partial sum of a dot product sum_k x_k * w_k is bounded by
+#   sum_k |x_k| |w_k| <= max|x| * sum_k |w_k|, and so is every single product;
+# * so if all those magnitudes are <= 2**p, each rounding step (conversion, product, sum or fused
+#   multiply-add) rounds an exact integer of magnitude <= 2**p to itself: the float result is
+#   the exact integer result, which converts to int64 without loss.
+#
+# `_exact_dtype` picks float32 when that bound is <= 2**24 (twice the BLAS speed of float64 and
+# half the memory traffic: int8 data times typical int8 weights over K up to a few thousand),
+# float64 when it is <= 2**53 (int8 x int8 for any K below 2**37), and exact int64 arithmetic
+# beyond that. tests/test_emulator_exact.py checks the boundary with all-extreme operands.
+
+FLOAT32_EXACT = 2**24
+"""Every integer of magnitude <= 2**24 is a float32."""
+
+FLOAT64_EXACT = 2**53
+"""Every integer of magnitude <= 2**53 is a float64."""
+
+
+def _exact_dtype(largest: int) -> type[np.float32] | type[np.float64] | type[np.int64]:
+    """The cheapest dtype in which integers of magnitude <= `largest` add and multiply exactly."""
+    if largest <= FLOAT32_EXACT:
+        return np.float32
+    if largest <= FLOAT64_EXACT:
+        return np.float64
+    return np.int64
+
+
+def _largest_value(codes: np.ndarray, zero_point: int, weight_mass: int) -> int:
+    """Largest magnitude an integer product-sum of `codes - zero_point` with weights can reach.
+
+    `weight_mass` is max over outputs of sum |w| (which is >= max |w|); the result also covers
+    the stored codes and the zero point themselves, which are converted before centring.
+    """
+    if codes.size == 0:
+        return max(abs(zero_point), weight_mass)
+    low, high = int(codes.min()), int(codes.max())
+    centred = max(abs(low - zero_point), abs(high - zero_point))
+    return max(abs(low), abs(high), abs(zero_point), weight_mass, centred * max(weight_mass, 1))
+
+
+def _weight_mass(weight: np.ndarray, axes: tuple[int, ...]) -> int:
+    """max over the other axes of sum |weight| over `axes` (the reduction axes), exactly."""
+    if weight.size == 0:
+        return 0
+    return int(np.abs(weight.astype(np.int64)).sum(axis=axes).max())
+
+
+class _Weights:
+    """The weight operand of an exact product: its centred integer values, their mass (see
+    `_weight_mass`) and copies cast for the matrix products. For a CONST weight it is made once
+    per program (`MemoryPort.read_cached`), so all of it is read-only."""
+
+    def __init__(self, values: np.ndarray, axes: tuple[int, ...]) -> None:
+        self.values = _frozen(values)
+        self.mass = _weight_mass(values, axes)
+        self._cast: dict[type, np.ndarray] = {}
+
+    def astype(self, dtype: type) -> np.ndarray:
+        if dtype not in self._cast:
+            self._cast[dtype] = _frozen(self.values.astype(dtype))
+        return self._cast[dtype]
+
+
+def _centred_as(
+    codes: np.ndarray, zero_point: int, dtype: type, pads: tuple[int, int, int, int] | None = None
+) -> np.ndarray:
+    """codes - zero_point in `dtype`, zero-padded (N, C, H, W) -> (N, C, H + t + b, W + l + r).
+
+    One pass from the stored codes: the subtraction runs in `dtype` (never in the codes' own
+    narrow type, where it would wrap), and the padding holds centred 0, i.e. the zero point.
+    """
+    if pads is None:
+        return np.subtract(codes, zero_point, dtype=dtype)
+    top, left, bottom, right = pads
+    if min(pads) < 0:
+        raise EmulatorError(f"negative padding {pads}")
+    batch, channels, height, width = codes.shape
+    padded = (batch, channels, height + top + bottom, width + left + right)
+    x = np.zeros(padded, dtype) if any(pads) else np.empty(padded, dtype)
+    np.subtract(
+        codes, zero_point, out=x[:, :, top : top + height, left : left + width], dtype=dtype
+    )
+    return x
+
+
+def _im2col(
+    x: np.ndarray,
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> np.ndarray:
+    """(N, C, kh, kw, Ho, Wo) columns of a padded (N, C, H, W) array, contiguous.
+
+    Row (c, i, j) is channel c shifted by tap (i, j), so a (M, C·kh·kw) weight matrix times the
+    (C·kh·kw, Ho·Wo) columns is the whole convolution in one matrix product. For a 1x1 kernel
+    with unit strides the view already is the input, and no copy is made.
+    """
+    return np.ascontiguousarray(_windows(x, kernel, strides, dilations).transpose(0, 1, 4, 5, 2, 3))
+
+
+def _depthwise(
+    x: np.ndarray,
+    weight: np.ndarray,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    out_hw: tuple[int, int],
+) -> np.ndarray:
+    """Grouped convolution with one input channel per group, as a sum over the kernel taps.
+
+    x is the padded (N, G, H, W) input, weight (G, M/G, kh, kw); the result is (N, G, M/G, Ho,
+    Wo). im2col would copy the input kh·kw times to feed matrix products of depth kh·kw, one per
+    channel; scaling each shifted slice by its per-channel weights, all channels at once, costs
+    two passes per tap instead.
+    """
+    batch, groups = x.shape[:2]
+    group_out, kh, kw = weight.shape[1:]
+    (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_hw
+    acc = np.empty((batch, groups, group_out, ho, wo), dtype=x.dtype)
+    product = np.empty_like(acc)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            tap = x[:, :, None, rows, cols]
+            if i == j == 0:
+                np.multiply(tap, weight[:, :, i, j, None, None], out=acc)
+            else:
+                np.multiply(tap, weight[:, :, i, j, None, None], out=product)
+                acc += product
+    return acc
+
+
 def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
-    """The MAC array walks the kernel taps; each tap is a (positions x Cg) @ (Cg x Mg) product."""
-    batch, channels, _, _ = _rank4("the CONV input", instruction.input)
+    """im2col and exact matrix products; a depthwise CONV sums its taps instead.
+
+    The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
+    they are in cache: runs of output rows for the matrix products (each one product per
+    group on that part of the columns), runs of channels for the depthwise sum.
+    """
+    batch, channels, height, width = _rank4("the CONV input", instruction.input)
     out_channels, group_channels, kh, kw = _rank4("the CONV weight", instruction.weight)
     group = instruction.group
     if group < 1 or channels != group_channels * group or out_channels % group:
@@ -179,28 +495,67 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         )
     if min(instruction.strides) < 1 or min(instruction.dilations) < 1:
         raise EmulatorError("CONV strides and dilations must be positive")
-    x = _pad_hw(
-        _centred(memory, instruction.input, instruction.input_zero_point), instruction.pads, 0
+    (sh, sw), (dh, dw) = strides, dilations = instruction.strides, instruction.dilations
+    codes = memory.read(instruction.input)
+    weights = memory.read_cached(
+        instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3))
     )
-    weight = memory.read(instruction.weight).astype(np.int64)
-    (sh, sw), (dh, dw) = instruction.strides, instruction.dilations
+    zero_point = instruction.input_zero_point
+    dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
+    x = _centred_as(codes, zero_point, dtype, instruction.pads)
     ho = _output_size(x.shape[2], kh, sh, dh)
     wo = _output_size(x.shape[3], kw, sw, dw)
-    _expect_shape("the CONV output", instruction.output.shape, (batch, out_channels, ho, wo))
+    shape = (batch, out_channels, ho, wo)
+    _expect_shape("the CONV output", instruction.output.shape, shape)
     group_out = out_channels // group
-    grouped_x = x.reshape(batch, group, group_channels, *x.shape[2:])
-    grouped_w = weight.reshape(group, group_out, group_channels, kh, kw)
-    acc = np.zeros((batch, group, ho * wo, group_out), dtype=np.int64)
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
-            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
-            patch = grouped_x[:, :, :, rows, cols].reshape(batch, group, group_channels, -1)
-            tap = grouped_w[:, :, :, i, j].transpose(0, 2, 1)
-            acc += int_matmul(patch.transpose(0, 1, 3, 2), tap)
-    acc = acc.transpose(0, 1, 3, 2).reshape(batch, out_channels, ho, wo)
-    acc += _bias(memory, instruction.bias, out_channels).reshape(-1, 1, 1)
-    result = output_stage(memory, acc, instruction.requant, per_channel=True)
+    stage = _OutputStage.read(
+        memory,
+        instruction.requant,
+        len(shape),
+        per_channel=True,
+        bias=_bias(memory, instruction.bias, out_channels),
+    )
+    everything = slice(None)
+
+    if group_channels == 1:
+        weight = weights.astype(dtype).reshape(group, group_out, kh, kw)
+        step = max(1, BLOCK_ELEMENTS // (batch * group_out * ho * wo))
+        blocks = [
+            (everything, slice(g * group_out, (g + step) * group_out), everything, everything)
+            for g in range(0, group, step)
+        ]
+
+        def accumulate(block: Block) -> np.ndarray:
+            outputs = range(out_channels)[block[1]]
+            part = slice(outputs.start // group_out, outputs.stop // group_out)
+            acc = _depthwise(x[:, part], weight[part], strides, dilations, (ho, wo))
+            return acc.reshape(batch, len(outputs), ho, wo)
+
+    else:
+        depth = group_channels * kh * kw
+        weight = weights.astype(dtype).reshape(group, group_out, depth)
+        step = max(1, BLOCK_ELEMENTS // (batch * out_channels * wo))
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+
+        def accumulate(block: Block) -> np.ndarray:
+            rows = range(ho)[block[2]]
+            window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
+            cols = _im2col(window, (kh, kw), strides, dilations)
+            cols = cols.reshape(batch, group, depth, len(rows) * wo)
+            return np.matmul(weight, cols).reshape(batch, out_channels, len(rows), wo)
+
+    if stage.blockwise(shape):
+        result = _blockwise(
+            shape,
+            stage.dtype(instruction.output),
+            lambda block: stage(accumulate(block), block),
+            blocks,
+            like=instruction.output,
+        )
+    else:
+        result = stage(accumulate((everything,) * 4))
     memory.write(instruction.output, result)
 
 
@@ -208,11 +563,12 @@ def _bias(memory: MemoryPort, bias: Tensor | None, channels: int) -> np.ndarray:
     if bias is None:
         return np.zeros(channels, dtype=np.int64)
     _expect_shape("the bias", bias.shape, (channels,))
-    return memory.read(bias).astype(np.int64)
+    return _int64(memory, bias)
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:
-    """Each tap scatters (x @ w[:, :, tap]) onto the full output grid, which is then cropped."""
+    """One exact matrix product gives every tap's x @ w[:, :, tap]; each is scattered onto the
+    full output grid (tap·d + i·s), which is then cropped."""
     batch, channels, height, width = _rank4("the CONV_TRANSPOSE input", instruction.input)
     in_channels, group_out, kh, kw = _rank4("the CONV_TRANSPOSE weight", instruction.weight)
     group = instruction.group
@@ -229,35 +585,56 @@ def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> No
     expected = (batch, out_channels, full_h - top - bottom, full_w - left - right)
     _expect_shape("the CONV_TRANSPOSE output", instruction.output.shape, expected)
     group_in = channels // group
-    x = _centred(memory, instruction.input, instruction.input_zero_point)
+    codes = memory.read(instruction.input)
+    # An output position sums a subset of one output channel's (input channel, tap) products.
+    weights = memory.read_cached(
+        instruction.weight,
+        f"conv_transpose/{group}",
+        lambda codes: _Weights(codes.reshape(group, group_in, group_out, kh, kw), (1, 3, 4)),
+    )
+    dtype = _exact_dtype(_largest_value(codes, instruction.input_zero_point, weights.mass))
+    x = _centred_as(codes, instruction.input_zero_point, dtype)
     x = x.reshape(batch, group, group_in, height * width)
-    weight = memory.read(instruction.weight).astype(np.int64)
-    weight = weight.reshape(group, group_in, group_out, kh, kw)
-    full = np.zeros((batch, group, group_out, full_h, full_w), dtype=np.int64)
+    taps = weights.astype(dtype).reshape(group, group_in, group_out * kh * kw).transpose(0, 2, 1)
+    contributions = np.matmul(taps, x).reshape(batch, group, group_out, kh, kw, height, width)
+    full = np.zeros((batch, group, group_out, full_h, full_w), dtype=dtype)
     for i in range(kh):
         for j in range(kw):
-            contribution = int_matmul(weight[:, :, :, i, j].transpose(0, 2, 1), x)
             rows = slice(i * dh, i * dh + sh * (height - 1) + 1, sh)
             cols = slice(j * dw, j * dw + sw * (width - 1) + 1, sw)
-            full[:, :, :, rows, cols] += contribution.reshape(batch, group, group_out, height, -1)
+            full[:, :, :, rows, cols] += contributions[:, :, :, i, j]
     full = full.reshape(batch, out_channels, full_h, full_w)
-    acc = full[:, :, top : full_h - bottom, left : full_w - right]
-    acc = acc + _bias(memory, instruction.bias, out_channels).reshape(-1, 1, 1)
-    result = output_stage(memory, acc, instruction.requant, per_channel=True)
+    result = output_stage(
+        memory,
+        full[:, :, top : full_h - bottom, left : full_w - right],
+        instruction.requant,
+        per_channel=True,
+        bias=_bias(memory, instruction.bias, out_channels),
+        target=instruction.output,
+    )
     memory.write(instruction.output, result)
 
 
 def execute_matmul(instruction: MatMul, memory: MemoryPort) -> None:
-    a = _centred(memory, instruction.a, instruction.a_zero_point)
-    b = _centred(memory, instruction.b, instruction.b_zero_point)
-    if a.ndim < 1 or b.ndim < 1 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
-        raise EmulatorError(f"MATMUL of {a.shape} and {b.shape}")
+    """(a - za) @ (b - zb) as one exact matrix product (see `_exact_dtype`)."""
+    a_codes = memory.read(instruction.a)
+    b_shape, b_zero_point = instruction.b.shape, instruction.b_zero_point
+    depth_axis = -2 if len(b_shape) > 1 else 0
+    if a_codes.ndim < 1 or not b_shape or a_codes.shape[-1] != b_shape[depth_axis]:
+        raise EmulatorError(f"MATMUL of {a_codes.shape} and {b_shape}")
+    weights = memory.read_cached(
+        instruction.b,
+        f"matmul/{b_zero_point}",
+        lambda codes: _Weights(codes.astype(np.int64) - b_zero_point, (depth_axis,)),
+    )
+    dtype = _exact_dtype(_largest_value(a_codes, instruction.a_zero_point, weights.mass))
+    a = _centred_as(a_codes, instruction.a_zero_point, dtype)
     try:
-        acc = int_matmul(a, b)
+        acc = np.matmul(a, weights.astype(dtype)).astype(np.int64)
     except ValueError as error:
-        raise EmulatorError(f"MATMUL of {a.shape} and {b.shape}: {error}") from error
+        raise EmulatorError(f"MATMUL of {a.shape} and {b_shape}: {error}") from error
     if instruction.bias is not None:
-        acc = acc + memory.read(instruction.bias).astype(np.int64)
+        acc = acc + _int64(memory, instruction.bias)
     _expect_shape("the MATMUL output", instruction.output.shape, acc.shape)
     memory.write(instruction.output, output_stage(memory, acc, instruction.requant))
 
@@ -270,24 +647,44 @@ def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.where(denominator == 0, np.sign(numerator) * INT32_MAX, quotient)
 
 
-def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
-    a = _centred(memory, instruction.a, instruction.a_zero_point)
-    b = _centred(memory, instruction.b, instruction.b_zero_point)
-    try:
-        a, b = np.broadcast_arrays(a, b)
-    except ValueError as error:
-        raise EmulatorError(f"ELTWISE operands {a.shape} and {b.shape} do not broadcast") from error
-    _expect_shape("the ELTWISE output", instruction.output.shape, a.shape)
+def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The accumulator of ELTWISE from centred int64 operands of the same shape."""
     op, mode, shift = instruction.op, instruction.requant.mode, instruction.left_shift
     if op in (EltwiseOp.ADD, EltwiseOp.SUB):
         scaled_a = requantize(a << shift, instruction.a_multiplier, instruction.a_shift, mode)
         scaled_b = requantize(b << shift, instruction.b_multiplier, instruction.b_shift, mode)
-        acc = scaled_a + scaled_b if op == EltwiseOp.ADD else scaled_a - scaled_b
-    elif op == EltwiseOp.MUL:
-        acc = a * b
+        return scaled_a + scaled_b if op == EltwiseOp.ADD else scaled_a - scaled_b
+    if op == EltwiseOp.MUL:
+        return a * b
+    return _divide(a << shift, b)
+
+
+def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
+    """Elementwise, so computed blockwise (`_blockwise`) on the broadcast operands."""
+    a_codes = memory.read(instruction.a)
+    b_codes = memory.read(instruction.b)
+    try:
+        a_codes, b_codes = np.broadcast_arrays(a_codes, b_codes)
+    except ValueError as error:
+        raise EmulatorError(
+            f"ELTWISE operands {a_codes.shape} and {b_codes.shape} do not broadcast"
+        ) from error
+    shape = a_codes.shape
+    _expect_shape("the ELTWISE output", instruction.output.shape, shape)
+    stage = _OutputStage.read(memory, instruction.requant, len(shape))
+
+    def compute(block: Block | None) -> np.ndarray:
+        where = Ellipsis if block is None else block
+        a = a_codes[where].astype(np.int64) - instruction.a_zero_point
+        b = b_codes[where].astype(np.int64) - instruction.b_zero_point
+        return stage(_eltwise_acc(instruction, a, b), block)
+
+    if stage.blockwise(shape):
+        dtype = stage.dtype(instruction.output)
+        result = _blockwise(shape, dtype, compute, like=instruction.output)
     else:
-        acc = _divide(a << shift, b)
-    memory.write(instruction.output, output_stage(memory, acc, instruction.requant))
+        result = compute(None)
+    memory.write(instruction.output, result)
 
 
 def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
