@@ -23,12 +23,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from compiler.compile import CompileResult
 from compiler.defines import QuantizationParams, default_quantization
 from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.data import load_calibration_data
@@ -152,6 +154,41 @@ class Model:
         if self._session is None:
             self._session = reference_session(self.qdq_model)
         return _execute(self._session, self.qdq_model, inputs)
+
+    def compile(self, output_path: str | os.PathLike = ".", **options: Any) -> CompileResult:
+        """Compile into `<output_path>/<name>_mpk.tar.gz` (one .elf per MLA segment).
+
+        Options as in the vendor API: `batch_size`, `compress`, `tessellate_parameters`,
+        `memory_plan_strategy`, `compute_order`, `single_core_mode`, `custom_string`.
+        """
+        from compiler.compile import compile_model
+
+        return compile_model(
+            self.qdq_model,
+            output_path,
+            target=options.pop("target", self.target),
+            model_name=options.pop("model_name", self.name),
+            **options,
+        )
+
+    @property
+    def segments(self) -> dict[str, Any]:
+        """MLA segments by name ("MLA_0" …) with `input_names` / `output_names`, for addressing
+        tensors in `tessellate_parameters`."""
+        from surgery.check import check_model
+
+        report = check_model(self.qdq_model, self.target, suggest=False)
+        return {
+            seg.name: SimpleNamespace(
+                name=seg.name, input_names=seg.inputs, output_names=seg.outputs, nodes=seg.nodes
+            )
+            for seg in report.segments
+        }
+
+    @property
+    def _net(self) -> Any:
+        """Vendor-compatible access: `model._net.nodes["MLA_0"].input_names`."""
+        return SimpleNamespace(nodes=self.segments)
 
     def save(self, name: str | None = None, directory: str | os.PathLike = ".") -> Path:
         """Write `<directory>/<name>.onnx` and the `<name>.quant.json` sidecar; returns the .onnx path."""

@@ -591,7 +591,11 @@ int16_quantization = QuantizationParams(
 )
 """16-bit activations (asymmetric per tensor) with 8-bit per-channel weights (A16W8)."""
 
+from compiler.lower.tessellate import TensorDRAMLayout, TensorTessellateParameters  # noqa: E402
+
 __all__ = [
+    "TensorDRAMLayout",
+    "TensorTessellateParameters",
     "CalibrationMethod",
     "HistogramEntropyMethod",
     "HistogramMSEMethod",

@@ -403,3 +403,169 @@ class ExportOut(Out):
     bytes: int
     sha256: str
     external_data: bool
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+class QuantOutputMetrics(Out):
+    """One output of the QDQ model against the float model on the held-out samples."""
+
+    name: str
+    cosine: float | str | None = Field(description="Lowest over the held-out samples.")
+    sqnr_db: float | str | None = Field(description="Lowest over the held-out samples.")
+    max_abs: float | str | None = Field(description="Largest over the held-out samples.")
+
+
+class QuantizeOut(Out):
+    model: str
+    version: str = Field(description="The new version holding the QDQ model.")
+    parent: str = Field(description="The float version that was quantized.")
+    target: str
+    method: str = Field(description="Calibration method actually used.")
+    activation_scheme: str
+    weight_scheme: str
+    requantization_mode: str
+    calibration_samples: int = Field(description="Samples the ranges were calibrated on.")
+    holdout_samples: int = Field(
+        description="Samples kept out of calibration and used only for the metrics below."
+    )
+    holdout_is_calibration: bool = Field(
+        description="True when there were too few samples to hold any out: the metrics are "
+        "then measured on calibration data and are optimistic."
+    )
+    quantized_nodes: int
+    unquantized_nodes: list[str] = Field(description="Nodes left in float (up to 50).")
+    outputs: list[QuantOutputMetrics] = Field(description="Up to 20 outputs.")
+    worst_sqnr_db: float | str | None
+    worst_cosine: float | str | None
+    coverage: CoverageBrief = Field(description="Coverage of the QDQ version.")
+    notes: list[str] = Field(default_factory=list)
+
+
+class CompiledSegment(Out):
+    name: str
+    layers: int
+    peak_bytes: int = Field(description="Peak arena use of the memory plan.")
+    lower_bound_bytes: int = Field(description="No plan can use less (largest live set).")
+    arena_capacity_bytes: int
+    spilled_tensors: int
+    cycles: int = Field(description="Static-schedule cycles.")
+    stall_aware_cycles: int = Field(description="Cycles with the DRAM-stall cost model.")
+    macs: int
+
+
+class CompileOut(Out):
+    model: str
+    version: str
+    archive: str = Field(description="Path of the written <name>_mpk.tar.gz.")
+    target: str
+    elf_files: list[str]
+    elf_count: int
+    check_mla_segments: int = Field(
+        description="MLA segments check_model finds in the compiled version's graph."
+    )
+    elf_count_matches_check: bool = Field(
+        description="True when the archive holds exactly one .elf per MLA segment check found."
+    )
+    single_elf: bool
+    segments: list[CompiledSegment]
+    stages: list[dict[str, str]] = Field(description="Pipeline stages: name, processor, kernel.")
+    desired_batch_size: int
+    actual_batch_size: int
+    total_cycles: int
+    compile_seconds: float
+    notes: list[str] = Field(default_factory=list)
+
+
+class ArchiveTensor(Out):
+    name: str
+    shape: list[int]
+    dtype: str | None = None
+    layout: str | None = None
+
+
+class ArchivePlugin(Out):
+    name: str
+    sequence: int
+    processor: str
+    kernel: str | None
+    executable: str | None
+    inputs: list[str]
+    outputs: list[str]
+    static_cycles: int | None = None
+    stall_aware_cycles: int | None = None
+    peak_bytes: int | None = None
+    lower_bound_bytes: int | None = None
+
+
+class LayerCycles(Out):
+    index: int = Field(description="Layer index in pipeline order.")
+    name: str
+    start_cycle: int
+    end_cycle: int
+    cycles: int
+
+
+class InspectArchiveOut(Out):
+    archive: str
+    name: str
+    target: str | None
+    model_path: str | None = Field(description="The QDQ model the archive was compiled from.")
+    model_checksum: str | None
+    custom_string: str
+    desired_batch_size: int
+    actual_batch_size: int
+    elf_files: list[str]
+    elf_count: int
+    files: int = Field(description="Members of the archive.")
+    inputs: list[ArchiveTensor]
+    outputs: list[ArchiveTensor]
+    plugins: list[ArchivePlugin] = Field(description="The pipeline, in order.")
+    layers_page: Page
+    layers: list[LayerCycles] = Field(description="MLA layers, most cycles first (paged).")
+    notes: list[str]
+
+
+class RunOutputSummary(Out):
+    name: str
+    shape: list[int]
+    dtype: str
+    min: float | None
+    max: float | None
+    mean: float | None
+    bit_exact: bool | None = Field(
+        default=None,
+        description="Equal to the integer reference executor (null when not compared).",
+    )
+    max_abs_diff_vs_reference: float | None = None
+
+
+class RunStage(Out):
+    name: str
+    processor: str
+    kernel: str
+    invocations: int
+    static_cycles: int
+    stall_aware_cycles: int
+    latency_us_per_frame: float
+    estimate: str
+
+
+class RunArchiveOut(Out):
+    archive: str
+    inputs: str = Field(description="Where the inputs came from (.npz path or 'random seed N').")
+    frames: int
+    actual_batch_size: int
+    outputs: list[RunOutputSummary]
+    compared_with_reference: bool
+    reference_model: str | None = Field(
+        default=None, description="The QDQ model the integer reference ran (when compared)."
+    )
+    bit_exact: bool | None = Field(
+        default=None, description="All outputs equal the reference (null when not compared)."
+    )
+    latency_us_per_frame: float
+    mla_static_cycles: int
+    wall_seconds: float
+    stages: list[RunStage]

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from surgery.cli import app
+from server.cli import app
 
 runner = CliRunner()
 
@@ -80,11 +80,15 @@ def test_targets_lists_and_explains():
     assert explained["on_mla"] is True
 
 
-def test_demo_runs_check_on_the_shipped_example(tmp_path):
+def test_demo_runs_the_whole_pipeline_on_the_shipped_example(tmp_path):
     result = _run("demo", "--out", tmp_path, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["check"]["mla_segments"] == 1
+    assert data["fix"]["single_elf"] is True
+    assert data["quantize"]["held_out_sqnr_db"] > 25
+    assert len(data["compile"]["elf_files"]) == data["fix"]["mla_segments_after"]
+    assert data["run"]["bit_exact"] is True
     assert (tmp_path / "yolo_head.onnx").exists()
 
 

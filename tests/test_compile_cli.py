@@ -9,7 +9,7 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from surgery.cli import app
+from server.cli import app
 from tests.lower_support import input_frames, load_example, reference_outputs
 
 runner = CliRunner()

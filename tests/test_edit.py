@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from server.cli import app
 from surgery import edit
-from surgery.cli import app
 from surgery.edit import EditError
 from surgery.errors import NodeNotFoundError
 from surgery.model import load_model

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from server.cli import app
 from surgery.check import check_model
-from surgery.cli import app
 from tests.conftest import RUN_INPUTS, SHARED_MODELS, shared_model
 
 MODELS = sorted(p.stem for p in SHARED_MODELS.glob("*.onnx")) or ["yolov8n"]

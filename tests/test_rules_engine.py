@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from surgery.cli import app
+from server.cli import app
 from surgery.model import load_model
 from surgery.rules import (
     Rule,

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
+from server.cli import app
 from surgery import edit, examples
-from surgery.cli import app
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.examples import _Builder, _io
 from surgery.model import load_model

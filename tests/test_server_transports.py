@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from typer.testing import CliRunner
 
-from surgery.cli import app
+from server.cli import app
 from surgery.workspace import Workspace
 from tests.test_server_common import (  # noqa: F401  (fixtures)
     Sandbox,

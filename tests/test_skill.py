@@ -11,6 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from server.catalogue import reference_files
+from server.cli import app
 from server.skill import (
     SkillError,
     install_skill,
@@ -18,7 +19,6 @@ from server.skill import (
     skill_destination,
     skill_source,
 )
-from surgery.cli import app
 from surgery.rules import all_rules
 from surgery.targets import available_targets
 

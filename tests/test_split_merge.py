@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from server.cli import app
 from surgery import edit, examples
-from surgery.cli import app
 from surgery.coverage import PLACEMENT_METADATA_KEY
 from surgery.model import load_model
 from surgery.split import SplitError, merge_models, split_model

@@ -159,6 +159,37 @@ def _blockwise(
     return result
 
 
+TABLE_FACTOR = 4
+"""`_tabulated` pays once the data has this many elements per table entry."""
+
+
+def _tabulated(
+    function: Callable[..., np.ndarray], dtype: np.dtype | type, *codes: np.ndarray
+) -> np.ndarray | None:
+    """function(*codes) for an elementwise function of one or two arrays of 8-bit codes, looked
+    up in a table of its values over every code (tuple); None where that does not pay.
+
+    Such a function takes at most 256 (or 65536) distinct arguments, so evaluating it once on
+    each, with the same compiler.intmath calls on the same int64 values, and gathering gives
+    the result of evaluating it on the data, for one gather per element instead of a dozen
+    int64 passes. `function` gets int64 codes (its arguments broadcast: (256,) or (256, 1) and
+    (1, 256)) and must be elementwise with scalar parameters; `dtype` must hold its values.
+    """
+    if len(codes) > 2 or any(c.dtype.itemsize != 1 or c.dtype.kind not in "iu" for c in codes):
+        return None
+    size = math.prod(np.broadcast_shapes(*(c.shape for c in codes)))
+    if size < TABLE_FACTOR * 256 ** len(codes):
+        return None
+    domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
+    if len(codes) == 1:
+        table = function(domains[0])
+        index = codes[0].view(np.uint8)
+    else:
+        table = function(domains[0][:, None], domains[1][None, :])
+        index = codes[0].view(np.uint8).astype(np.uint16) << 8 | codes[1].view(np.uint8)
+    return np.take(np.asarray(table).reshape(-1).astype(dtype), index)
+
+
 @dataclass(frozen=True)
 class _OutputStage:
     """An instruction's output stage, its tables read once: saturate int32 -> requantize (M, n)
@@ -198,6 +229,12 @@ class _OutputStage:
             return np.broadcast_shapes(shape, *tables) == shape
         except ValueError:
             return False
+
+    def uniform(self, ndim: int) -> bool:
+        """Whether the stage is the same scalar function everywhere on a rank-`ndim` result
+        (no bias, single-valued tables that do not add axes), as `_tabulated` needs."""
+        tables = (self.multiplier, self.shift)
+        return self.bias is None and all(np.size(t) == 1 and np.ndim(t) <= ndim for t in tables)
 
     def dtype(self, target: Tensor | None) -> np.dtype | type:
         """The target's dtype if every value of [low, high] fits it (narrowing then loses
@@ -300,13 +337,21 @@ def execute_move(instruction: Move, memory: MemoryPort) -> None:
         _copy(memory, instruction.src, instruction.dst)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
-    result = output_stage(
-        memory,
-        memory.read(instruction.src),
-        instruction.requant,
-        zero_point=instruction.input_zero_point,
-        target=instruction.dst,
-    )
+    codes = memory.read(instruction.src)
+    stage = _OutputStage.read(memory, instruction.requant, codes.ndim)
+    result = None
+    if stage.uniform(codes.ndim):
+        zero_point = instruction.input_zero_point
+        dtype = stage.dtype(instruction.dst)
+        result = _tabulated(lambda c: stage(c, zero_point=zero_point), dtype, codes)
+    if result is None:
+        result = output_stage(
+            memory,
+            codes,
+            instruction.requant,
+            zero_point=instruction.input_zero_point,
+            target=instruction.dst,
+        )
     memory.write(instruction.dst, result)
 
 
@@ -660,7 +705,8 @@ def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarr
 
 
 def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
-    """Elementwise, so computed blockwise (`_blockwise`) on the broadcast operands."""
+    """Elementwise: looked up in a table of all code pairs (`_tabulated`) for 8-bit operands
+    with a per-tensor stage, else computed blockwise (`_blockwise`)."""
     a_codes = memory.read(instruction.a)
     b_codes = memory.read(instruction.b)
     try:
@@ -679,7 +725,16 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
         b = b_codes[where].astype(np.int64) - instruction.b_zero_point
         return stage(_eltwise_acc(instruction, a, b), block)
 
-    if stage.blockwise(shape):
+    def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
+        return stage(_eltwise_acc(instruction, *centred))
+
+    table = None
+    if stage.uniform(len(shape)):
+        table = _tabulated(function, stage.dtype(instruction.output), a_codes, b_codes)
+    if table is not None:
+        result = table
+    elif stage.blockwise(shape):
         dtype = stage.dtype(instruction.output)
         result = _blockwise(shape, dtype, compute, like=instruction.output)
     else:

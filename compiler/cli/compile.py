@@ -16,6 +16,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from compiler.runtime.compare import compare_output
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt, TargetOpt
 from surgery.errors import SurgeryError
@@ -237,17 +238,8 @@ def run_command(
             "max": float(np.max(value)) if value.size else None,
         }
         if compare_reference:
-            reference = references[name]
-            same_shape = reference.shape == value.shape
-            diff = (
-                float(np.max(np.abs(value.astype(np.float64) - reference.astype(np.float64))))
-                if same_shape and value.size
-                else (0.0 if same_shape else None)
-            )
-            exact = bool(same_shape and np.array_equal(value, reference))
-            entry["max_abs_diff_vs_reference"] = diff
-            entry["bit_exact"] = exact
-            verdict = verdict and exact
+            entry.update(compare_output(value, references[name]))
+            verdict = verdict and entry["bit_exact"]
         report["outputs"].append(entry)
     if save_outputs:
         np.savez(save_outputs, **outputs)
@@ -285,7 +277,7 @@ def _random_inputs(document: dict[str, Any], frames: int, seed: int) -> dict[str
 def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The integer reference executor's outputs on the same frames."""
     from compiler.archive import model_checksum
-    from compiler.runtime import IntegerExecutor
+    from compiler.runtime.compare import reference_outputs
     from surgery.model import read_model
 
     document = opened.manifest
@@ -300,16 +292,7 @@ def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[
             f"{path} changed since the archive was compiled (checksum differs)",
             hint="pass the compiled model with --model PATH",
         )
-    executor = IntegerExecutor(read_model(path), document.get("requantization_mode", "sima"))
-    nodes = document["input_nodes"]
-    heads = {n["name"]: (n["shape"][0] if n["shape"] else 1) for n in nodes}
-    count = max(1, feed[nodes[0]["name"]].shape[0] // heads[nodes[0]["name"]]) if nodes else 1
-    results: dict[str, list[np.ndarray]] = {}
-    for k in range(count):
-        frame = {name: feed[name][k * h : (k + 1) * h] for name, h in heads.items()}
-        for name, value in executor.run(frame).items():
-            results.setdefault(name, []).append(np.asarray(value))
-    return {name: np.concatenate(parts, axis=0) for name, parts in results.items()}
+    return reference_outputs(document, read_model(path), feed)
 
 
 def _render_run(report: dict[str, Any], compared: bool) -> None:
