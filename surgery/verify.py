@@ -267,6 +267,9 @@ def ort_session(model: onnx.ModelProto, *, label: str = "model") -> ort.Inferenc
     """
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # Simulate Q/DQ in float (the QDQ reference semantics) instead of fusing them into ORT's
+    # int8 kernels, which round differently; float models are unaffected.
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
     data: bytes | None = None
     if model_nbytes(model) < PROTOBUF_LIMIT - 64 * 2**20:
         try:

@@ -18,7 +18,9 @@ import onnxruntime as ort
 from compiler.quantize.errors import CalibrationDataError, QuantizationError
 from compiler.quantize.observers import Observer
 from compiler.quantize.samples import SamplePasses, as_feed, input_signature
+from surgery.errors import SurgeryError
 from surgery.graph import GraphView
+from surgery.verify import ort_session
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -58,17 +60,10 @@ def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
     kernels round differently (per-channel u8s8 loses ~7 dB SQNR on MobileNetV2), so they are
     not the reference the integer executor and the emulator are held to.
     """
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.disable_quant_qdq", "1")
     try:
-        return ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-    except Exception as exc:  # ORT raises its own exception types
-        raise QuantizationError(
-            f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}"
-        ) from None
+        return ort_session(model, label="ONNX Runtime")
+    except SurgeryError as exc:
+        raise QuantizationError(exc.message) from None
 
 
 def output_groups(model: onnx.ModelProto, tensors: list[str], max_bytes: int) -> list[list[str]]:

@@ -1,0 +1,394 @@
+"""Per-layer quantization error, in the layout RKNN's `accuracy_analysis` made familiar.
+
+For every quantized activation (a QuantizeLinear → DequantizeLinear or Cast → Cast pair in the
+QDQ model) two errors are measured against the float model's tensor of the same name:
+
+- **entire**: the QDQ model run from the input. Errors of every upstream layer accumulate, so
+  this says how far the deployed model has drifted by that point.
+- **single**: the layer fed the *float* model's values of its inputs (quantized with the QDQ
+  model's own input parameters), then quantized as in the QDQ model. This isolates the layer's
+  own error, which is what mixed precision should act on: raising a layer whose entire error is
+  bad only because an upstream layer is bad changes nothing.
+
+Both come from three ONNX Runtime sessions over the same samples: the float model with the
+intermediate tensors exposed; the QDQ model with the DequantizeLinear outputs exposed; and a
+"single" copy of the QDQ model in which each pair is duplicated onto a new graph input fed the
+float tensor, and the downstream readers are rewired to the duplicate. One pass serves every
+layer. Tensors are matched by name: the quantizer keeps the float tensor's name on the
+dequantized value of a quantized node's output (`compiler.quantize.qdq`); a tensor read from a
+graph input or a float node keeps its name on the Q input instead.
+
+Sums (not arrays) are kept across samples, so memory does not grow with the number of samples;
+one sample's intermediate tensors are held three times (float, entire, single) while it is
+measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from compiler.quantize.calibrate import Progress, reference_session
+from compiler.quantize.errors import QuantizationError
+from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
+
+__all__ = [
+    "AnalysisResult",
+    "ErrorMetrics",
+    "LayerError",
+    "QuantizedTensor",
+    "analyze_quantization_error",
+    "find_quantized_tensors",
+]
+
+_FLOAT_CASTS = {onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16}
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """One activation Q/DQ (or Cast) pair of the QDQ model, tied to a float tensor."""
+
+    tensor: str
+    """Name of the float model's tensor this pair approximates."""
+    source: str
+    """The pair's input in the QDQ model."""
+    dequantized: str
+    """The pair's output in the QDQ model (what readers see)."""
+    nodes: tuple[onnx.NodeProto, onnx.NodeProto]
+    op_type: str
+    """Op type of the float tensor's producer (`Input` for graph inputs)."""
+    producer: str | None
+    """Name of the float tensor's producer node (None for graph inputs)."""
+
+
+@dataclass
+class _Sums:
+    dot: float = 0.0
+    ref: float = 0.0
+    test: float = 0.0
+    diff: float = 0.0
+    euclid: float = 0.0
+    samples: int = 0
+    cos_min: float = 1.0
+
+    def add(self, ref: np.ndarray, test: np.ndarray) -> None:
+        r = np.asarray(ref, dtype=np.float64).ravel()
+        t = np.asarray(test, dtype=np.float64).ravel()
+        dot, rr, tt = float(r @ t), float(r @ r), float(t @ t)
+        dd = float(np.square(r - t).sum())
+        self.dot += dot
+        self.ref += rr
+        self.test += tt
+        self.diff += dd
+        self.euclid += math.sqrt(dd)
+        self.samples += 1
+        self.cos_min = min(self.cos_min, _cosine(dot, rr, tt))
+
+    def metrics(self) -> ErrorMetrics:
+        sqnr = math.inf if self.diff == 0 else 10 * math.log10(max(self.ref, 1e-300) / self.diff)
+        return ErrorMetrics(
+            cosine=_cosine(self.dot, self.ref, self.test),
+            euclidean=self.euclid / max(self.samples, 1),
+            sqnr_db=sqnr,
+            cosine_min=self.cos_min,
+        )
+
+
+def _cosine(dot: float, ref: float, test: float) -> float:
+    if ref == 0 and test == 0:
+        return 1.0
+    if ref == 0 or test == 0:
+        return 0.0
+    return max(-1.0, min(1.0, dot / math.sqrt(ref * test)))
+
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    """Error of one tensor against float over all samples (cosine and SQNR from summed
+    products, so a sample with a tiny tensor does not dominate; euclidean per sample, averaged,
+    as RKNN prints it)."""
+
+    cosine: float
+    euclidean: float
+    sqnr_db: float
+    cosine_min: float
+    """The worst single sample's cosine."""
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {
+            "cosine": _finite(self.cosine),
+            "cosine_min": _finite(self.cosine_min),
+            "euclidean": _finite(self.euclidean),
+            "sqnr_db": _finite(self.sqnr_db),
+        }
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no inf/nan: an exact match (infinite SQNR) is written as null."""
+    return round(value, 6) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class LayerError:
+    tensor: str
+    op_type: str
+    node: str | None
+    entire: ErrorMetrics
+    single: ErrorMetrics
+
+    @property
+    def label(self) -> str:
+        return f"[{self.op_type}] {self.tensor}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.label,
+            "tensor": self.tensor,
+            "op_type": self.op_type,
+            "node": self.node,
+            "entire": self.entire.to_dict(),
+            "single": self.single.to_dict(),
+        }
+
+
+@dataclass
+class AnalysisResult:
+    """Layers worst first (by single cosine, then entire cosine) and the model outputs."""
+
+    layers: list[LayerError]
+    outputs: dict[str, ErrorMetrics]
+    samples: int
+    skipped: list[str] = field(default_factory=list)
+    """Quantized tensors with no float counterpart of the same name."""
+
+    def worst(self, n: int) -> list[LayerError]:
+        return self.layers[:n]
+
+    def layer(self, tensor: str) -> LayerError:
+        for entry in self.layers:
+            if entry.tensor == tensor:
+                return entry
+        raise KeyError(tensor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "layers": [entry.to_dict() for entry in self.layers],
+            "outputs": {k: v.to_dict() for k, v in self.outputs.items()},
+            "skipped": list(self.skipped),
+        }
+
+
+# --------------------------------------------------------------------------- the graph side
+
+
+def find_quantized_tensors(
+    qdq_model: onnx.ModelProto, float_model: onnx.ModelProto
+) -> tuple[list[QuantizedTensor], list[str]]:
+    """The activation pairs of `qdq_model` matched to `float_model` tensors (and unmatched ones)."""
+    g = qdq_model.graph
+    inits = {t.name for t in g.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    float_producers = {o: n for n in float_model.graph.node for o in n.output if o}
+    float_inputs = {i.name for i in float_model.graph.input} - {
+        t.name for t in float_model.graph.initializer
+    }
+    found: list[QuantizedTensor] = []
+    unmatched: list[str] = []
+    seen: set[str] = set()
+    for first in g.node:
+        if not first.input or first.input[0] in inits or not _opens_pair(first):
+            continue
+        closing = [n for n in readers.get(first.output[0], []) if _closes_pair(first, n)]
+        if len(closing) != 1:
+            continue
+        second = closing[0]
+        source, dequantized = first.input[0], second.output[0]
+        known = float_producers.keys() | float_inputs
+        tensor = dequantized if dequantized in known else source if source in known else None
+        if tensor is None:
+            unmatched.append(dequantized)
+            continue
+        if dequantized in seen:
+            continue
+        seen.add(dequantized)
+        producer = float_producers.get(tensor)
+        found.append(
+            QuantizedTensor(
+                tensor,
+                source,
+                dequantized,
+                (first, second),
+                producer.op_type if producer is not None else "Input",
+                (producer.name or None) if producer is not None else None,
+            )
+        )
+    return found, unmatched
+
+
+def _opens_pair(node: onnx.NodeProto) -> bool:
+    if node.op_type == "QuantizeLinear":
+        return True
+    return node.op_type == "Cast" and _cast_to(node) in _FLOAT_CASTS
+
+
+def _closes_pair(first: onnx.NodeProto, node: onnx.NodeProto) -> bool:
+    if first.op_type == "QuantizeLinear":
+        return node.op_type == "DequantizeLinear"
+    return node.op_type == "Cast" and _cast_to(node) == onnx.TensorProto.FLOAT
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "to"), 0)
+
+
+def single_layer_model(
+    qdq_model: onnx.ModelProto, pairs: list[QuantizedTensor]
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The QDQ model with every layer reading Q/DQ(float input) instead of the upstream layer's
+    output. Returns the model and {float tensor: new graph input to feed it with}."""
+    model = onnx.ModelProto()
+    model.CopyFrom(qdq_model)
+    g = model.graph
+    used = {i.name for i in g.input} | {o for n in g.node for o in n.output}
+    used |= {t.name for t in g.initializer}
+    feeds: dict[str, str] = {}
+    rewire: dict[str, str] = {}
+    extra: list[onnx.NodeProto] = []
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    for pair in pairs:
+        if pair.tensor not in feeds:
+            feeds[pair.tensor] = fresh(f"{pair.tensor}__float")
+            g.input.append(helper.make_tensor_value_info(feeds[pair.tensor], 1, None))
+        first, second = pair.nodes
+        mid, out = fresh(f"{pair.dequantized}__single_q"), fresh(f"{pair.dequantized}__single")
+        a, b = onnx.NodeProto(), onnx.NodeProto()
+        a.CopyFrom(first)
+        b.CopyFrom(second)
+        a.name, b.name = fresh(f"{first.name}__single"), fresh(f"{second.name}__single")
+        a.input[0], a.output[0] = feeds[pair.tensor], mid
+        b.input[0], b.output[0] = mid, out
+        extra += [a, b]
+        rewire[pair.dequantized] = out
+    for node in g.node:
+        for k, name in enumerate(node.input):
+            if name in rewire:
+                node.input[k] = rewire[name]
+    g.node.extend(extra)
+    return model, feeds
+
+
+# --------------------------------------------------------------------------- the numbers
+
+
+def analyze_quantization_error(
+    float_model: onnx.ModelProto,
+    qdq_model: onnx.ModelProto,
+    data: CalibrationData,
+    *,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> AnalysisResult:
+    """Entire and single error of every quantized layer of `qdq_model` against `float_model`
+    over the samples of `data` (at most `limit`). Float-simulated sessions (Q/DQ not fused)."""
+    pairs, unmatched = find_quantized_tensors(qdq_model, float_model)
+    if not pairs:
+        raise QuantizationError(
+            "no quantized activations of the QDQ model match a tensor of the float model",
+            hint="pass the float model the QDQ model was quantized from",
+        )
+    signature = input_signature(float_model)
+    float_outputs = [o.name for o in float_model.graph.output]
+    qdq_outputs = {o.name for o in qdq_model.graph.output}
+    compared_outputs = [o for o in float_outputs if o in qdq_outputs]
+    tensors = list(dict.fromkeys(p.tensor for p in pairs))
+    exposed_float = list(dict.fromkeys(tensors + compared_outputs))
+    single_model, feeds = single_layer_model(qdq_model, pairs)
+    float_sess = reference_session(_exposing(float_model, exposed_float))
+    entire_names = list(dict.fromkeys([p.dequantized for p in pairs] + compared_outputs))
+    entire_sess = reference_session(_exposing(qdq_model, entire_names))
+    single_names = list(dict.fromkeys(p.dequantized for p in pairs))
+    single_sess = reference_session(_exposing(single_model, single_names))
+    entire = {p.dequantized: _Sums() for p in pairs}
+    single = {p.dequantized: _Sums() for p in pairs}
+    outputs = {o: _Sums() for o in compared_outputs}
+    done = 0
+    for sample in _limited(SamplePasses(data).new_pass(), limit):
+        feed = as_feed(sample, signature, done)
+        ref = dict(zip(exposed_float, _run(float_sess, exposed_float, feed, done), strict=True))
+        got = dict(zip(entire_names, _run(entire_sess, entire_names, feed, done), strict=True))
+        single_feed = dict(feed)
+        single_feed.update({feeds[t]: ref[t] for t in tensors})
+        alone = dict(
+            zip(single_names, _run(single_sess, single_names, single_feed, done), strict=True)
+        )
+        for pair in pairs:
+            entire[pair.dequantized].add(ref[pair.tensor], got[pair.dequantized])
+            single[pair.dequantized].add(ref[pair.tensor], alone[pair.dequantized])
+        for name, sums in outputs.items():
+            sums.add(ref[name], got[name])
+        del ref, got, alone, single_feed
+        done += 1
+        if progress is not None:
+            progress(done, limit)
+    if done == 0:
+        raise QuantizationError("the analysis data yielded no samples")
+    duplicated = {t for t in tensors if sum(p.tensor == t for p in pairs) > 1}
+    layers = [
+        LayerError(
+            p.dequantized if p.tensor in duplicated else p.tensor,
+            p.op_type,
+            p.producer,
+            entire[p.dequantized].metrics(),
+            single[p.dequantized].metrics(),
+        )
+        for p in pairs
+    ]
+    layers.sort(key=lambda e: (e.single.cosine, e.entire.cosine))
+    return AnalysisResult(layers, {k: v.metrics() for k, v in outputs.items()}, done, unmatched)
+
+
+def _exposing(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    existing = {o.name for o in exposed.graph.output}
+    for name in names:
+        if name not in existing:
+            exposed.graph.output.append(helper.make_empty_tensor_value_info(name))
+            existing.add(name)
+    return exposed
+
+
+def _limited(samples: Iterable[Any], limit: int | None) -> Iterable[Any]:
+    for k, sample in enumerate(samples):
+        if limit is not None and k >= limit:
+            return
+        yield sample
+
+
+def _run(session: Any, names: list[str], feed: Mapping[str, np.ndarray], index: int) -> list:
+    if not names:
+        return []
+    try:
+        return session.run(names, dict(feed))
+    except Exception as exc:  # ORT raises its own exception types
+        raise QuantizationError(
+            f"sample {index}: ONNX Runtime failed: {str(exc).splitlines()[0][:300]}"
+        ) from None
