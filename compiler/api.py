@@ -155,6 +155,25 @@ class Model:
             self._session = reference_session(self.qdq_model)
         return _execute(self._session, self.qdq_model, inputs)
 
+    def analyze_quantization_error(
+        self,
+        data: CalibrationData | str | os.PathLike,
+        float_model: LoadedNet | onnx.ModelProto | str | os.PathLike,
+        limit: int | None = None,
+        progress: Progress | None = None,
+    ) -> Any:
+        """Per-layer entire / single error against `float_model` (the model this was quantized
+        from), RKNN `accuracy_analysis` style; returns `compiler.quantize.analysis.AnalysisResult`.
+        `data` is samples or a folder / dataset.txt read as for calibration (no mean/std)."""
+        from compiler.quantize.analysis import analyze_quantization_error
+
+        net = float_model if isinstance(float_model, LoadedNet) else load_model(float_model)
+        if isinstance(data, str | os.PathLike):
+            data = net._dataset(Path(data), self.params)
+        return analyze_quantization_error(
+            net.model, self.qdq_model, data, limit=limit, progress=progress
+        )
+
     def compile(self, output_path: str | os.PathLike = ".", **options: Any) -> CompileResult:
         """Compile into `<output_path>/<name>_mpk.tar.gz` (one .elf per MLA segment).
 

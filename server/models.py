@@ -569,3 +569,28 @@ class RunArchiveOut(Out):
     mla_static_cycles: int
     wall_seconds: float
     stages: list[RunStage]
+
+
+class LayerErrorOut(Out):
+    """One quantized activation: `entire` = QDQ model run from the input (errors accumulate),
+    `single` = this layer alone fed float inputs (its own error: what mixed precision fixes)."""
+
+    layer: str
+    tensor: str
+    op_type: str
+    node: str | None
+    entire: dict[str, float | None] = Field(description="cosine, cosine_min, euclidean, sqnr_db.")
+    single: dict[str, float | None] = Field(description="cosine, cosine_min, euclidean, sqnr_db.")
+
+
+class AnalyzeQuantizationOut(Out):
+    model: str
+    version: str = Field(description="The QDQ version analysed.")
+    float_version: str = Field(description="The float version it was compared with.")
+    samples: int
+    outputs: dict[str, dict[str, float | None]] = Field(
+        description="Model outputs vs float (null SQNR = exact)."
+    )
+    layers_page: Page
+    layers: list[LayerErrorOut] = Field(description="Worst single-layer cosine first (paged).")
+    skipped: int = Field(description="Quantized tensors with no float tensor of the same name.")

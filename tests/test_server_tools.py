@@ -33,8 +33,19 @@ READ_ONLY = {
     "history",
     "diff_versions",
     "verify_models",
+    "inspect_archive",
+    "run_archive",
+    "analyze_quantization",
 }
-WRITING = {"open_model", "apply_rule", "fix_model", "revert", "export_model"}
+WRITING = {
+    "open_model",
+    "apply_rule",
+    "fix_model",
+    "revert",
+    "export_model",
+    "quantize_model",
+    "compile_model",
+}
 IDEMPOTENT_WRITERS = {"open_model", "export_model"}
 EDIT_TOOLS = {"edit_graph", "split_model", "merge_models"}
 HAS_EDIT = find_spec("surgery.edit") is not None and find_spec("surgery.split") is not None

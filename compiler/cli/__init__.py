@@ -7,3 +7,4 @@ from __future__ import annotations
 
 from compiler.cli import compile as _compile  # noqa: F401  (registers compile/archive/run)
 from compiler.cli import demo as _demo  # noqa: F401
+from compiler.cli import quantize as _quantize  # noqa: E402,F401  (registers quantize/analyze)

@@ -752,7 +752,9 @@ def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
         )
     table = memory.read(instruction.table).reshape(-1)
     x = memory.read(instruction.input)
-    memory.write(instruction.output, apply_lut(table, x, instruction.input.dtype.numpy))
+    dtype = instruction.input.dtype.numpy
+    result = _tabulated(lambda codes: apply_lut(table, codes, dtype), table.dtype, x)
+    memory.write(instruction.output, apply_lut(table, x, dtype) if result is None else result)
 
 
 def _windows(
@@ -770,19 +772,52 @@ def _windows(
     return view[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw, ::dh, ::dw]
 
 
+def _window_max(
+    x: np.ndarray,
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> np.ndarray:
+    """Max over every pooling window of a padded (N, C, H, W) array: a running maximum of one
+    shifted slice per tap (numpy reduces a strided window view far more slowly)."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    ho = _output_size(x.shape[2], kh, sh, dh)
+    wo = _output_size(x.shape[3], kw, sw, dw)
+    result = np.empty((*x.shape[:2], ho, wo), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            tap = x[
+                :,
+                :,
+                i * dh : i * dh + sh * (ho - 1) + 1 : sh,
+                j * dw : j * dw + sw * (wo - 1) + 1 : sw,
+            ]
+            if i == j == 0:
+                result[...] = tap
+            else:
+                np.maximum(result, tap, out=result)
+    return result
+
+
 def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
     _rank4("the POOL input", instruction.input)
     if min(instruction.kernel) < 1 or min(instruction.strides) < 1:
         raise EmulatorError("POOL kernel and strides must be positive")
     geometry = (instruction.kernel, instruction.strides, instruction.dilations)
     if instruction.op == PoolOp.MAX:
-        x = memory.read(instruction.input).astype(np.int64)
-        view = _windows(_pad_hw(x, instruction.pads, instruction.pad_value), *geometry)
-        _expect_shape("the POOL output", instruction.output.shape, view.shape[:4])
-        pooled = view.max(axis=(4, 5))
+        x = memory.read(instruction.input)
+        low, high = dtype_range(x.dtype)
+        if not low <= instruction.pad_value <= high:
+            x = x.astype(np.int64)
+        pooled = _window_max(_pad_hw(x, instruction.pads, instruction.pad_value), *geometry)
+        _expect_shape("the POOL output", instruction.output.shape, pooled.shape)
         if instruction.requant is not None:
             pooled = output_stage(
-                memory, pooled - instruction.input_zero_point, instruction.requant
+                memory,
+                pooled,
+                instruction.requant,
+                zero_point=instruction.input_zero_point,
+                target=instruction.output,
             )
         else:
             _same_dtype("a MAX POOL", instruction.input, instruction.output)
@@ -842,10 +877,11 @@ def execute_reduce(instruction: Reduce, memory: MemoryPort) -> None:
 
 
 def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
-    x = memory.read(instruction.input).astype(np.int64)
+    """NEAREST gathers the stored codes as they are; LINEAR interpolates centred int64 codes."""
+    x = memory.read(instruction.input)
     linear = instruction.mode == ResizeMode.LINEAR
     if linear:
-        x = x - instruction.input_zero_point
+        x = x.astype(np.int64) - instruction.input_zero_point
     passes = [(instruction.axis0, instruction.table0), (instruction.axis1, instruction.table1)]
     for axis, table in passes:
         if axis < 0:
@@ -875,7 +911,13 @@ def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
             raise EmulatorError("a linear RESIZE needs its output stage")
         x = output_stage(memory, x, instruction.requant)
     elif instruction.requant is not None:
-        x = output_stage(memory, x - instruction.input_zero_point, instruction.requant)
+        x = output_stage(
+            memory,
+            x,
+            instruction.requant,
+            zero_point=instruction.input_zero_point,
+            target=instruction.output,
+        )
     else:
         _same_dtype("a NEAREST RESIZE", instruction.input, instruction.output)
     memory.write(instruction.output, x)

@@ -8,9 +8,9 @@ from importlib.util import find_spec
 from mcp.server.mcpserver import MCPServer
 
 from server.state import ServerState
-from server.tools import coverage, graph, rules, versions
+from server.tools import coverage, graph, pipeline, rules, versions
 
-_CORE = (graph, coverage, rules, versions)
+_CORE = (graph, coverage, rules, versions, pipeline)
 _OPTIONAL = {"server.tools.edit": ("surgery.edit", "surgery.split")}
 """Tool modules whose core API may not be in this install yet: registered when it is."""
 

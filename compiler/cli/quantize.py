@@ -1,0 +1,334 @@
+"""`surgery quantize` and `surgery analyze`: post-training quantization and per-layer error.
+
+`quantize` holds the last `--holdout` samples of `--calib` out of calibration and reports the
+final outputs' SQNR and cosine against the float model on them, so the number printed is not
+measured on the data the ranges were fitted to. Progress goes to stderr; `--json` prints one
+document on stdout.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+from surgery.cli.app import EXIT_OK, app, console, emit_json, err_console, handle_errors
+from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
+from surgery.errors import SurgeryError
+from surgery.model import parse_input_shapes
+
+METHODS = ("mse", "minmax", "moving_average", "entropy", "percentile")
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
+    """A rich progress bar on stderr (nothing when stderr is not a terminal or --json)."""
+    if quiet or not err_console.is_terminal:
+        yield lambda done, total: None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with RichProgress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _method(name: str, percentile: float, bins: int) -> Any:
+    from compiler.defines import (
+        HistogramEntropyMethod,
+        HistogramMSEMethod,
+        HistogramPercentileMethod,
+        MinMaxMethod,
+        MovingAverageMinMaxMethod,
+    )
+
+    if name not in METHODS:
+        raise SurgeryError(f"--method {name!r}: expected one of {', '.join(METHODS)}")
+    return {
+        "mse": lambda: HistogramMSEMethod(num_bins=bins),
+        "minmax": MinMaxMethod,
+        "moving_average": MovingAverageMinMaxMethod,
+        "entropy": lambda: HistogramEntropyMethod(num_bins=bins),
+        "percentile": lambda: HistogramPercentileMethod(percentile, bins),
+    }[name]()
+
+
+def _params(
+    method: Any,
+    bits: int,
+    per_tensor_weights: bool,
+    symmetric_activations: bool,
+    equalize: bool,
+    bias_correction: bool,
+    unquantized: list[str],
+) -> Any:
+    from compiler.defines import QuantizationParams, quantization_scheme
+
+    if bits not in (8, 16):
+        raise SurgeryError(f"--bits {bits}: expected 8 or 16")
+    try:
+        params = QuantizationParams(
+            calibration_method=method,
+            activation_quantization_scheme=quantization_scheme(
+                asymmetric=not symmetric_activations, per_channel=False, bits=bits
+            ),
+            weight_quantization_scheme=quantization_scheme(
+                asymmetric=False, per_channel=not per_tensor_weights, bits=8
+            ),
+            channel_equalization=equalize,
+            bias_correction=bias_correction,
+        )
+    except ValueError as exc:
+        raise SurgeryError(str(exc)) from None
+    return params.with_unquantized_nodes(*unquantized) if unquantized else params
+
+
+def _split(dataset: Any, holdout: int) -> tuple[Any, Any]:
+    """Calibration rows and the last `holdout` rows, as two lazy datasets over the same files."""
+    rows = list(dataset.rows)
+    if holdout < 0:
+        raise SurgeryError(f"--holdout {holdout}: must be 0 or more")
+    if holdout >= len(rows):
+        raise SurgeryError(
+            f"--holdout {holdout}: --calib has {len(rows)} samples; at least one must be left "
+            "for calibration"
+        )
+    calib, held = copy.copy(dataset), copy.copy(dataset)
+    calib.rows, held.rows = rows[: len(rows) - holdout], rows[len(rows) - holdout :]
+    return calib, held
+
+
+def output_errors(float_out: dict[str, np.ndarray], quant_out: dict[str, np.ndarray]) -> dict:
+    """Per output over all held-out samples: SQNR (dB) and cosine from summed products."""
+    result: dict[str, dict[str, float | None]] = {}
+    for name, ref in float_out.items():
+        r = ref.astype(np.float64).ravel()
+        q = quant_out[name].astype(np.float64).ravel()
+        noise = float(np.square(r - q).sum())
+        signal = float(np.square(r).sum())
+        norm = math.sqrt(signal * float(np.square(q).sum()))
+        sqnr = None if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+        cosine = (1.0 if noise == 0 else 0.0) if norm == 0 else float(r @ q) / norm
+        result[name] = {"sqnr_db": sqnr, "cosine": cosine}
+    return result
+
+
+def _evaluate(net: Any, model: Any, held: Any) -> dict[str, dict[str, float | None]]:
+    floats: dict[str, list[np.ndarray]] = {}
+    quants: dict[str, list[np.ndarray]] = {}
+    for sample in held:
+        for store, outs in ((floats, net.execute(sample)), (quants, model.execute(sample))):
+            for k, v in outs.items():
+                store.setdefault(k, []).append(v)
+    return output_errors(
+        {k: np.stack(v) for k, v in floats.items()}, {k: np.stack(v) for k, v in quants.items()}
+    )
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "exact" if value is None else f"{value:.{digits}f}"
+
+
+@app.command("quantize")
+@handle_errors
+def quantize_command(
+    model_path: ModelArg,
+    calib: Annotated[
+        Path,
+        typer.Option(
+            "--calib", help="Calibration data: image folder, .npy/.npz folder or dataset.txt."
+        ),
+    ],
+    input_shape: InputShapeOpt = None,
+    method: Annotated[str, typer.Option(help=f"Calibration method: {', '.join(METHODS)}.")] = "mse",
+    percentile: Annotated[float, typer.Option(help="Percentile for --method percentile.")] = 99.99,
+    bins: Annotated[int, typer.Option(help="Histogram bins (mse/entropy/percentile).")] = 2048,
+    per_tensor_weights: Annotated[
+        bool, typer.Option("--per-tensor-weights", help="One weight scale per tensor.")
+    ] = False,
+    symmetric_activations: Annotated[
+        bool, typer.Option("--symmetric-activations", help="Activations with zero point 0.")
+    ] = False,
+    bits: Annotated[int, typer.Option(help="Activation bits: 8 or 16.")] = 8,
+    equalize: Annotated[
+        bool, typer.Option("--equalize", help="Cross-layer equalization first.")
+    ] = False,
+    bias_correction: Annotated[
+        bool, typer.Option("--bias-correction", help="Correct conv biases (second pass).")
+    ] = False,
+    auto_hybrid: Annotated[
+        float | None,
+        typer.Option(
+            "--auto-hybrid",
+            help="Raise layers whose single-layer cosine is under THRESH (e.g. 0.98) to int16 "
+            "(bf16 on modalix).",
+            metavar="THRESH",
+        ),
+    ] = None,
+    unquantized: Annotated[
+        list[str] | None,
+        typer.Option("--unquantized", help="Keep this node float (repeatable).", metavar="NODE"),
+    ] = None,
+    mean: Annotated[
+        list[float] | None, typer.Option(help="Per-channel mean in pixel units (repeat).")
+    ] = None,
+    std: Annotated[
+        list[float] | None, typer.Option(help="Per-channel std in pixel units (repeat).")
+    ] = None,
+    bgr: Annotated[bool, typer.Option("--bgr", help="Feed images as BGR.")] = False,
+    target: TargetOpt = "mlsoc",
+    holdout: Annotated[
+        int, typer.Option(help="Last N samples of --calib: evaluation only, not calibration.")
+    ] = 2,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="QDQ model path (.onnx).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Quantize MODEL post-training to QDQ ONNX and report output SQNR on held-out samples."""
+    from compiler.api import load_model
+    from compiler.quantize import load_calibration_data
+    from compiler.quantize.hybrid import auto_hybrid as run_auto_hybrid
+    from surgery.model import save_model
+
+    shapes = parse_input_shapes(input_shape or [])
+    net = load_model(model_path, input_shapes=shapes or None, target=target)
+    dataset = load_calibration_data(
+        calib, net.model, input_shapes=shapes or None, mean=mean, std=std, bgr=bgr
+    )
+    calib_data, held = _split(dataset, holdout)
+    params = _params(
+        _method(method, percentile, bins),
+        bits,
+        per_tensor_weights,
+        symmetric_activations,
+        equalize,
+        bias_correction,
+        list(unquantized or []),
+    )
+    hybrid: dict[str, Any] | None = None
+    with _progress("calibrating", as_json) as progress:
+        if auto_hybrid is not None:
+            result = run_auto_hybrid(
+                net.model,
+                calib_data,
+                params,
+                target=net.target,
+                cos_thresh=auto_hybrid,
+                progress=progress,
+            )
+            hybrid = result.to_dict()
+            from compiler.api import Model
+
+            q = result.quantized
+            model = Model(q.model, q.target, net.name, q.params, q.report)
+        else:
+            model = net.quantize(calib_data, params, progress=progress)
+    out_path = output or model_path.with_name(f"{model_path.stem}_quant.onnx")
+    save_model(model.qdq_model, out_path)
+    errors = _evaluate(net, model, held) if len(held.rows) else {}
+    payload: dict[str, Any] = {
+        "output": str(out_path),
+        "target": model.target,
+        "method": method,
+        "samples": len(calib_data.rows),
+        "holdout": len(held.rows),
+        "outputs": errors,
+        "quantized_nodes": model.report.get("quantized_nodes"),
+    }
+    if hybrid is not None:
+        payload["auto_hybrid"] = hybrid
+    if as_json:
+        emit_json(payload)
+        raise typer.Exit(EXIT_OK)
+    console.print(
+        f"[bold]{out_path}[/]: {payload['quantized_nodes']} nodes quantized, method {method}, "
+        f"{payload['samples']} calibration samples"
+    )
+    if hybrid is not None:
+        for item in hybrid["raised"]:
+            console.print(
+                f"  raised {item['layer']} → {item['precision']} ({item['reason']}; after: "
+                f"{_fmt(item['cosine_after'], 4)})"
+            )
+    table = Table(title=f"final outputs vs float on {len(held.rows)} held-out samples")
+    for col in ("output", "SQNR dB", "cosine"):
+        table.add_column(col)
+    for name, err in errors.items():
+        table.add_row(name, _fmt(err["sqnr_db"]), _fmt(err["cosine"], 5))
+    console.print(table)
+
+
+@app.command("analyze")
+@handle_errors
+def analyze_command(
+    float_model: Annotated[Path, typer.Argument(help="The float model (.onnx).")],
+    quant_model: Annotated[Path, typer.Argument(help="Its QDQ model (.onnx).")],
+    data: Annotated[
+        Path,
+        typer.Option("--data", help="Samples: image folder, .npy/.npz folder or dataset.txt."),
+    ],
+    input_shape: InputShapeOpt = None,
+    top: Annotated[int, typer.Option(help="Show the N worst layers (0: all).")] = 20,
+    limit: Annotated[int | None, typer.Option(help="Use at most N samples.")] = None,
+    mean: Annotated[list[float] | None, typer.Option(help="Per-channel mean (pixels).")] = None,
+    std: Annotated[list[float] | None, typer.Option(help="Per-channel std (pixels).")] = None,
+    bgr: Annotated[bool, typer.Option("--bgr", help="Feed images as BGR.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per-layer quantization error (entire and single), worst layers first."""
+    from compiler.api import load_model
+    from compiler.quantize import load_calibration_data
+    from compiler.quantize.analysis import analyze_quantization_error
+    from surgery.model import read_model
+
+    shapes = parse_input_shapes(input_shape or [])
+    net = load_model(float_model, input_shapes=shapes or None)
+    qdq = read_model(quant_model)
+    dataset = load_calibration_data(
+        data, net.model, input_shapes=shapes or None, mean=mean, std=std, bgr=bgr, limit=limit
+    )
+    with _progress("analysing", as_json) as progress:
+        result = analyze_quantization_error(net.model, qdq, dataset, progress=progress)
+    shown = result.layers if top <= 0 else result.layers[:top]
+    if as_json:
+        payload = result.to_dict()
+        payload["layers"] = [entry.to_dict() for entry in shown]
+        payload["total_layers"] = len(result.layers)
+        emit_json(payload)
+        raise typer.Exit(EXIT_OK)
+    table = Table(title=f"per-layer error, worst first ({result.samples} samples)")
+    for col in ("layer", "entire cos", "entire euc", "single cos", "single euc", "single SQNR"):
+        table.add_column(col)
+    for e in shown:
+        table.add_row(
+            e.label,
+            _fmt(e.entire.cosine, 5),
+            _fmt(e.entire.euclidean, 4),
+            _fmt(e.single.cosine, 5),
+            _fmt(e.single.euclidean, 4),
+            _fmt(e.single.sqnr_db if math.isfinite(e.single.sqnr_db) else None),
+        )
+    console.print(table)
+    for name, m in result.outputs.items():
+        console.print(
+            f"output {name}: cosine {m.cosine:.5f}, "
+            f"SQNR {_fmt(m.sqnr_db if math.isfinite(m.sqnr_db) else None)} dB"
+        )

@@ -1,0 +1,100 @@
+"""`surgery quantize` / `surgery analyze`: exit codes and JSON on a folder of .npy samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from server.cli import app
+from tests.test_quant_hybrid import collapsing_head
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("quant_cli")
+    onnx.save(collapsing_head(), folder / "head.onnx")
+    calib = folder / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(6):
+        np.save(calib / f"s{k}.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    return folder
+
+
+def _json(result) -> dict:
+    assert result.stdout.lstrip().startswith("{"), result.output
+    return json.loads(result.stdout)
+
+
+def test_quantize_json(workdir: Path) -> None:
+    out = workdir / "q.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), "--method", "minmax", "--json"])
+    assert result.exit_code == 0, result.output
+    data = _json(result)
+    assert data["output"] == str(out) and out.is_file()
+    assert data["method"] == "minmax" and data["samples"] == 4 and data["holdout"] == 2
+    assert data["outputs"]["scores"]["cosine"] < 0.5
+    assert data["outputs"]["boxes"]["sqnr_db"] > 25
+
+
+def test_quantize_auto_hybrid_and_table(workdir: Path) -> None:
+    out = workdir / "qh.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), "--auto-hybrid", "0.98", "--json"])
+    assert result.exit_code == 0, result.output
+    data = _json(result)
+    assert data["outputs"]["scores"]["cosine"] > 0.99
+    assert data["auto_hybrid"]["raised"][0]["tensor"] == "scores"
+    table = runner.invoke(app, [*args, "-o", str(out), "--holdout", "1", "--bits", "16"])
+    assert table.exit_code == 0, table.output
+    assert "scores" in table.stdout and "held-out" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "best"], "--method"),
+        (["--bits", "4"], "--bits"),
+        (["--holdout", "6"], "--holdout"),
+        (["--unquantized", "nope"], "nope"),
+    ],
+)
+def test_quantize_errors_exit_2(workdir: Path, extra: list[str], message: str) -> None:
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(workdir / "bad.onnx"), *extra, "--json"])
+    assert result.exit_code == 2
+    assert message in _json(result)["error"]["message"]
+
+
+def test_quantize_missing_calib_exit_2(workdir: Path) -> None:
+    result = runner.invoke(
+        app, ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "none")]
+    )
+    assert result.exit_code == 2
+
+
+def test_analyze(workdir: Path) -> None:
+    out = workdir / "qa.onnx"
+    model = str(workdir / "head.onnx")
+    calib = str(workdir / "calib")
+    assert runner.invoke(app, ["quantize", model, "--calib", calib, "-o", str(out)]).exit_code == 0
+    result = runner.invoke(
+        app, ["analyze", model, str(out), "--data", calib, "--top", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = _json(result)
+    assert len(data["layers"]) == 2 and data["total_layers"] == 6
+    assert data["layers"][0]["layer"] == "[Slice] scores"
+    assert data["layers"][0]["single"]["cosine"] < 0.5
+    table = runner.invoke(app, ["analyze", model, str(out), "--data", calib])
+    assert table.exit_code == 0 and "scores" in table.stdout
+    bad = runner.invoke(app, ["analyze", model, model, "--data", calib, "--json"])
+    assert bad.exit_code == 2
