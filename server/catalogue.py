@@ -9,6 +9,7 @@ The same text is served as MCP resources (`surgery://rules`, `surgery://targets/
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import sys
 from pathlib import Path
@@ -144,9 +145,15 @@ def write_references(folder: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     from server.skill import skill_source
 
-    args = sys.argv[1:] if argv is None else argv
-    folder = Path(args[0]) if args else skill_source() / "references"
-    for path in write_references(folder):
+    parser = argparse.ArgumentParser(
+        prog="python -m server.catalogue",
+        description="Regenerate the skill's references (rule catalogue, target op tables).",
+    )
+    parser.add_argument(
+        "folder", nargs="?", type=Path, help="output folder (default: the skill's references/)"
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    for path in write_references(args.folder or skill_source() / "references"):
         print(path, file=sys.stderr)
 
 
