@@ -52,7 +52,7 @@ def test_quantize_auto_hybrid_and_table(workdir: Path) -> None:
     assert result.exit_code == 0, result.output
     data = _json(result)
     assert data["outputs"]["scores"]["cosine"] > 0.99
-    assert data["auto_hybrid"]["raised"][0]["tensor"] == "scores"
+    assert {r["tensor"] for r in data["auto_hybrid"]["raised"]} == {"head", "scores"}
     table = runner.invoke(app, [*args, "-o", str(out), "--holdout", "1", "--bits", "16"])
     assert table.exit_code == 0, table.output
     assert "scores" in table.stdout and "held-out" in table.stdout
@@ -92,8 +92,9 @@ def test_analyze(workdir: Path) -> None:
     assert result.exit_code == 0, result.output
     data = _json(result)
     assert len(data["layers"]) == 2 and data["total_layers"] == 6
-    assert data["layers"][0]["layer"] == "[Slice] scores"
-    assert data["layers"][0]["single"]["cosine"] < 0.5
+    assert {e["layer"] for e in data["layers"]} == {"[Slice] scores", "[Concat] head"}
+    head = next(e for e in data["layers"] if e["tensor"] == "head")
+    assert head["single_parts"]["scores_raw"]["cosine"] < 0.5
     table = runner.invoke(app, ["analyze", model, str(out), "--data", calib])
     assert table.exit_code == 0 and "scores" in table.stdout
     bad = runner.invoke(app, ["analyze", model, model, "--data", calib, "--json"])

@@ -53,20 +53,25 @@ def samples() -> list[np.ndarray]:
 def test_int8_collapses_the_small_half(samples) -> None:
     q = quantize_model(collapsing_head(), samples)
     result = analyze_quantization_error(collapsing_head(), q.model, samples)
-    assert result.layers[0].tensor == "scores"
-    assert result.layers[0].single.cosine < 0.5
-    assert result.layer("head").single.cosine > 0.999  # the whole tensor hides the collapse
+    assert {e.tensor for e in result.layers[:2]} == {"head", "scores"}
+    assert result.layer("scores").single.cosine < 0.5
+    head = result.layer("head")
+    assert head.single.cosine > 0.999  # the whole tensor hides the collapse …
+    assert head.single_parts["scores_raw"].cosine < 0.5  # … its scores part shows it
+    assert head.single_parts["boxes_raw"].cosine > 0.999
+    assert head.worst_cosine() == head.single_parts["scores_raw"].cosine
 
 
 def test_auto_hybrid_fixes_it_and_says_why(samples) -> None:
     result = auto_hybrid(collapsing_head(), samples)
     assert result.converged and result.rounds == 1
-    (raised,) = result.raised
-    assert raised.tensor == "scores"
-    assert set(raised.nodes) == {"score_slice", "head"}  # the scale owner goes with it
-    assert raised.precision == "int16"
-    assert raised.cosine_before < 0.5 and raised.cosine_after > 0.99
-    assert "cosine" in raised.reason
+    by_tensor = {r.tensor: r for r in result.raised}
+    assert set(by_tensor) == {"head", "scores"}
+    assert {n for r in result.raised for n in r.nodes} == {"score_slice", "head"}
+    assert "the part from scores_raw" in by_tensor["head"].reason
+    for raised in result.raised:
+        assert raised.precision == "int16" and raised.round == 1
+        assert raised.cosine_before < 0.5 and raised.cosine_after > 0.99
     assert result.analysis.outputs["scores"].cosine > 0.99
     assert result.initial.outputs["scores"].cosine < 0.5
     custom = result.quantized.params.custom_quantization_configs
@@ -86,7 +91,7 @@ def test_bf16_on_modalix_and_rknn_threshold(samples) -> None:
         RknnConfig(target_platform="rk3588", auto_hybrid_cos_thresh=0.0001),
     )
     assert relaxed.settings["cos_thresh"] == 0.0001
-    assert [r.tensor for r in relaxed.raised] == ["scores"]  # cosine 0 is under any threshold
+    assert {r.tensor for r in relaxed.raised} == {"head", "scores"}  # 0 is under any threshold
 
 
 def test_unreachable_threshold_stops_and_reports(samples) -> None:

@@ -315,8 +315,9 @@ def analyze_command(
         emit_json(payload)
         raise typer.Exit(EXIT_OK)
     table = Table(title=f"per-layer error, worst first ({result.samples} samples)")
-    for col in ("layer", "entire cos", "entire euc", "single cos", "single euc", "single SQNR"):
-        table.add_column(col)
+    table.add_column("layer", overflow="fold")
+    for col in ("entire cos", "entire euc", "single cos", "single euc", "single SQNR"):
+        table.add_column(col, justify="right")
     for e in shown:
         table.add_row(
             e.label,

@@ -25,6 +25,7 @@ measured.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ class QuantizedTensor:
     """Op type of the float tensor's producer (`Input` for graph inputs)."""
     producer: str | None
     """Name of the float tensor's producer node (None for graph inputs)."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """For a Concat output: (input tensor, length along the axis) of each input, in order."""
+    axis: int = 0
 
 
 @dataclass
@@ -141,10 +145,24 @@ class LayerError:
     node: str | None
     entire: ErrorMetrics
     single: ErrorMetrics
+    entire_parts: dict[str, ErrorMetrics] = field(default_factory=dict)
+    """Concat outputs: the error of each input's slice of the output."""
+    single_parts: dict[str, ErrorMetrics] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return f"[{self.op_type}] {self.tensor}"
+
+    def worst_cosine(self, kind: str = "single") -> float:
+        """The lowest cosine of the whole tensor and its parts (what mixed precision acts on)."""
+        whole: ErrorMetrics = getattr(self, kind)
+        parts: dict[str, ErrorMetrics] = getattr(self, f"{kind}_parts")
+        return min([whole.cosine, *(m.cosine for m in parts.values())])
+
+    def worst_euclidean(self, kind: str = "single") -> float:
+        whole: ErrorMetrics = getattr(self, kind)
+        parts: dict[str, ErrorMetrics] = getattr(self, f"{kind}_parts")
+        return max([whole.euclidean, *(m.euclidean for m in parts.values())])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,12 +172,21 @@ class LayerError:
             "node": self.node,
             "entire": self.entire.to_dict(),
             "single": self.single.to_dict(),
+            **(
+                {
+                    "entire_parts": {k: v.to_dict() for k, v in self.entire_parts.items()},
+                    "single_parts": {k: v.to_dict() for k, v in self.single_parts.items()},
+                }
+                if self.single_parts
+                else {}
+            ),
         }
 
 
 @dataclass
 class AnalysisResult:
-    """Layers worst first (by single cosine, then entire cosine) and the model outputs."""
+    """Layers worst first (by the single cosine of the tensor or its worst Concat part, then
+    the entire one) and the model outputs."""
 
     layers: list[LayerError]
     outputs: dict[str, ErrorMetrics]
@@ -202,6 +229,8 @@ def find_quantized_tensors(
     float_inputs = {i.name for i in float_model.graph.input} - {
         t.name for t in float_model.graph.initializer
     }
+    known = float_producers.keys() | float_inputs
+    shapes = _static_shapes(float_model)
     found: list[QuantizedTensor] = []
     unmatched: list[str] = []
     seen: set[str] = set()
@@ -213,7 +242,6 @@ def find_quantized_tensors(
             continue
         second = closing[0]
         source, dequantized = first.input[0], second.output[0]
-        known = float_producers.keys() | float_inputs
         tensor = dequantized if dequantized in known else source if source in known else None
         if tensor is None:
             unmatched.append(dequantized)
@@ -230,9 +258,45 @@ def find_quantized_tensors(
                 (first, second),
                 producer.op_type if producer is not None else "Input",
                 (producer.name or None) if producer is not None else None,
+                *_concat_parts(producer, shapes),
             )
         )
     return found, unmatched
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    if not model.graph.value_info:
+        # a convenience: without shapes a Concat gets no parts, the analysis still runs
+        with contextlib.suppress(Exception):
+            model = onnx.shape_inference.infer_shapes(model)
+    g = model.graph
+    shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        if tt.HasField("shape"):
+            shapes[vi.name] = [d.dim_value if d.dim_value > 0 else None for d in tt.shape.dim]
+    return shapes
+
+
+def _concat_parts(
+    node: onnx.NodeProto | None, shapes: Mapping[str, list[int | None]]
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The inputs of a Concat with their static lengths along its axis; () when unknown.
+
+    A concatenated tensor is judged per part too: a detection head's boxes (hundreds of pixels)
+    and scores (0‥1) share one tensor, and the whole tensor's cosine stays near 1 while int8
+    steps sized for the boxes erase the scores."""
+    if node is None or node.op_type != "Concat" or len(node.input) < 2:
+        return (), 0
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    parts: list[tuple[str, int]] = []
+    for name in node.input:
+        shape = shapes.get(name)
+        if not shape or not -len(shape) <= axis < len(shape) or shape[axis] is None:
+            return (), 0
+        parts.append((name, int(shape[axis])))
+    rank = len(shapes[node.input[0]])
+    return tuple(parts), axis % rank
 
 
 def _opens_pair(node: onnx.NodeProto) -> bool:
@@ -328,9 +392,13 @@ def analyze_quantization_error(
     single_sess = reference_session(_exposing(single_model, single_names))
     entire = {p.dequantized: _Sums() for p in pairs}
     single = {p.dequantized: _Sums() for p in pairs}
+    entire_parts = {p.dequantized: {n: _Sums() for n, _ in p.parts} for p in pairs}
+    single_parts = {p.dequantized: {n: _Sums() for n, _ in p.parts} for p in pairs}
     outputs = {o: _Sums() for o in compared_outputs}
+    passes = SamplePasses(data)
+    total = passes.total if limit is None else min(limit, passes.total or limit)
     done = 0
-    for sample in _limited(SamplePasses(data).new_pass(), limit):
+    for sample in _limited(passes.new_pass(), limit):
         feed = as_feed(sample, signature, done)
         ref = dict(zip(exposed_float, _run(float_sess, exposed_float, feed, done), strict=True))
         got = dict(zip(entire_names, _run(entire_sess, entire_names, feed, done), strict=True))
@@ -342,12 +410,17 @@ def analyze_quantization_error(
         for pair in pairs:
             entire[pair.dequantized].add(ref[pair.tensor], got[pair.dequantized])
             single[pair.dequantized].add(ref[pair.tensor], alone[pair.dequantized])
+            for name, r, e, a in _split_parts(
+                pair, ref[pair.tensor], got[pair.dequantized], alone[pair.dequantized]
+            ):
+                entire_parts[pair.dequantized][name].add(r, e)
+                single_parts[pair.dequantized][name].add(r, a)
         for name, sums in outputs.items():
             sums.add(ref[name], got[name])
         del ref, got, alone, single_feed
         done += 1
         if progress is not None:
-            progress(done, limit)
+            progress(done, total)
     if done == 0:
         raise QuantizationError("the analysis data yielded no samples")
     duplicated = {t for t in tensors if sum(p.tensor == t for p in pairs) > 1}
@@ -358,11 +431,26 @@ def analyze_quantization_error(
             p.producer,
             entire[p.dequantized].metrics(),
             single[p.dequantized].metrics(),
+            {k: v.metrics() for k, v in entire_parts[p.dequantized].items()},
+            {k: v.metrics() for k, v in single_parts[p.dequantized].items()},
         )
         for p in pairs
     ]
-    layers.sort(key=lambda e: (e.single.cosine, e.entire.cosine))
+    layers.sort(key=lambda e: (e.worst_cosine("single"), e.worst_cosine("entire")))
     return AnalysisResult(layers, {k: v.metrics() for k, v in outputs.items()}, done, unmatched)
+
+
+def _split_parts(
+    pair: QuantizedTensor, *arrays: np.ndarray
+) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    if not pair.parts or arrays[0].ndim <= pair.axis:
+        return []
+    sizes = [n for _, n in pair.parts]
+    if arrays[0].shape[pair.axis] != sum(sizes):
+        return []
+    cuts = np.cumsum(sizes)[:-1]
+    split = [np.split(a, cuts, axis=pair.axis) for a in arrays]
+    return [(name, *(s[k] for s in split)) for k, (name, _) in enumerate(pair.parts)]
 
 
 def _exposing(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

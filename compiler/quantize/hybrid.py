@@ -8,7 +8,9 @@ rather than changing it: every round is an ordinary quantization with
 `QuantizationParams.with_custom_quantization_configs`, so the record of the final model says
 exactly which nodes are wide, and a user can replay the result without this module.
 
-Layers are judged by their *single* error by default: the entire error of a layer downstream of
+A Concat output is judged by its worst input's slice as well as by the whole tensor (boxes in
+pixels and scores in 0‥1 in one tensor: the whole tensor's cosine stays near 1 while the scores
+are gone). Layers are judged by their *single* error by default: the entire error of a layer downstream of
 a bad one is bad too, and raising it would change nothing. When a flagged tensor reuses another
 tensor's scale (a Slice of a Concat: the detection head whose boxes and scores share one
 concatenated tensor, where int8 steps sized for box coordinates erase the scores), the node that
@@ -186,7 +188,6 @@ def auto_hybrid(
             ]
             if not nodes:
                 continue
-            metrics = getattr(entry, metric)
             fresh.append(
                 RaisedLayer(
                     entry.label,
@@ -194,9 +195,9 @@ def auto_hybrid(
                     nodes,
                     precision,
                     round_no,
-                    _reason(metric, metrics.cosine, metrics.euclidean, cos, euc),
-                    metrics.cosine,
-                    metrics.euclidean,
+                    _reason(entry, metric, cos, euc),
+                    entry.worst_cosine(metric),
+                    entry.worst_euclidean(metric),
                 )
             )
             raised_nodes.update(nodes)
@@ -212,8 +213,8 @@ def auto_hybrid(
         for item in fresh:
             after = _find(analysis, item.tensor)
             if after is not None:
-                item.cosine_after = getattr(after, metric).cosine
-                item.euclidean_after = getattr(after, metric).euclidean
+                item.cosine_after = after.worst_cosine(metric)
+                item.euclidean_after = after.worst_euclidean(metric)
         raised += fresh
     else:
         remaining = [e.label for e in analysis.layers if _flagged(e, metric, cos, euc)]
@@ -231,13 +232,21 @@ def auto_hybrid(
 
 
 def _flagged(entry: LayerError, metric: Metric, cos: float, euc: float | None) -> bool:
-    m = getattr(entry, metric)
-    return m.cosine < cos or (euc is not None and m.euclidean > euc)
+    return entry.worst_cosine(metric) < cos or (
+        euc is not None and entry.worst_euclidean(metric) > euc
+    )
 
 
-def _reason(metric: str, c: float, e: float, cos: float, euc: float | None) -> str:
+def _reason(entry: LayerError, metric: str, cos: float, euc: float | None) -> str:
+    whole: Any = getattr(entry, metric)
+    parts: dict[str, Any] = getattr(entry, f"{metric}_parts")
+    where = ""
+    if parts and entry.worst_cosine(metric) < whole.cosine:
+        worst = min(parts, key=lambda k: parts[k].cosine)
+        where = f" (the part from {worst}; whole tensor {whole.cosine:.4f})"
+    c, e = entry.worst_cosine(metric), entry.worst_euclidean(metric)
     if c < cos:
-        return f"{metric} cosine {c:.4f} < {cos}"
+        return f"{metric} cosine {c:.4f} < {cos}{where}"
     return f"{metric} euclidean {e:.4g} > {euc}"
 
 

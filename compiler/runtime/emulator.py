@@ -17,13 +17,18 @@ DRAM-stall-aware overlapped schedule.
 An ELF (path or bytes) is decoded once per process: its program, instructions, cycle schedules
 and the values derived from its read-only CONST tensors are kept, by content, for every later
 `Emulator` of the same bytes (the pipeline builds one per run). All of them are immutable, so
-sharing them changes no result.
+sharing them changes no result. While instructions execute, numpy's OpenBLAS runs on one thread
+(`BLAS_THREADS`), which keeps the many mid-sized matrix products from stalling on busy hosts.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +51,9 @@ POISON = 0xA5
 """Byte value of memory no instruction has written yet."""
 
 __all__ = ["POISON", "Emulator", "EmulatorError", "Memory", "RunStats"]
+
+_dtype_range = functools.cache(dtype_range)
+"""`compiler.intmath.dtype_range`, remembered (numpy's iinfo is slow for a per-write call)."""
 
 
 T = TypeVar("T")
@@ -130,7 +138,7 @@ class Memory:
         values = np.asarray(values)
         if values.shape != tensor.shape:
             raise EmulatorError(f"writing {values.shape} values into a {tensor.shape} tensor")
-        low, high = dtype_range(tensor.dtype.numpy)
+        low, high = _dtype_range(tensor.dtype.numpy)
         checked = values.size and not _within(values.dtype, low, high)
         if checked and (values.min() < low or values.max() > high):
             raise EmulatorError(
@@ -144,7 +152,7 @@ def _within(dtype: np.dtype, low: int, high: int) -> bool:
     """Whether every value of an integer dtype lies in [low, high] (then no check is needed)."""
     if not np.issubdtype(dtype, np.integer):
         return False
-    dtype_low, dtype_high = dtype_range(dtype)
+    dtype_low, dtype_high = _dtype_range(dtype)
     return low <= dtype_low and dtype_high <= high
 
 
@@ -165,6 +173,73 @@ class RunStats:
     @property
     def stall_aware_cycles(self) -> int:
         return self.stall_aware.total_cycles
+
+
+class _OpenBlasThreads:
+    """numpy's OpenBLAS thread count, through its C API (found among the loaded libraries)."""
+
+    def __init__(self) -> None:
+        self._get: Callable[[], int] | None = None
+        self._set: Callable[[int], None] | None = None
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return
+        paths = {line.split()[-1] for line in maps.splitlines() if "openblas" in line}
+        for path in sorted(paths):
+            try:
+                library = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix, suffix in (("", ""), ("scipy_", "64_"), ("", "64_"), ("scipy_", "")):
+                getter = getattr(library, f"{prefix}openblas_get_num_threads{suffix}", None)
+                setter = getattr(library, f"{prefix}openblas_set_num_threads{suffix}", None)
+                if getter is not None and setter is not None:
+                    self._get, self._set = getter, setter
+                    return
+
+    def get(self) -> int | None:
+        return None if self._get is None else int(self._get())
+
+    def set(self, threads: int) -> None:
+        if self._set is not None:
+            self._set(threads)
+
+
+BLAS_THREADS: int | None = 1
+"""BLAS threads while an emulator runs (None: leave BLAS alone). Its matrix products are many
+and mid-sized (one per CONV block of rows), and a multi-threaded OpenBLAS waits at every one for
+all its workers: when other processes hold the cores, a descheduled worker stalls each product,
+which made whole runs 5-7x slower in wall time on a shared 2-core host (a quiet host gains some
+20% from a second thread)."""
+
+_blas = functools.cache(_OpenBlasThreads)
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved: int | None = None
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Hold numpy's OpenBLAS to `BLAS_THREADS` threads inside the block (best effort: without
+    an OpenBLAS that exposes its thread count, nothing changes). Nested and concurrent blocks
+    share one limit; the last to leave restores the previous count."""
+    global _blas_users, _blas_saved
+    if BLAS_THREADS is None:
+        yield
+        return
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_saved = _blas().get()
+            _blas().set(BLAS_THREADS)
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved is not None:
+                _blas().set(_blas_saved)
 
 
 DECODED_PROGRAMS = 32
@@ -195,6 +270,7 @@ class _Decoded:
 
 
 _DECODED: OrderedDict[bytes, _Decoded] = OrderedDict()
+_DECODED_LOCK = threading.Lock()
 
 
 def _decoded_elf(source: str | Path | bytes | bytearray) -> _Decoded:
@@ -202,13 +278,16 @@ def _decoded_elf(source: str | Path | bytes | bytearray) -> _Decoded:
     from compiler.elf import read_elf
 
     data = bytes(source) if isinstance(source, bytes | bytearray) else Path(source).read_bytes()
-    decoded = _DECODED.get(data)
-    if decoded is None:
-        decoded = _DECODED[data] = _Decoded(read_elf(data))
+    with _DECODED_LOCK:
+        decoded = _DECODED.get(data)
+        if decoded is not None:
+            _DECODED.move_to_end(data)
+            return decoded
+    decoded = _Decoded(read_elf(data))
+    with _DECODED_LOCK:
+        _DECODED[data] = decoded
         while len(_DECODED) > DECODED_PROGRAMS:
             _DECODED.popitem(last=False)
-    else:
-        _DECODED.move_to_end(data)
     return decoded
 
 
@@ -311,11 +390,12 @@ class Emulator:
                 raise EmulatorError(f"input {info.name!r}: {error}") from error
         memory.bytes_read = dict.fromkeys(memory.spaces, 0)
         memory.bytes_written = dict.fromkeys(memory.spaces, 0)
-        for index, instruction in enumerate(self.instructions):
-            try:
-                EXECUTORS[type(instruction)](instruction, memory)
-            except EmulatorError as error:
-                raise EmulatorError(f"{self._describe(index)}: {error}") from error
+        with single_threaded_blas():
+            for index, instruction in enumerate(self.instructions):
+                try:
+                    EXECUTORS[type(instruction)](instruction, memory)
+                except EmulatorError as error:
+                    raise EmulatorError(f"{self._describe(index)}: {error}") from error
         self.memory = memory
         self.stats = RunStats(
             static=self.static_schedule(),

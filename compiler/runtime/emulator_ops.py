@@ -1,15 +1,28 @@
 """What each MLA instruction computes, on operands read from the emulator's memory image.
 
 These are written from docs/mla-isa.md and docs/integer-semantics.md, independently of the
-reference kernels in `compiler.runtime.ops` (a tap-by-tap MAC-array convolution rather than
-im2col, for instance), so the two cross-check each other. All integer arithmetic that the spec
-defines (requantization, rounding shifts, exact products, tables, rsqrt) is imported from
-`compiler.intmath`; the fixed-point widths of Softmax, LayerNorm and Resize are imported from the
-reference ops that define them.
+reference kernels in `compiler.runtime.ops` (none of them is called), so the two cross-check each
+other. The integer arithmetic that the spec defines (requantization, rounding shifts,
+tables, rsqrt) is imported from `compiler.intmath`; the fixed-point widths of Softmax, LayerNorm
+and Resize are imported from the reference ops that define them.
+
+Speed without changing a bit (the emulator runs whole networks):
+
+* exact integer products (CONV, CONV_TRANSPOSE, MATMUL) run through BLAS on integers carried in
+  float32 or float64, whichever provably represents every partial sum (`_exact_dtype`);
+* CONV is im2col and a matrix product per group (on a block of output rows at a time), or, for
+  depthwise, a sum over taps of shifted slices times per-channel weights;
+* output stages run in cache-sized blocks (`_blockwise`), each through the same
+  `compiler.intmath.requantize`, fused with the CONV block that produced them;
+* elementwise functions of 8-bit codes (MOVE rescale, ELTWISE, LUT) are evaluated once per
+  possible code (pair) and gathered (`_tabulated`);
+* what derives from read-only CONST operands (int64 tables, weight bounds, float weights) is
+  made once per program (`MemoryPort.read_cached`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +73,9 @@ class EmulatorError(RuntimeError):
 
 
 T = TypeVar("T")
+
+_dtype_range = functools.cache(dtype_range)
+"""`compiler.intmath.dtype_range`, remembered (numpy's iinfo is slow for a per-instruction call)."""
 
 
 class MemoryPort(Protocol):
@@ -159,8 +175,9 @@ def _blockwise(
     return result
 
 
-TABLE_FACTOR = 4
-"""`_tabulated` pays once the data has this many elements per table entry."""
+TABLE_FACTOR = 2
+"""`_tabulated` pays once the data has this many elements per table entry (building a table
+costs about one direct evaluation per entry; a gather, a fraction of one)."""
 
 
 def _tabulated(
@@ -241,7 +258,7 @@ class _OutputStage:
         nothing, and a write still range-checks), else int64."""
         if target is None:
             return np.int64
-        low, high = dtype_range(target.dtype.numpy)
+        low, high = _dtype_range(target.dtype.numpy)
         fits = low <= self.requant.low and self.requant.high <= high
         return target.dtype.numpy if fits else np.int64
 
@@ -400,8 +417,8 @@ def _rank4(what: str, tensor: Tensor) -> tuple[int, int, int, int]:
 #
 # `_exact_dtype` picks float32 when that bound is <= 2**24 (twice the BLAS speed of float64 and
 # half the memory traffic: int8 data times typical int8 weights over K up to a few thousand),
-# float64 when it is <= 2**53 (int8 x int8 for any K below 2**37), and exact int64 arithmetic
-# beyond that. tests/test_emulator_exact.py checks the boundary with all-extreme operands.
+# float64 when it is <= 2**53 (int8 x int8 for any K below 2**37), and int64 arithmetic (numpy's
+# own loops, exact while the sums fit int64, as the accumulator semantics assume) beyond that. tests/test_emulator_exact.py checks the boundary with all-extreme operands.
 
 FLOAT32_EXACT = 2**24
 """Every integer of magnitude <= 2**24 is a float32."""
@@ -489,6 +506,8 @@ def _im2col(
     (C·kh·kw, Ho·Wo) columns is the whole convolution in one matrix product. For a 1x1 kernel
     with unit strides the view already is the input, and no copy is made.
     """
+    if kernel == (1, 1) and strides == (1, 1):
+        return x[:, :, None, None]
     return np.ascontiguousarray(_windows(x, kernel, strides, dilations).transpose(0, 1, 4, 5, 2, 3))
 
 
@@ -588,8 +607,16 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             rows = range(ho)[block[2]]
             window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
             cols = _im2col(window, (kh, kw), strides, dilations)
-            cols = cols.reshape(batch, group, depth, len(rows) * wo)
-            return np.matmul(weight, cols).reshape(batch, out_channels, len(rows), wo)
+            positions = len(rows) * wo
+            if batch == 1:
+                acc = np.matmul(weight, cols.reshape(1, group, depth, positions))
+                return acc.reshape(1, out_channels, len(rows), wo)
+            # The batch joins the columns: one product per group, not one per image (a
+            # transformer's linear layers are 1x1 CONVs over a batch of tokens).
+            cols = cols.reshape(batch, group, depth, positions).transpose(1, 2, 0, 3)
+            acc = np.matmul(weight, cols.reshape(group, depth, batch * positions))
+            acc = acc.reshape(group, group_out, batch, positions).transpose(2, 0, 1, 3)
+            return acc.reshape(batch, out_channels, len(rows), wo)
 
     if stage.blockwise(shape):
         result = _blockwise(
@@ -744,7 +771,7 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
 
 def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
     _expect_shape("the LUT output", instruction.output.shape, instruction.input.shape)
-    low, high = dtype_range(instruction.input.dtype.numpy)
+    low, high = _dtype_range(instruction.input.dtype.numpy)
     if instruction.table.size != high - low + 1 or instruction.input.itemsize > 2:
         raise EmulatorError(
             f"a {instruction.input.dtype.name} LUT needs {high - low + 1} entries, "
@@ -806,7 +833,7 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
     geometry = (instruction.kernel, instruction.strides, instruction.dilations)
     if instruction.op == PoolOp.MAX:
         x = memory.read(instruction.input)
-        low, high = dtype_range(x.dtype)
+        low, high = _dtype_range(x.dtype)
         if not low <= instruction.pad_value <= high:
             x = x.astype(np.int64)
         pooled = _window_max(_pad_hw(x, instruction.pads, instruction.pad_value), *geometry)

@@ -1,0 +1,190 @@
+"""The emulator's fast paths change no bit: blocks, tables and caches, against the reference.
+
+Real networks take the blockwise output stages (`BLOCK_ELEMENTS`) and the tabulated 8-bit
+elementwise functions (`TABLE_FACTOR`) on every large tensor, which the small hypothesis cases of
+test_emulator_compute / test_emulator_movement never reach. Here those same reference comparisons
+run again with blocks of a few elements and tables for every size, so each case crosses many
+block boundaries (CONV row and channel blocks, per-channel tables split between blocks, HWC and
+HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE and LUT is a table lookup. The rest
+checks what an ELF's decoded program and its CONST-derived values, kept between runs, may not
+change: results, byte counts, and the cached values themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.elf import elf_bytes
+from compiler.isa import Conv, Eltwise, EltwiseOp, Move, Requant, Space
+from compiler.runtime import emulator, emulator_ops
+from compiler.runtime.emulator import Emulator
+from tests.test_emulator_compute import (
+    test_average_pool_matches_reference as test_average_pool_in_blocks,
+)
+from tests.test_emulator_compute import (
+    test_conv_matches_reference as test_conv_in_blocks,
+)
+from tests.test_emulator_compute import (
+    test_conv_transpose_matches_reference as test_conv_transpose_in_blocks,
+)
+from tests.test_emulator_compute import (
+    test_eltwise_matches_reference as test_eltwise_by_table,
+)
+from tests.test_emulator_compute import (
+    test_lut_matches_reference as test_lut_by_table,
+)
+from tests.test_emulator_compute import (
+    test_matmul_matches_reference as test_matmul_in_blocks,
+)
+from tests.test_emulator_compute import (
+    test_max_pool_matches_reference as test_max_pool_in_blocks,
+)
+from tests.test_emulator_compute import (
+    test_resize_matches_reference as test_resize_in_blocks,
+)
+from tests.test_emulator_movement import (
+    test_concat_moves_each_rescaled_input_into_a_slice as test_rescaled_concat_by_table,
+)
+from tests.test_emulator_movement import (
+    test_rescale_changes_dtype_and_load_store_round_trip as test_rescale_by_table,
+)
+from tests.test_emulator_support import Codegen
+
+__all__ = [
+    "test_average_pool_in_blocks",
+    "test_conv_in_blocks",
+    "test_conv_transpose_in_blocks",
+    "test_eltwise_by_table",
+    "test_lut_by_table",
+    "test_matmul_in_blocks",
+    "test_max_pool_in_blocks",
+    "test_rescale_by_table",
+    "test_rescaled_concat_by_table",
+    "test_resize_in_blocks",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def tiny_blocks_and_tables_everywhere():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(emulator_ops, "BLOCK_ELEMENTS", 5)
+        patch.setattr(emulator_ops, "TABLE_FACTOR", 0)
+        yield
+
+
+def test_blocks_tile_the_result_exactly() -> None:
+    for shape in [(), (0, 3), (7,), (2, 3, 4), (1, 5, 1, 9), (3, 1, 2, 2)]:
+        covered = np.zeros(shape, dtype=np.int64)
+        for block in emulator_ops._blocks(shape):
+            assert len(block) == len(shape)
+            covered[block] += 1
+            assert covered[block].size <= max(
+                emulator_ops.BLOCK_ELEMENTS, shape[-1] if shape else 1
+            )
+        assert np.all(covered == 1)
+
+
+def _requant(zero_point: int = 3) -> Requant:
+    return Requant(1518500250, 7, zero_point, -128, 127, "sima")
+
+
+def test_tables_cover_every_code_of_both_operand_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 256 x 256 ELTWISE table over all int8 x uint8 pairs equals the direct evaluation."""
+    a = np.arange(-128, 128, dtype=np.int8).reshape(1, 256, 1)
+    b = np.arange(256, dtype=np.uint8).reshape(1, 1, 256)
+    outputs = {}
+    for factor in (0, 10**9):
+        monkeypatch.setattr(emulator_ops, "TABLE_FACTOR", factor)
+        build = Codegen()
+        build.emit(
+            Eltwise(
+                op=EltwiseOp.MUL,
+                a=build.input("a", a.shape, "int8", Space.ARENA),
+                b=build.input("b", b.shape, "uint8", Space.ARENA),
+                output=build.output("y", (1, 256, 256), "int8", Space.DRAM),
+                requant=_requant(),
+                a_zero_point=-5,
+                b_zero_point=131,
+            )
+        )
+        outputs[factor] = build.run({"a": a, "b": b})["y"]
+    np.testing.assert_array_equal(outputs[0], outputs[10**9])
+
+
+def _conv_program() -> tuple[bytes, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    build = Codegen()
+    x = rng.integers(-128, 128, size=(1, 4, 6, 5)).astype(np.int8)
+    source = build.input("x", x.shape, "int8", Space.DRAM, "HWC")
+    hidden = build.alloc((1, 6, 6, 5), "int8")
+    build.emit(
+        Conv(
+            input=source,
+            weight=build.const(rng.integers(-127, 128, size=(6, 4, 3, 3)), "int8"),
+            bias=build.const(rng.integers(-3000, 3000, size=6), "int32"),
+            output=hidden,
+            requant=Requant(
+                build.const(rng.integers(2**30, 2**31, size=(6,)), "int32"),
+                build.const(rng.integers(6, 10, size=(6,)), "int32"),
+                -3,
+                -128,
+                127,
+                "sima",
+            ),
+            input_zero_point=7,
+            pads=(1, 1, 1, 1),
+        ),
+        Move(
+            src=hidden,
+            dst=build.output("y", hidden.shape, "int8", Space.DRAM, "HWC16"),
+            input_zero_point=-3,
+            requant=_requant(),
+        ),
+    )
+    return elf_bytes(build.program()), {"x": x}
+
+
+def test_an_elf_is_decoded_once_and_its_runs_agree() -> None:
+    data, inputs = _conv_program()
+    first, second = Emulator(data), Emulator(bytes(bytearray(data)))
+    assert second.program is first.program
+    assert second.instructions is first.instructions
+    runs = [first.run(inputs)["y"], second.run(inputs)["y"], first.run(inputs)["y"]]
+    fresh = Emulator(first.program)
+    runs.append(fresh.run(inputs)["y"])
+    for result in runs[1:]:
+        np.testing.assert_array_equal(result, runs[0])
+    assert second.stats.bytes_read == first.stats.bytes_read == fresh.stats.bytes_read
+    assert second.stats.bytes_written == fresh.stats.bytes_written
+    assert second.stats.static_cycles == fresh.stats.static_cycles
+
+
+def test_values_derived_from_constants_are_read_only() -> None:
+    data, inputs = _conv_program()
+    emulator_instance = Emulator(data)
+    emulator_instance.run(inputs)
+    constants = emulator_instance.memory.constants
+    assert constants
+    for value in constants.values():
+        arrays = (
+            [value] if isinstance(value, np.ndarray) else [value.values, value.astype(np.float32)]
+        )
+        for array in arrays:
+            assert not array.flags.writeable
+            with pytest.raises(ValueError):
+                array.reshape(-1)[0] = 1
+
+
+def test_decoded_programs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(emulator, "DECODED_PROGRAMS", 2)
+    programs = []
+    for quads in (1, 2, 3):
+        build = Codegen(name=f"q{quads}", quads=quads)
+        x = build.input("x", (1, 2), "int8", Space.ARENA)
+        build.emit(Move(src=x, dst=build.output("y", (1, 2), "int8")))
+        programs.append(elf_bytes(build.program()))
+    decoded = [Emulator(p).program for p in programs]
+    assert len(emulator._DECODED) <= 2
+    assert Emulator(programs[2]).program is decoded[2]
+    assert Emulator(programs[0]).program is not decoded[0]
