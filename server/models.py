@@ -581,6 +581,15 @@ class LayerErrorOut(Out):
     node: str | None
     entire: dict[str, float | None] = Field(description="cosine, cosine_min, euclidean, sqnr_db.")
     single: dict[str, float | None] = Field(description="cosine, cosine_min, euclidean, sqnr_db.")
+    entire_parts: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict,
+        description="For Concat outputs: the entire error of each input slice (a collapsed score "
+        "slice hides in the whole-tensor cosine).",
+    )
+    single_parts: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict,
+        description="For Concat outputs: the single error of each input slice.",
+    )
 
 
 class AnalyzeQuantizationOut(Out):

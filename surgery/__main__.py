@@ -1,4 +1,8 @@
-"""`python -m surgery` is the `surgery` command."""
+"""`python -m surgery` runs the graph engine's commands (check, inspect, rules, apply, fix, …).
+
+The full command, with quantize/compile/serve, is the `surgery` console script
+(`python -m server`).
+"""
 
 from surgery.cli import main
 

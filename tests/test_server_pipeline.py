@@ -281,7 +281,11 @@ async def test_analyze_quantization_ranks_layers(sandbox: Sandbox) -> None:
         )
         assert result["float_version"] == "v1" and result["samples"] == 2
         assert result["layers"] and result["layers_page"]["returned"] <= 3
-        cosines = [row["single"]["cosine"] for row in result["layers"]]
+        # worst first by the layer's worst single-layer cosine (Concat slices included)
+        cosines = [
+            min([row["single"]["cosine"], *(p["cosine"] for p in row["single_parts"].values())])
+            for row in result["layers"]
+        ]
         assert cosines == sorted(cosines)
         assert result["outputs"]
         text = await call_error(client, "analyze_quantization", {"model": name, "data": "nope"})

@@ -45,7 +45,7 @@ def _env() -> dict[str, str]:
 def _serve_args(sandbox: Sandbox, *extra: str) -> list[str]:
     return [
         "-m",
-        "surgery",
+        "server",
         "serve",
         "--workspace",
         str(sandbox.workspace),
