@@ -24,7 +24,7 @@ from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_tar
 PLACEMENT_METADATA_KEY = "surgery.op_target"
 """Model metadata entry (JSON {node name or op type: MLA|CVU|APU}) that pins placements."""
 
-_NON_FOLDABLE = frozenset(
+NON_FOLDABLE_OPS = frozenset(
     {
         "RandomNormal",
         "RandomUniform",
@@ -37,6 +37,7 @@ _NON_FOLDABLE = frozenset(
         "Scan",
     }
 )
+"""Ops never evaluated at compile time: random, or control flow whose branches may differ."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ def constant_tensors(
     op_types, node_inputs, node_outputs = view.op_types, view.node_inputs, view.node_outputs
     for idx in order if order is not None else topo_order(view):
         op = op_types[idx]
-        if op in _NON_FOLDABLE:
+        if op in NON_FOLDABLE_OPS:
             continue
         ins = [i for i in node_inputs[idx] if i]
         if op in ("Shape", "Size"):

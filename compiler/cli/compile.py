@@ -16,7 +16,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from compiler.runtime.compare import compare_output
+from compiler.runtime.compare import compare_output, random_inputs
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt, TargetOpt
 from surgery.errors import SurgeryError
@@ -221,7 +221,7 @@ def run_command(
     from compiler.runtime.pipeline import run_archive
 
     opened = read_archive(archive)
-    feed = _load_inputs(inputs) if inputs else _random_inputs(opened.manifest, frames, seed)
+    feed = _load_inputs(inputs) if inputs else random_inputs(opened.manifest, frames, seed)
     try:
         outputs, stats = run_archive(opened, feed)
     except (RuntimeError, ValueError) as error:
@@ -258,20 +258,6 @@ def _load_inputs(path: Path) -> dict[str, np.ndarray]:
             return {key: data[key] for key in data.files}
     except (OSError, ValueError) as error:
         raise SurgeryError(f"{path}: not a readable .npz ({error})") from None
-
-
-def _random_inputs(document: dict[str, Any], frames: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for node in document["input_nodes"]:
-        shape = list(node["shape"]) or [1]
-        shape[0] *= frames
-        dtype = np.dtype(node["dtype"])
-        if dtype.kind == "f":
-            feed[node["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
-        else:
-            feed[node["name"]] = rng.integers(0, 100, shape).astype(dtype)
-    return feed
 
 
 def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -24,24 +24,13 @@ import onnxruntime as ort
 from onnx import numpy_helper, version_converter
 
 from compiler.quantize.errors import QuantizationError
+from surgery.coverage import NON_FOLDABLE_OPS
 from surgery.graph import GraphView, node_label
 from surgery.model import infer_model_shapes, load_model, toposort_nodes
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
-_NEVER_FOLD = frozenset(
-    {
-        "RandomNormal",
-        "RandomUniform",
-        "RandomNormalLike",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-        "If",
-        "Loop",
-        "Scan",
-    }
-)
+_NEVER_FOLD = NON_FOLDABLE_OPS
 _FOLD_LIMIT_BYTES = 256 * 2**20
 """A folded constant larger than this stays a subgraph (e.g. an Expand to a full image)."""
 

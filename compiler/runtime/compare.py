@@ -44,3 +44,21 @@ def compare_output(value: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
         "max_abs_diff_vs_reference": diff,
         "bit_exact": bool(same_shape and np.array_equal(value, reference)),
     }
+
+
+def random_inputs(
+    manifest: dict[str, Any], frames: int = 1, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Seeded inputs in [0, 1) (integers in [0, 100)) of the archive's declared input shapes,
+    `frames` stacked on axis 0: what `surgery run` and the MCP `run_archive` feed by default."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for node in manifest["input_nodes"]:
+        shape = list(node["shape"]) or [1]
+        shape[0] *= frames
+        dtype = np.dtype(node["dtype"])
+        if dtype.kind == "f":
+            feed[node["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
+        else:
+            feed[node["name"]] = rng.integers(0, 100, shape).astype(dtype)
+    return feed

@@ -85,22 +85,6 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
         raise InvalidArgumentError(f"{path}: not a readable .npz ({error})") from None
 
 
-def _random_inputs(manifest: dict[str, Any], frames: int, seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs in [0, 1) (integers in [0, 100)) of the archive's declared input shapes,
-    `frames` stacked on axis 0, as `surgery run` makes them."""
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for node in manifest["input_nodes"]:
-        shape = list(node["shape"]) or [1]
-        shape[0] *= frames
-        dtype = np.dtype(node["dtype"])
-        if dtype.kind == "f":
-            feed[node["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
-        else:
-            feed[node["name"]] = rng.integers(0, 100, shape).astype(dtype)
-    return feed
-
-
 def register(mcp: MCPServer, state: ServerState) -> None:
     ws = state.workspace
 
@@ -566,7 +550,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         compare_reference each output says whether it equals the integer reference bit for
         bit, which is what proves the compiled program computes the quantized model."""
         from compiler.archive import read_archive
-        from compiler.runtime.compare import compare_output, reference_outputs
+        from compiler.runtime.compare import compare_output, random_inputs, reference_outputs
         from compiler.runtime.pipeline import run_archive as core_run
         from surgery.model import read_model
 
@@ -575,7 +559,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             npz = state.input_path(inputs)
             feed, source = _load_npz(npz), str(npz)
         else:
-            feed = _random_inputs(opened.manifest, frames, seed)
+            feed = random_inputs(opened.manifest, frames, seed)
             source = f"random seed {seed}"
         ref_path = (
             reference_path(opened, reference_model, reference_version)
