@@ -70,12 +70,59 @@ def probe_node(
     """
     if not ctx.target.supports(op, "MLA"):
         return Reason("op_not_supported", f"{op} is not supported on the MLA of {ctx.target.name}")
-    model, constants = _probe_model(op, inputs, outputs, attrs or {}, opset or model_opset(ctx))
+    opset = opset or model_opset(ctx)
+    key = _probe_key(ctx, op, inputs, outputs, attrs or {}, opset)
+    if key in _PROBES:
+        return _PROBES[key]
+    model, constants = _probe_model(op, inputs, outputs, attrs or {}, opset)
     view = GraphView(model)
     decision = ctx.target.decide(op, NodeContext(view, 0, constants), known_op=True)
     if decision.processor == "MLA":
-        return None
-    return decision.reasons[-1] if decision.reasons else Reason("unknown", f"{op} is not placed")
+        answer = None
+    else:
+        answer = (
+            decision.reasons[-1] if decision.reasons else Reason("unknown", f"{op} is not placed")
+        )
+    if len(_PROBES) >= _PROBE_MEMORY:
+        _PROBES.clear()
+    _PROBES[key] = answer
+    return answer
+
+
+_PROBES: dict[tuple, Reason | None] = {}
+_PROBE_MEMORY = 4096
+"""Placement answers by probe signature: a model repeats the same patterns (57 SiLUs in a YOLO),
+and `surgery check` asks every rule, so one-node probes are built once per distinct node."""
+
+
+def _probe_key(
+    ctx: RuleContext,
+    op: str,
+    inputs: Sequence[TensorSpec | None],
+    outputs: Sequence[TensorSpec],
+    attrs: dict[str, Any],
+    opset: int,
+) -> tuple:
+    """Everything the one-node probe model is built from, hashable."""
+
+    def spec_key(spec: TensorSpec | None) -> tuple | None:
+        if spec is None:
+            return None
+        value = None
+        if spec.value is not None:
+            arr = np.asarray(spec.value)
+            value = (arr.dtype.str, arr.shape, arr.tobytes())
+        return (spec.shape, spec.elem_type, spec.constant, value)
+
+    return (
+        ctx.target.name,
+        id(ctx.target),
+        op,
+        opset,
+        repr(sorted(attrs.items())),
+        tuple(spec_key(s) for s in inputs),
+        tuple(spec_key(s) for s in outputs),
+    )
 
 
 def _probe_model(
