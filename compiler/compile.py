@@ -152,7 +152,7 @@ def _check_quantized(model: onnx.ModelProto, label: str) -> None:
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
         raise CompileError(
             f"{label} is not a quantized (QDQ) model: it has no QuantizeLinear/DequantizeLinear",
-            hint="quantize it first (compiler.api load_model(...).quantize(...))",
+            hint="quantize it first: surgery quantize MODEL --calib DATA (or load_model(...).quantize(...))",
         )
     constants = {i.name for i in model.graph.initializer}
     for graph_input in model.graph.input:
