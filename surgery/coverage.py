@@ -141,7 +141,7 @@ class CoverageReport:
         groups: dict[tuple[str, str], list[NodePlacement]] = {}
         for b in self.blockers:
             first = b.reasons[0] if b.reasons else Reason("unknown", "no reason recorded")
-            key = (first.code, _generic(first.message, b))
+            key = (first.code, _generic(first.message))
             groups.setdefault(key, []).append(b)
         out = [
             {
@@ -194,7 +194,7 @@ class CoverageReport:
 _QUOTED = re.compile(r" \(?'[^']*'\)?")
 
 
-def _generic(message: str, node: NodePlacement) -> str:
+def _generic(message: str) -> str:
     """Strip tensor names from a reason so identical reasons group together."""
     return _QUOTED.sub("", message) if "'" in message else message
 

@@ -97,9 +97,3 @@ def record_rewrite(
         verify=step.verification.to_dict(),
         coverage=coverage_summary(step.coverage_after),
     )
-
-
-def record_model(
-    ws: Workspace, name: str, parent: int, model: onnx.ModelProto, action: str, **extra: Any
-) -> VersionInfo:
-    return ws.add_version(name, model, parent=parent, action=action, **extra)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -111,17 +111,6 @@ def constant(name: str, value: np.ndarray) -> gs.Constant:
     return gs.Constant(name, np.ascontiguousarray(value))
 
 
-def fresh_name(graph: gs.Graph, base: str) -> str:
-    """A tensor/node name not yet used in the graph."""
-    taken = set(graph.tensors()) | {n.name for n in graph.nodes}
-    if base not in taken:
-        return base
-    k = 1
-    while f"{base}_{k}" in taken:
-        k += 1
-    return f"{base}_{k}"
-
-
 def replace_tensor_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
     """Point every consumer (and graph output) of `old` at `new`."""
     for node in list(old.outputs):
@@ -154,11 +143,3 @@ def bypass_node(graph: gs.Graph, node: gs.Node, keep_input: int = 0) -> None:
     replace_tensor_uses(graph, dst, src)
     node.inputs.clear()
     node.outputs.clear()
-
-
-def const_value(tensor: gs.Tensor) -> np.ndarray | None:
-    return tensor.values if isinstance(tensor, gs.Constant) else None
-
-
-def shape_of(tensor: gs.Tensor) -> Sequence[int | str | None] | None:
-    return tensor.shape

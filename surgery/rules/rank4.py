@@ -84,19 +84,7 @@ class _LiftRule(Rule):
             except LiftError:
                 continue
             applied.append(match)
-        _list_initializers_as_inputs(graph, ctx)
-        return applied
-
-
-def _list_initializers_as_inputs(graph: gs.Graph, ctx: RuleContext) -> None:
-    """IR < 4 models must list every initializer as a graph input too (legacy exports)."""
-    if ctx.model.ir_version >= 4:
-        return
-    listed = {t.name for t in graph.inputs}
-    for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Constant) and tensor.outputs and tensor.name not in listed:
-            graph.inputs.append(tensor)
-            listed.add(tensor.name)
+        return applied  # IR < 4 initializer inputs are listed by graph_edit.export_graph
 
 
 @register
