@@ -31,7 +31,9 @@ def check_model(
     tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
     with gc_paused():
         loaded, view = open_model(model, input_shapes)
-        if is_qdq(loaded):  # count the segments of the float model it quantizes, as compile does
+        if is_qdq(
+            loaded, view
+        ):  # count the segments of the float model it quantizes, as compile does
             loaded, view = open_model(float_view(loaded))
         return analyze_coverage(loaded, tgt, op_target=op_target, view=view, suggest=suggest)
 

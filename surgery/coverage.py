@@ -96,6 +96,10 @@ class CoverageReport:
     placements: list[NodePlacement]
     segments: list[Segment]
     dynamic_inputs: dict[str, list]
+    _derived: tuple[list[NodePlacement], int, list[NodePlacement], frozenset[str], int] | None = (
+        field(default=None, init=False, repr=False, compare=False)
+    )
+    """(placements list, its length, blockers, their names, total MACs), built on first use."""
 
     @property
     def nodes_total(self) -> int:
@@ -118,7 +122,7 @@ class CoverageReport:
 
     @property
     def total_macs(self) -> int:
-        return sum(p.macs for p in self.placements)
+        return self._summary()[4]
 
     def macs_on(self, processor: str) -> int:
         return sum(p.macs for p in self.placements if p.processor == processor)
@@ -132,9 +136,33 @@ class CoverageReport:
         live = [p for p in self.placements if not p.foldable]
         return sum(p.processor == "MLA" for p in live) / len(live) if live else 0.0
 
+    def _summary(self) -> tuple[list[NodePlacement], int, list[NodePlacement], frozenset[str], int]:
+        """Blockers and total MACs, computed once per placements list: rules ask for them
+        dozens of times per `check`. Placements are frozen, so only a replaced or grown list
+        makes the summary stale."""
+        placements = self.placements
+        derived = self._derived
+        if derived is None or derived[0] is not placements or derived[1] != len(placements):
+            blockers = [p for p in placements if p.is_blocker]
+            derived = (
+                placements,
+                len(placements),
+                blockers,
+                frozenset(p.name for p in blockers),
+                sum(p.macs for p in placements),
+            )
+            self._derived = derived
+        return derived
+
     @property
     def blockers(self) -> list[NodePlacement]:
-        return [p for p in self.placements if p.is_blocker]
+        """Placements that stop the model from being one MLA segment, in graph order."""
+        return list(self._summary()[2])
+
+    @property
+    def blocker_names(self) -> frozenset[str]:
+        """Names of the blockers (a set, for the rules' membership tests)."""
+        return self._summary()[3]
 
     def blocker_groups(self) -> list[dict[str, Any]]:
         """Blockers grouped by their first reason (the one that decided against the MLA)."""
@@ -222,20 +250,26 @@ def constant_tensors(
 ) -> tuple[set[str], list[bool]]:
     """Tensors known before run time, and which nodes only compute such tensors (foldable)."""
     constants = set(view.initializers)
+    # "" (an omitted optional input or output) counts as constant inside the loop, so whole
+    # input tuples are tested at once; it is never reported as a constant tensor.
+    had_empty = "" in constants
+    constants.add("")
     foldable = [False] * len(view.nodes)
     op_types, node_inputs, node_outputs = view.op_types, view.node_inputs, view.node_outputs
     for idx in order if order is not None else topo_order(view):
         op = op_types[idx]
         if op in NON_FOLDABLE_OPS:
             continue
-        ins = [i for i in node_inputs[idx] if i]
         if op in ("Shape", "Size"):
+            ins = [i for i in node_inputs[idx] if i]
             ok = bool(ins) and (ins[0] in constants or _shape_known(view, idx, ins[0]))
         else:
-            ok = all(i in constants for i in ins)
+            ok = constants.issuperset(node_inputs[idx])
         if ok:
             foldable[idx] = True
-            constants.update(o for o in node_outputs[idx] if o)
+            constants.update(node_outputs[idx])
+    if not had_empty:
+        constants.discard("")
     return constants, foldable
 
 
@@ -258,7 +292,7 @@ def topo_order(view: GraphView) -> list[int]:
     """Node indices in topological order (the stored order when it already is one)."""
     n = len(view.nodes)
     producer = view.producer
-    if all(producer.get(t, -1) < i for i, ins in enumerate(view.node_inputs) for t in ins):
+    if view.is_sorted:
         return list(range(n))
     indeg = [0] * n
     for idx, ins in enumerate(view.node_inputs):

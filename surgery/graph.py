@@ -40,13 +40,24 @@ class TensorInfo:
 
     __slots__ = ("name", "elem_type", "shape", "rank", "is_static")
 
-    def __init__(self, name: str, elem_type: int, shape: tuple[Dim, ...] | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        elem_type: int,
+        shape: tuple[Dim, ...] | None,
+        is_static: bool | None = None,
+    ) -> None:
+        """`is_static`, when the caller already knows it, saves scanning the dims again."""
         self.name = name
         self.elem_type = elem_type
         self.shape = shape
         """None when even the rank is unknown."""
         self.rank = None if shape is None else len(shape)
-        self.is_static = shape is not None and all(type(d) is int for d in shape)
+        self.is_static = (
+            is_static
+            if is_static is not None
+            else shape is not None and all(type(d) is int for d in shape)
+        )
 
     def __repr__(self) -> str:
         return f"TensorInfo({self.name!r}, {self.dtype}, {self.shape})"
@@ -132,6 +143,38 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def _labels(names: list[str], op_types: list[str]) -> list[str]:
+    """`node_label` for every node, with `#<index>` appended to a repeated label.
+
+    Most graphs name every node uniquely; that case is one set comparison.
+    """
+    if "" not in names and len(set(names)) == len(names):
+        return names
+    labels: list[str] = []
+    seen: set[str] = set()
+    for idx, name in enumerate(names):
+        label = name or f"{op_types[idx]}_{idx}"
+        if label in seen:
+            label = f"{label}#{idx}"
+        seen.add(label)
+        labels.append(label)
+    return labels
+
+
+def _consumers(node_inputs: list[tuple[str, ...]]) -> dict[str, list[int]]:
+    """Tensor → indices of the nodes reading it (each node once, in graph order)."""
+    consumers: dict[str, list[int]] = {}
+    for idx, ins in enumerate(node_inputs):
+        for inp in ins:
+            if inp:
+                lst = consumers.get(inp)
+                if lst is None:
+                    consumers[inp] = [idx]
+                elif lst[-1] != idx:
+                    lst.append(idx)
+    return consumers
+
+
 class GraphView:
     """Lookups over one (top-level) graph. Built once; never mutates the model.
 
@@ -142,58 +185,62 @@ class GraphView:
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
         g = model.graph
-        self.nodes: list[onnx.NodeProto] = list(g.node)
+        nodes: list[onnx.NodeProto] = list(g.node)
+        self.nodes = nodes
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
         self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in g.output]
-        names: list[str] = []
-        op_types: list[str] = []
-        domains: list[str] = []
-        node_inputs: list[tuple[str, ...]] = []
-        node_outputs: list[tuple[str, ...]] = []
-        producer: dict[str, int] = {}
-        consumers: dict[str, list[int]] = {}
-        seen: set[str] = set()
-        for idx, node in enumerate(self.nodes):
-            op = node.op_type
-            label = node.name or f"{op}_{idx}"
-            if label in seen:
-                label = f"{label}#{idx}"
-            seen.add(label)
-            names.append(label)
-            op_types.append(op)
-            domains.append(node.domain)
-            ins = tuple(node.input)
-            outs = tuple(node.output)
-            node_inputs.append(ins)
-            node_outputs.append(outs)
-            for out in outs:
-                if out:
-                    producer[out] = idx
-            for inp in ins:
-                if inp:
-                    lst = consumers.get(inp)
-                    if lst is None:
-                        consumers[inp] = [idx]
-                    elif lst[-1] != idx:
-                        lst.append(idx)
-        self.names = names
+        # One comprehension per field: each protobuf field is read once, in C-speed loops.
+        op_types = [n.op_type for n in nodes]
         self.op_types = op_types
-        self.domains = domains
+        self.names = _labels([n.name for n in nodes], op_types)
+        self.domains = [n.domain for n in nodes]
+        node_inputs = [tuple(n.input[:]) for n in nodes]
+        node_outputs = [tuple(n.output[:]) for n in nodes]
         self.node_inputs = node_inputs
         self.node_outputs = node_outputs
-        self.producer = producer
-        self.consumers = consumers
+        self.producer = {out: idx for idx, outs in enumerate(node_outputs) for out in outs if out}
+        self.consumers = _consumers(node_inputs)
+        self.reload_value_info()
+
+    def rebind(self, model: onnx.ModelProto) -> None:
+        """Point the view at `model`, a copy of the viewed model with the same nodes in the
+        same order (e.g. the shape inferencer's output), and re-read its tensor types."""
+        if model is not self.model:
+            self.model = model
+            g = model.graph
+            self.nodes = list(g.node)
+            self.initializers = {t.name: t for t in g.initializer}
         self.reload_value_info()
 
     def reload_value_info(self) -> None:
         """Re-read tensor types after shape inference changed `graph.value_info`."""
         g = self.model.graph
-        value_infos: dict[str, onnx.ValueInfoProto] = {}
-        for vi in (*g.output, *g.value_info, *g.input):
-            value_infos[vi.name] = vi
-        self._value_infos = value_infos
+        self._value_infos: dict[str, onnx.ValueInfoProto] = {
+            vi.name: vi for vi in (*g.output, *g.value_info, *g.input)
+        }
         self._tensors: dict[str, TensorInfo] = {}
+        self._constants: dict[tuple[str, int], np.ndarray | None] = {}
+        self._types: dict[bytes, tuple[int, tuple[Dim, ...] | None, bool]] = {}
+
+    @cached_property
+    def is_sorted(self) -> bool:
+        """Whether every node comes after the producers of its inputs (the stored order is a
+        topological order). Validation, coverage and the rules all ask; it is computed once."""
+        get = self.producer.get
+        return all(get(t, -1) < i for i, ins in enumerate(self.node_inputs) for t in ins)
+
+    @cached_property
+    def nodes_by_op(self) -> dict[str, list[int]]:
+        """Op type → indices of its nodes, in graph order (every rule looks up a few ops)."""
+        by_op: dict[str, list[int]] = {}
+        for idx, op in enumerate(self.op_types):
+            lst = by_op.get(op)
+            if lst is None:
+                by_op[op] = [idx]
+            else:
+                lst.append(idx)
+        return by_op
 
     @cached_property
     def index_by_name(self) -> dict[str, int]:
@@ -213,12 +260,24 @@ class GraphView:
     def _make_tensor_info(self, name: str) -> TensorInfo:
         init = self.initializers.get(name)
         if init is not None:
-            return TensorInfo(name, init.data_type, tuple(init.dims))
+            return TensorInfo(name, init.data_type, tuple(init.dims), True)
         vi = self._value_infos.get(name)
         if vi is not None:
-            elem, shape = shape_from_type(vi.type)
-            return TensorInfo(name, elem, shape)
-        return TensorInfo(name, 0, None)
+            return TensorInfo(name, *self._parse_type(vi.type))
+        return TensorInfo(name, 0, None, False)
+
+    def _parse_type(self, tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, bool]:
+        """`shape_from_type` and whether the shape is static, once per distinct type: reading
+        dims field by field is slow, and most tensors of a network share a handful of types
+        (the serialized type is the key)."""
+        key = tp.SerializeToString()
+        parsed = self._types.get(key)
+        if parsed is None:
+            elem, shape = shape_from_type(tp)
+            static = shape is not None and all(type(d) is int for d in shape)
+            parsed = (elem, shape, static)
+            self._types[key] = parsed
+        return parsed
 
     def is_initializer(self, name: str) -> bool:
         return name in self.initializers
@@ -226,7 +285,23 @@ class GraphView:
     def constant_value(
         self, name: str, max_elements: int = SMALL_CONSTANT_ELEMENTS
     ) -> np.ndarray | None:
-        """The value of an initializer or `Constant` node output, if it is small enough to decode."""
+        """The value of an initializer or `Constant` node output, if it is small enough to decode.
+
+        Decoded once per view: every rule's pattern asks for the same scalars and axes, and
+        decoding a TensorProto costs more than the lookups around it. Writable arrays are
+        handed out as copies so a caller editing its array cannot change what others see.
+        """
+        key = (name, max_elements)
+        if key in self._constants:
+            value = self._constants[key]
+        else:
+            value = self._decode_constant(name, max_elements)
+            self._constants[key] = value
+        if value is not None and value.flags.writeable:
+            return value.copy()
+        return value
+
+    def _decode_constant(self, name: str, max_elements: int) -> np.ndarray | None:
         init = self.initializers.get(name)
         if init is None:
             idx = self.producer.get(name)

@@ -23,10 +23,10 @@ def _prod(dims) -> int | None:
 
 
 def node_macs(view: GraphView, idx: int) -> int:
-    node: onnx.NodeProto = view.nodes[idx]
-    op = node.op_type
+    op = view.op_types[idx]
     if op not in _MAC_OPS:
         return 0
+    node: onnx.NodeProto = view.nodes[idx]
     return _MAC_OPS[op](view, node) or 0
 
 

@@ -107,8 +107,10 @@ def open_model(
     if input_shapes:
         set_input_shapes(model, input_shapes)
     if infer_shapes:
-        infer_model_shapes(model, label, view)
-    view.reload_value_info()
+        model = _shape_inferred(model, label, view)
+        view.rebind(model)
+    else:
+        view.reload_value_info()
     return model, view
 
 
@@ -117,26 +119,47 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     declared = {o.domain for o in model.opset_import}
     if not any(d in ("", "ai.onnx") for d in declared):
         raise InvalidGraphError(f"{label}: no default-domain opset in opset_import")
-    g = model.graph
     view = GraphView(model)
+    if not set(view.domains) <= STANDARD_DOMAINS | declared:
+        _raise_unknown_domain(view, declared, label)
+    produced = view.producer
+    if len(produced) != sum(1 for outs in view.node_outputs for o in outs if o):
+        _raise_produced_twice(view, label)
+    # Graph inputs that are also initializers are in `available` through the initializers.
+    available = {*view.graph_inputs, *view.initializers, ""}
+    read = {t for ins in view.node_inputs for t in ins}
+    if read.difference(available, produced) or set(view.graph_outputs).difference(
+        available, produced
+    ):
+        _raise_dangling(view, available, label)
+    _check_acyclic(view, label)
+    return view
+
+
+def _raise_unknown_domain(view: GraphView, declared: set[str], label: str) -> None:
     for idx, domain in enumerate(view.domains):
         if domain and domain not in STANDARD_DOMAINS and domain not in declared:
             raise UnknownDomainError(
                 f"{label}: node {view.names[idx]!r} ({view.op_types[idx]}) uses domain {domain!r}, "
                 "which the model's opset_import does not declare"
             )
+
+
+def _raise_produced_twice(view: GraphView, label: str) -> None:
+    seen: dict[str, int] = {}
+    for idx, outs in enumerate(view.node_outputs):
+        for out in outs:
+            if out and out in seen:
+                raise InvalidGraphError(
+                    f"{label}: tensor {out!r} is produced twice (nodes "
+                    f"{view.names[seen[out]]!r} and {view.names[idx]!r})"
+                )
+            seen[out] = idx
+
+
+def _raise_dangling(view: GraphView, available: set[str], label: str) -> None:
+    """The first node input or graph output that nothing provides, as a typed error."""
     produced = view.producer
-    if len(produced) != sum(1 for outs in view.node_outputs for o in outs if o):
-        seen: dict[str, int] = {}
-        for idx, outs in enumerate(view.node_outputs):
-            for out in outs:
-                if out and out in seen:
-                    raise InvalidGraphError(
-                        f"{label}: tensor {out!r} is produced twice (nodes "
-                        f"{view.names[seen[out]]!r} and {view.names[idx]!r})"
-                    )
-                seen[out] = idx
-    available = {i.name for i in g.input} | set(view.initializers) | {""}
     for idx, ins in enumerate(view.node_inputs):
         for inp in ins:
             if inp not in produced and inp not in available:
@@ -148,15 +171,13 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     for out in view.graph_outputs:
         if out not in available and out not in produced:
             raise InvalidGraphError(f"{label}: graph output {out!r} is not produced by any node")
-    _check_acyclic(view, label)
-    return view
 
 
 def _check_acyclic(view: GraphView, label: str) -> None:
+    if view.is_sorted:
+        return  # the common case
     n = len(view.nodes)
     producer = view.producer
-    if all(producer.get(t, -1) < i for i, ins in enumerate(view.node_inputs) for t in ins):
-        return  # already topologically sorted, the common case
     indegree = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
     for idx, ins in enumerate(view.node_inputs):
@@ -270,37 +291,95 @@ def infer_model_shapes(
             out.type.CopyFrom(new.type)
 
 
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx.ModelProto:
+    """Shape inference with data propagation; returns the inferred model (`model` is spent).
+
+    Without subgraphs, local functions or custom ops, the inferencer's output is the input
+    model plus `value_info` and output shapes, so it is used as is (hidden weights restored,
+    outputs it could not shape keep their declared type) instead of copying its `value_info`
+    back: on small models that copy costs a fifth of the inference. Other models are
+    inferred in place by `infer_model_shapes`.
+    """
+    if (
+        model.functions
+        or not _STANDARD_ONLY.issuperset(view.domains)
+        or not (_SUBGRAPH_OPS.isdisjoint(view.op_types))
+    ):
+        infer_model_shapes(model, label, view)
+        return model
+    hidden = _hide_large_weights(model, view)
+    try:
+        inferred = shape_inference.infer_shapes(
+            model, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as exc:  # onnx raises several unrelated types here
+        _restore_weights(hidden)
+        raise ShapeError(f"{label}: shape inference failed: {_first_line(exc)}") from None
+    _restore_weights(hidden, inferred)
+    declared = model.graph.output
+    last = {o.name: k for k, o in enumerate(inferred.graph.output)}
+    for k, out in enumerate(inferred.graph.output):
+        new = inferred.graph.output[last[out.name]]
+        if not new.type.tensor_type.HasField("shape"):
+            out.type.CopyFrom(declared[k].type)
+        elif last[out.name] != k:
+            out.type.CopyFrom(new.type)
+    return inferred
+
+
+_STANDARD_ONLY = frozenset({"", "ai.onnx"})
+
+HiddenWeight = tuple[onnx.TensorProto, bytes, int, int]
+"""A weight hidden from the inferencer: the tensor, its bytes and where it lives — (-1, k) for
+initializer k, (node index, attribute index) for a Constant node's value."""
+
+
 def _hide_large_weights(
     model: onnx.ModelProto, view: GraphView | None = None
-) -> list[tuple[onnx.TensorProto, bytes]]:
-    hidden: list[tuple[onnx.TensorProto, bytes]] = []
-
-    def hide(t: onnx.TensorProto) -> None:
-        n = 1
-        for d in t.dims:
-            n *= d
-        if n * 4 > _STRIP_BYTES and t.data_type in (1, 10, 11, 16) and t.HasField("raw_data"):
-            hidden.append((t, t.raw_data))
+) -> list[HiddenWeight]:
+    hidden: list[HiddenWeight] = []
+    for k, t in enumerate(model.graph.initializer):
+        if _is_large_weight(t):
+            hidden.append((t, t.raw_data, -1, k))
             t.ClearField("raw_data")
-
-    for t in model.graph.initializer:
-        hide(t)
     nodes = model.graph.node
     constant_nodes = (
-        [nodes[i] for i, op in enumerate(view.op_types) if op == "Constant"]
+        [i for i, op in enumerate(view.op_types) if op == "Constant"]
         if view is not None
-        else [n for n in nodes if n.op_type == "Constant"]
+        else [i for i, n in enumerate(nodes) if n.op_type == "Constant"]
     )
-    for node in constant_nodes:
-        for a in node.attribute:
-            if a.name == "value":
-                hide(a.t)
+    for i in constant_nodes:
+        for j, a in enumerate(nodes[i].attribute):
+            if a.name == "value" and _is_large_weight(a.t):
+                hidden.append((a.t, a.t.raw_data, i, j))
+                a.t.ClearField("raw_data")
     return hidden
 
 
-def _restore_weights(hidden: list[tuple[onnx.TensorProto, bytes]]) -> None:
-    for t, data in hidden:
-        t.raw_data = data
+def _is_large_weight(t: onnx.TensorProto) -> bool:
+    """A float tensor stored as raw bytes whose size cannot matter to shape inference."""
+    if t.data_type not in (1, 10, 11, 16):
+        return False
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n * 4 > _STRIP_BYTES and t.HasField("raw_data")
+
+
+def _restore_weights(hidden: list[HiddenWeight], into: onnx.ModelProto | None = None) -> None:
+    """Put hidden weights back, into the model they were hidden from or the same places of
+    `into` (the inferencer's copy)."""
+    if into is None:
+        for t, data, _, _ in hidden:
+            t.raw_data = data
+        return
+    graph = into.graph
+    for _, data, node, k in hidden:
+        target = graph.initializer[k] if node < 0 else graph.node[node].attribute[k].t
+        target.raw_data = data
 
 
 def model_nbytes(model: onnx.ModelProto) -> int:
@@ -377,12 +456,23 @@ def _forget_invalid_dims(model: onnx.ModelProto) -> None:
     ONNX dims are positive or symbolic; a literal -1 on an output would otherwise contradict
     the shape inferred once the inputs are fixed.
     """
+    valid: set[bytes] = set()  # serialized types seen without such dims (legacy graphs list
+    # every weight as an input, mostly with a few distinct types)
     for vi in (*model.graph.input, *model.graph.output):
-        if not vi.type.tensor_type.HasField("shape"):
+        tp = vi.type
+        key = tp.SerializeToString()
+        if key in valid:
             continue
-        for d in vi.type.tensor_type.shape.dim:
+        tt = tp.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        changed = False
+        for d in tt.shape.dim:
             if d.HasField("dim_value") and d.dim_value <= 0:
                 d.ClearField("dim_value")
+                changed = True
+        if not changed:
+            valid.add(key)
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

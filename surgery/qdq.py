@@ -13,16 +13,39 @@ import copy
 
 import onnx
 
+from surgery.graph import GraphView
+
 _QUANTIZE = "QuantizeLinear"
 _DEQUANTIZE = "DequantizeLinear"
 
 
-def is_qdq(model: onnx.ModelProto) -> bool:
-    """Whether the model quantizes run-time tensors (a QuantizeLinear fed by a non-constant)."""
+def is_qdq(model: onnx.ModelProto, view: GraphView | None = None) -> bool:
+    """Whether the model quantizes run-time tensors (a QuantizeLinear fed by a non-constant).
+
+    With the model's `view`, node fields are not read from the protobuf again.
+    """
+    if view is not None:
+        return _is_qdq_view(view)
     constants = {init.name for init in model.graph.initializer}
     constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
     return any(
         n.op_type == _QUANTIZE and n.input and n.input[0] not in constants for n in model.graph.node
+    )
+
+
+def _is_qdq_view(view: GraphView) -> bool:
+    op_types = view.op_types
+    if _QUANTIZE not in op_types:
+        return False
+    constants = set(view.initializers)
+    constants |= {
+        outs[0]
+        for op, outs in zip(op_types, view.node_outputs, strict=True)
+        if op == "Constant" and outs
+    }
+    return any(
+        op == _QUANTIZE and ins and ins[0] not in constants
+        for op, ins in zip(op_types, view.node_inputs, strict=True)
     )
 
 

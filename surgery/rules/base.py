@@ -9,14 +9,22 @@ only the pattern and the edit.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import onnx
 import onnx_graphsurgeon as gs
 from pydantic import BaseModel, ConfigDict
 
-from surgery.coverage import CoverageReport, analyze_coverage, constant_tensors, topo_order
+from surgery.coverage import (
+    CoverageReport,
+    NodePlacement,
+    analyze_coverage,
+    constant_tensors,
+    topo_order,
+)
 from surgery.graph import GraphView
 from surgery.targets import Target, resolve_target
 
@@ -74,8 +82,16 @@ class RuleContext:
         return cls(model, tgt, view, coverage, frozenset(constants))
 
     @property
-    def blocker_names(self) -> set[str]:
-        return {b.name for b in self.coverage.blockers}
+    def blocker_names(self) -> frozenset[str]:
+        return self.coverage.blocker_names
+
+    @cached_property
+    def opset(self) -> int:
+        """The model's default-domain opset (1 when it declares none); rules ask per node."""
+        for o in self.model.opset_import:
+            if o.domain in ("", "ai.onnx"):
+                return int(o.version)
+        return 1
 
     def placement(self, node_name: str):
         return self.coverage.by_name(node_name)
@@ -96,6 +112,16 @@ class Rule:
     """True only for rules that change the model's outputs on purpose (e.g. cut-postprocess)."""
     auto: ClassVar[bool] = True
     """Whether `surgery fix` may pick this rule by itself."""
+    suggest_for: ClassVar[frozenset[str] | None] = None
+    """Op types such that the rule's matches list blockers only when some blocker has one of
+    them (it frees only such nodes, or only matches around such a blocker). `surgery check`
+    then skips the rule on models without one; None (the default) always asks the rule."""
+
+    def may_free(self, blockers: Sequence[NodePlacement]) -> bool:
+        """False only when `find` cannot list any of these blockers (a cheap pre-check that
+        keeps rule suggestions from pattern-matching the whole graph for nothing)."""
+        ops = self.suggest_for
+        return ops is None or any(b.op_type in ops for b in blockers)
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         raise NotImplementedError

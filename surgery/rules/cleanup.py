@@ -7,12 +7,14 @@ rules pattern-match on (constants as initializers, no Identity chains, static sh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from pydantic import Field
 
-from surgery.coverage import analyze_coverage
+from surgery.coverage import NodePlacement, analyze_coverage
 from surgery.model import infer_model_shapes, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
@@ -42,6 +44,10 @@ class FoldConstants(Rule):
     summary = "Evaluate constant subgraphs and Constant nodes into initializers."
     category = "cleanup"
     example = "surgery apply fold-constants yolov8n.onnx -o folded.onnx"
+
+    def may_free(self, blockers: Sequence[NodePlacement]) -> bool:
+        """Folding frees only blockers that wait for a constant operand."""
+        return any(r.code in _NEEDS_VALUE for b in blockers for r in b.reasons)
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         folded = [p for p in ctx.coverage.placements if p.foldable]
@@ -79,6 +85,8 @@ class FoldConstants(Rule):
 
 
 _NO_OP = {"Identity", "Dropout"}
+_MAYBE_NO_OP = frozenset({*_NO_OP, "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Cast"})
+"""The ops `_is_no_op` can accept; checked first so other nodes cost one set lookup."""
 
 
 @register
@@ -87,6 +95,7 @@ class RemoveIdentity(Rule):
     to the same shape, Transpose with the identity permutation, Cast to the same type."""
 
     name = "remove-identity"
+    suggest_for = _MAYBE_NO_OP
     summary = "Remove Identity, Dropout and no-op Reshape/Transpose/Cast nodes."
     category = "cleanup"
     example = "surgery apply remove-identity model.onnx"
@@ -96,9 +105,9 @@ class RemoveIdentity(Rule):
         blockers = ctx.blocker_names
         found = []
         for idx, op in enumerate(view.op_types):
-            name = view.names[idx]
-            if not self._is_no_op(ctx, idx, op):
+            if op not in _MAYBE_NO_OP or not self._is_no_op(ctx, idx, op):
                 continue
+            name = view.names[idx]
             found.append(
                 self.match(
                     [name],
@@ -153,6 +162,7 @@ class FuseBatchNorm(GraphRule):
     """
 
     name = "fuse-batchnorm"
+    suggest_for = frozenset({"BatchNormalization"})
     summary = "Fold BatchNormalization into the preceding Conv/ConvTranspose weights and bias."
     category = "cleanup"
     example = "surgery apply fuse-batchnorm ppocr_mobile_v2_cls.onnx -w ws"
@@ -253,6 +263,7 @@ class MergeTransposes(GraphRule):
     """
 
     name = "merge-transposes"
+    suggest_for = frozenset({"Transpose"})
     summary = "Compose consecutive Transposes into one; remove it when the result is identity."
     category = "cleanup"
     example = "surgery apply merge-transposes model.onnx"
@@ -329,6 +340,7 @@ class MergeReshapes(GraphRule):
     """
 
     name = "merge-reshapes"
+    suggest_for = frozenset(_RESHAPES)
     summary = "Collapse consecutive Reshape/Flatten/Squeeze/Unsqueeze into one Reshape."
     category = "cleanup"
     example = "surgery apply merge-reshapes model.onnx"

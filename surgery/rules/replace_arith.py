@@ -33,6 +33,7 @@ class SubDivToAddMul(GraphRule):
     """
 
     name = "sub-div-to-add-mul"
+    suggest_for = frozenset({"Sub", "Div"})
     summary = "Sub/Div by a constant → Add/Mul by its negation/reciprocal."
     category = "replace"
     example = "surgery apply sub-div-to-add-mul yolov8n.onnx -w ws"
@@ -112,6 +113,7 @@ class Pow2ToMul(GraphRule):
     """
 
     name = "pow2-to-mul"
+    suggest_for = frozenset({"Pow"})
     summary = "Pow(x, 2|3|4|0.5|-1|-0.5|1) → Mul / Sqrt / Reciprocal (or nothing)."
     category = "replace"
     example = "surgery apply pow2-to-mul yolov5n_anchor.onnx -w ws"

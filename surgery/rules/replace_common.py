@@ -187,8 +187,9 @@ def net_freed(
 
 
 def model_opset(ctx: RuleContext | onnx.ModelProto) -> int:
-    model = ctx.model if isinstance(ctx, RuleContext) else ctx
-    for o in model.opset_import:
+    if isinstance(ctx, RuleContext):
+        return ctx.opset
+    for o in ctx.opset_import:
         if o.domain in ("", "ai.onnx"):
             return int(o.version)
     return 1
@@ -263,8 +264,11 @@ class Pattern:
         self._values: dict[str, np.ndarray | None] = {}
 
     def nodes(self, *ops: str) -> list[int]:
-        wanted = set(ops)
-        return [i for i, op in enumerate(self.view.op_types) if op in wanted]
+        """Indices of the nodes of these op types, in graph order."""
+        by_op = self.view.nodes_by_op
+        if len(ops) == 1:
+            return list(by_op.get(ops[0], ()))
+        return sorted(i for op in set(ops) for i in by_op.get(op, ()))
 
     def blocked(self, *ops: str) -> list[int]:
         """Nodes of these ops that the target does not place on the MLA — the only ones a

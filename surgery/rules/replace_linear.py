@@ -262,6 +262,7 @@ class GemmToConv(GraphRule):
     """
 
     name = "gemm-to-conv"
+    suggest_for = frozenset({"Gemm"})
     summary = "Gemm with constant weights → Conv (1×1, or H×W over a flattened map)."
     category = "replace"
     example = "surgery apply gemm-to-conv mobilenet_v2.onnx -w ws"
@@ -344,6 +345,7 @@ class MatMulToConv(GraphRule):
     """
 
     name = "matmul-to-conv"
+    suggest_for = frozenset({"MatMul"})
     summary = "MatMul with a constant 2-D weight (rank-2 or channels-last 4-D input) → 1×1 Conv."
     category = "replace"
     example = "surgery apply matmul-to-conv ppocr_mobile_v2_cls.onnx -w ws"

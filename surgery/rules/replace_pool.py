@@ -163,6 +163,7 @@ class MaxPoolCeilToPad(GraphRule):
     """
 
     name = "maxpool-ceil-to-pad"
+    suggest_for = frozenset({"MaxPool"})
     summary = "MaxPool ceil_mode=1 → ceil_mode=0 with explicit end padding (identical results)."
     category = "replace"
     example = "surgery apply maxpool-ceil-to-pad model.onnx --target rk3588"
@@ -238,6 +239,7 @@ class AvgPoolCountIncludePad(GraphRule):
     """
 
     name = "avgpool-count-include-pad"
+    suggest_for = frozenset({"AveragePool"})
     summary = "AveragePool excluding padding → including padding × a constant correction map."
     category = "replace"
     example = "surgery apply avgpool-count-include-pad model.onnx"

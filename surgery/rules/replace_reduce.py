@@ -45,6 +45,7 @@ class ReduceMeanToGap(GraphRule):
     """
 
     name = "reducemean-to-gap"
+    suggest_for = frozenset({"ReduceMean"})
     summary = "ReduceMean over H,W → GlobalAveragePool (+Reshape when keepdims=0)."
     category = "replace"
     example = "surgery apply reducemean-to-gap model.onnx"
@@ -109,6 +110,7 @@ class ReduceMinToReduceMax(GraphRule):
     """
 
     name = "reducemin-to-reducemax"
+    suggest_for = frozenset({"ReduceMin"})
     summary = "ReduceMin(x) → −ReduceMax(−x) (negations as Mul by −1)."
     category = "replace"
     example = "surgery apply reducemin-to-reducemax model.onnx"
@@ -164,6 +166,7 @@ class SoftmaxToChannel(GraphRule):
     """
 
     name = "softmax-to-channel"
+    suggest_for = frozenset({"Softmax"})
     summary = "Softmax on H or W of a 4-D tensor → Transpose, channel Softmax, Transpose back."
     category = "replace"
     example = "surgery apply softmax-to-channel vit_tiny_patch16_224.onnx -w ws"

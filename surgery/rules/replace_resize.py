@@ -169,6 +169,7 @@ class ResizeToSupported(GraphRule):
     """
 
     name = "resize-to-supported"
+    suggest_for = frozenset({"Resize"})
     summary = "Nearest Resize the MLA rejects → Resize chain, DepthToSpace, ConvTranspose or Slice."
     category = "replace"
     example = "surgery apply resize-to-supported model.onnx --target rk3588"

@@ -76,6 +76,7 @@ class SplitToSlices(GraphRule):
     """
 
     name = "split-to-slices"
+    suggest_for = frozenset({"Split"})
     summary = "Split → one Slice per used output (sizes from the inferred shapes)."
     category = "replace"
     example = "surgery apply split-to-slices yolov8n.onnx -w ws"
@@ -144,6 +145,7 @@ class GatherToSlice(GraphRule):
     """
 
     name = "gather-to-slice"
+    suggest_for = frozenset({"Gather"})
     summary = "Gather with a constant scalar or consecutive 1-D index → Slice (+Reshape)."
     category = "replace"
     example = "surgery apply gather-to-slice vit_tiny_patch16_224.onnx -w ws"

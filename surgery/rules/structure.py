@@ -194,15 +194,17 @@ def _refusal(ctx: RuleContext, tail: set[int], body: set[int], max_tail_fraction
 
 
 def _ancestors(ctx: RuleContext, tensors: list[str]) -> set[int]:
-    view = ctx.view
+    """Indices of the nodes that `tensors` depend on (run on every `check`: kept lean; empty
+    input names need no filtering, nothing produces them)."""
+    producer, node_inputs = ctx.view.producer, ctx.view.node_inputs
     found: set[int] = set()
     stack = list(tensors)
     while stack:
-        p = view.producer.get(stack.pop())
+        p = producer.get(stack.pop())
         if p is None or p in found:
             continue
         found.add(p)
-        stack.extend(i for i in view.node_inputs[p] if i)
+        stack.extend(node_inputs[p])
     return found
 
 

@@ -45,8 +45,10 @@ def suggest_rules(
 ) -> dict[str, list[str]]:
     """Blocker node name → names of rules with a match that removes that blocker."""
     ctx = RuleContext(model, target, view, report, constants)
+    blockers = report.blockers
+    rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(blockers)]
     suggestions: dict[str, list[str]] = {}
-    for rule, matches in rule_matches(ctx):
+    for rule, matches in rule_matches(ctx, rules):
         for m in matches:
             for blocker in m.blockers:
                 names = suggestions.setdefault(blocker, [])

@@ -1,0 +1,63 @@
+"""Rule suggestions skip rules by `Rule.may_free`: the skip must never drop a suggestion.
+
+Each rule's `suggest_for` (or `may_free` override) claims that its matches list blockers only
+when the model has a blocker it names. These tests run every rule on the example and real
+models, unfiltered, and check the claim and that `check`'s suggestions are unchanged by it.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from surgery import examples
+from surgery.check import check_model
+from surgery.model import open_model
+from surgery.rules.base import RuleContext
+from surgery.rules.registry import all_rules
+from surgery.rules.suggest import rule_matches
+from tests.conftest import RUN_INPUTS, SHARED_MODELS
+
+EXAMPLES = {
+    "plain_cnn": examples.plain_cnn,
+    "yolo_head": examples.yolo_head,
+    "yolov5_head": examples.yolov5_head,
+    "transformer_block": examples.transformer_block,
+    "cnn_with_topk": examples.cnn_with_topk,
+}
+REAL = sorted(p.stem for p in SHARED_MODELS.glob("*.onnx"))
+
+
+def _model(name: str) -> tuple[onnx.ModelProto | str, dict | None]:
+    if name in EXAMPLES:
+        return EXAMPLES[name](), None
+    return str(SHARED_MODELS / f"{name}.onnx"), RUN_INPUTS.get(name)
+
+
+def _unfiltered_suggestions(source, target: str, shapes) -> dict[str, list[str]]:
+    """Blocker → rules, asking every rule (what `check` suggested before the pre-check)."""
+    report = check_model(source, target, input_shapes=shapes, suggest=False)
+    model, view = open_model(source, shapes)
+    ctx = RuleContext.build(model, target, view)
+    assert [b.name for b in ctx.coverage.blockers] == [b.name for b in report.blockers]
+    found: dict[str, list[str]] = {}
+    for rule, matches in rule_matches(ctx, [cls() for cls in all_rules()]):
+        listed = {b for m in matches for b in m.blockers}
+        if listed:
+            assert rule.may_free(ctx.coverage.blockers), (
+                f"{rule.name} lists blockers {sorted(listed)[:3]} but may_free() said no"
+            )
+        for b in listed:
+            found.setdefault(b, []).append(rule.name)
+    return {b: sorted(set(rules)) for b, rules in found.items()}
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "rk3588"])
+@pytest.mark.parametrize("name", [*EXAMPLES, *REAL])
+def test_pre_check_never_drops_a_suggestion(name, target):
+    source, shapes = _model(name)
+    expected = _unfiltered_suggestions(source, target, shapes)
+    report = check_model(source, target, input_shapes=shapes)
+    got = {b.name: b.suggested_rules for b in report.blockers if b.suggested_rules}
+    names = {b.name for b in report.blockers}
+    assert got == {b: rules for b, rules in expected.items() if b in names}
