@@ -30,12 +30,23 @@ def check_model(
     """
     tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
     with gc_paused():
-        loaded, view = open_model(model, input_shapes)
-        if is_qdq(
-            loaded, view
-        ):  # count the segments of the float model it quantizes, as compile does
-            loaded, view = open_model(float_view(loaded))
-        return analyze_coverage(loaded, tgt, op_target=op_target, view=view, suggest=suggest)
+        return _analyse(model, tgt, input_shapes, op_target, suggest)
+
+
+def _analyse(
+    model: str | os.PathLike | onnx.ModelProto,
+    target: Target,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    op_target: Mapping[str, str] | None,
+    suggest: bool,
+) -> CoverageReport:
+    """Open and analyse the model. A function of its own so the model and its GraphView are
+    freed when it returns, before the collector resumes: the collection that follows then
+    only walks the report, not every object of the analysis."""
+    loaded, view = open_model(model, input_shapes)
+    if is_qdq(loaded, view):  # count the segments of the float model it quantizes, as compile does
+        loaded, view = open_model(float_view(loaded))
+    return analyze_coverage(loaded, target, op_target=op_target, view=view, suggest=suggest)
 
 
 @contextmanager

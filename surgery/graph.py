@@ -6,6 +6,7 @@ Coverage, queries and rules all need the same lookups; building them once per an
 
 from __future__ import annotations
 
+import sys
 from functools import cached_property
 
 import numpy as np
@@ -214,11 +215,10 @@ class GraphView:
         self.reload_value_info()
 
     def reload_value_info(self) -> None:
-        """Re-read tensor types after shape inference changed `graph.value_info`."""
-        g = self.model.graph
-        self._value_infos: dict[str, onnx.ValueInfoProto] = {
-            vi.name: vi for vi in (*g.output, *g.value_info, *g.input)
-        }
+        """Re-read tensor types after shape inference changed `graph.value_info`. The index
+        of value infos is built on first use: `open_model` builds a view before inference
+        (to validate) and reloads after it, and only the second index is ever read."""
+        self._value_infos: dict[str, onnx.ValueInfoProto] | None = None
         self._tensors: dict[str, TensorInfo] = {}
         self._constants: dict[tuple[str, int], np.ndarray | None] = {}
         self._types: dict[bytes, tuple[int, tuple[Dim, ...] | None, bool]] = {}
@@ -254,14 +254,24 @@ class GraphView:
             self._tensors[name] = info
         return info
 
+    def _value_info_index(self) -> dict[str, onnx.ValueInfoProto]:
+        """Tensor name → its declared or inferred ValueInfoProto (graph inputs win over
+        value_info, which wins over outputs)."""
+        index = self._value_infos
+        if index is None:
+            g = self.model.graph
+            index = {vi.name: vi for vi in (*g.output, *g.value_info, *g.input)}
+            self._value_infos = index
+        return index
+
     def has_tensor_info(self, name: str) -> bool:
-        return name in self.initializers or name in self._value_infos
+        return name in self.initializers or name in self._value_info_index()
 
     def _make_tensor_info(self, name: str) -> TensorInfo:
         init = self.initializers.get(name)
         if init is not None:
             return TensorInfo(name, init.data_type, tuple(init.dims), True)
-        vi = self._value_infos.get(name)
+        vi = self._value_info_index().get(name)
         if vi is not None:
             return TensorInfo(name, *self._parse_type(vi.type))
         return TensorInfo(name, 0, None, False)
@@ -313,7 +323,7 @@ class GraphView:
             n *= d
         if n > max_elements:
             return None
-        return numpy_helper.to_array(init)
+        return tensor_value(init)
 
     def successors(self, idx: int) -> list[int]:
         out: list[int] = []
@@ -330,13 +340,49 @@ class GraphView:
         return out
 
 
+_RAW_DTYPES: dict[int, np.dtype] = {
+    code: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+    for code in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)
+}
+"""Element types whose raw bytes are the little-endian numpy array as is (no packed bits)."""
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+_FIELD_DTYPES: dict[int, tuple[str, np.dtype]] = {
+    onnx.TensorProto.FLOAT: ("float_data", np.dtype(np.float32)),
+    onnx.TensorProto.INT32: ("int32_data", np.dtype(np.int32)),
+    onnx.TensorProto.INT64: ("int64_data", np.dtype(np.int64)),
+    onnx.TensorProto.DOUBLE: ("double_data", np.dtype(np.float64)),
+}
+"""Element types stored in a typed field of their own dtype (no widening or bit packing)."""
+
+
+def tensor_value(t: onnx.TensorProto) -> np.ndarray:
+    """`numpy_helper.to_array`, with a direct path for plain numeric raw data (what exporters
+    write): a pattern decodes dozens of scalar constants per `check`, and the generic
+    converter's dtype-table and external-data lookups cost more than the decode itself. The
+    direct paths return what `to_array` returns: a read-only view of raw bytes, a writable
+    array of typed-field values."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("segment"):
+        return numpy_helper.to_array(t)
+    if t.HasField("raw_data"):
+        dtype = _RAW_DTYPES.get(t.data_type)
+        if dtype is not None and _LITTLE_ENDIAN:
+            return np.frombuffer(t.raw_data, dtype=dtype).reshape(t.dims)
+        return numpy_helper.to_array(t)
+    field = _FIELD_DTYPES.get(t.data_type)
+    if field is not None:  # a writable copy, as `to_array` makes
+        return np.array(getattr(t, field[0]), dtype=field[1]).reshape(t.dims)
+    return numpy_helper.to_array(t)
+
+
 def _constant_node_value(node: onnx.NodeProto, max_elements: int) -> np.ndarray | None:
     for a in node.attribute:
         if a.name == "value":
             n = 1
             for d in a.t.dims:
                 n *= d
-            return numpy_helper.to_array(a.t) if n <= max_elements else None
+            return tensor_value(a.t) if n <= max_elements else None
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":

@@ -26,15 +26,15 @@ def node_macs(view: GraphView, idx: int) -> int:
     op = view.op_types[idx]
     if op not in _MAC_OPS:
         return 0
-    node: onnx.NodeProto = view.nodes[idx]
-    return _MAC_OPS[op](view, node) or 0
+    return _MAC_OPS[op](view, idx) or 0
 
 
-def _conv(view: GraphView, node: onnx.NodeProto) -> int | None:
-    if len(node.input) < 2:
+def _conv(view: GraphView, idx: int) -> int | None:
+    ins = view.node_inputs[idx]
+    if len(ins) < 2:
         return None
-    w = view.tensor(node.input[1]).shape
-    y = view.tensor(node.output[0]).shape
+    w = view.tensor(ins[1]).shape
+    y = view.tensor(view.node_outputs[idx][0]).shape
     if w is None or y is None:
         return None
     out = _prod(y)
@@ -42,7 +42,8 @@ def _conv(view: GraphView, node: onnx.NodeProto) -> int | None:
     return None if out is None or per is None else out * per
 
 
-def _conv_transpose(view: GraphView, node: onnx.NodeProto) -> int | None:
+def _conv_transpose(view: GraphView, idx: int) -> int | None:
+    node: onnx.NodeProto = view.nodes[idx]
     x = view.tensor(node.input[0]).shape
     w = view.tensor(node.input[1]).shape if len(node.input) > 1 else None
     if x is None or w is None:
@@ -52,7 +53,8 @@ def _conv_transpose(view: GraphView, node: onnx.NodeProto) -> int | None:
     return None if n_in is None or per is None else n_in * per
 
 
-def _matmul(view: GraphView, node: onnx.NodeProto) -> int | None:
+def _matmul(view: GraphView, idx: int) -> int | None:
+    node: onnx.NodeProto = view.nodes[idx]
     a = view.tensor(node.input[0]).shape
     y = view.tensor(node.output[0]).shape
     if not a or y is None:
@@ -62,7 +64,8 @@ def _matmul(view: GraphView, node: onnx.NodeProto) -> int | None:
     return None if out is None or not isinstance(k, int) else out * k
 
 
-def _gemm(view: GraphView, node: onnx.NodeProto) -> int | None:
+def _gemm(view: GraphView, idx: int) -> int | None:
+    node: onnx.NodeProto = view.nodes[idx]
     a = view.tensor(node.input[0]).shape
     y = view.tensor(node.output[0]).shape
     if a is None or y is None or len(a) != 2:
@@ -73,7 +76,8 @@ def _gemm(view: GraphView, node: onnx.NodeProto) -> int | None:
     return None if out is None or not isinstance(k, int) else out * k
 
 
-def _einsum(view: GraphView, node: onnx.NodeProto) -> int | None:
+def _einsum(view: GraphView, idx: int) -> int | None:
+    node: onnx.NodeProto = view.nodes[idx]
     sizes: dict[str, int] = {}
     eq = next((x.s.decode() for x in node.attribute if x.name == "equation"), "").replace(" ", "")
     if "->" not in eq or "..." in eq:

@@ -26,7 +26,7 @@ from surgery.coverage import (
     topo_order,
 )
 from surgery.graph import GraphView
-from surgery.targets import Target, resolve_target
+from surgery.targets import Reason, Target, resolve_target
 
 Exactness = Literal["exact", "approximate"]
 Category = Literal["cleanup", "rank", "replace", "structure", "placement"]
@@ -70,6 +70,10 @@ class RuleContext:
     view: GraphView
     coverage: CoverageReport
     constants: frozenset[str]
+    probes: dict[tuple, Reason | None] = field(default_factory=dict, repr=False, compare=False)
+    """Placement answers of one-node probes by signature (`replace_common.probe_node`): a
+    model repeats the same patterns (57 SiLUs in a YOLO) and `surgery check` asks every rule,
+    so each distinct probe is placed once per analysis, never reused across models."""
 
     @classmethod
     def build(

@@ -87,7 +87,11 @@ def _find_regions(ctx: RuleContext) -> list[Region]:
     order = topo_order(view)
     opset = opset_of(ctx.model)
     infos: dict[int, NodeInfo] = {}
+    # Only blockers are candidates: testing them first skips most of the graph.
+    blocked = {p.index for p in ctx.coverage.blockers}
     for idx in order:
+        if idx not in blocked:
+            continue
         info = _candidate(ctx, idx, opset)
         if info is not None:
             infos[idx] = info

@@ -18,6 +18,7 @@ from surgery.rules.replace_common import (
     TensorSpec,
     close,
     conversion_note,
+    freed_blockers,
     model_opset,
     net_freed,
     opset_upgrade_error,
@@ -271,22 +272,31 @@ class NormaliseActivations(GraphRule):
         return opset_upgrade_error(ctx, _OPSET[op]) is None
 
     def _match(self, ctx: RuleContext, pat: Pattern, act: Activation) -> Match:
-        x = pat.spec(act.x)
         op = act.op
         opset = max(model_opset(ctx), _OPSET[op])
-        if op == "Clip":
-            bounds = [TensorSpec.const(np.array(act.attrs[k], np.float32)) for k in ("min", "max")]
-            probe = probe_node(ctx, "Clip", [x, *bounds], [x], opset=max(opset, 11))
-        else:
-            attrs = act.attrs or ({"alpha": 1.0} if op == "Swish" else {})
-            probe = probe_node(ctx, op, [x], [x], attrs, opset=opset)
         return self.match(
             act.nodes,
             f"{act.form} → {op} ({len(act.nodes)} node(s) → 1){conversion_note(ctx, opset)}",
-            net_freed(ctx, act.nodes, [probe]),
+            self._freed(ctx, pat, act, opset),
             act=act.to_data(),
             opset=opset,
         )
+
+    @staticmethod
+    def _freed(ctx: RuleContext, pat: Pattern, act: Activation, opset: int) -> list[str]:
+        """The blockers the activation frees. The placement probe is only built when one of
+        its nodes is a blocker: most matched activations already run on the MLA, and without
+        a blocker among them `net_freed` is empty whatever the probe says."""
+        if not freed_blockers(ctx, act.nodes):
+            return []
+        x = pat.spec(act.x)
+        if act.op == "Clip":
+            bounds = [TensorSpec.const(np.array(act.attrs[k], np.float32)) for k in ("min", "max")]
+            probe = probe_node(ctx, "Clip", [x, *bounds], [x], opset=max(opset, 11))
+        else:
+            attrs = act.attrs or ({"alpha": 1.0} if act.op == "Swish" else {})
+            probe = probe_node(ctx, act.op, [x], [x], attrs, opset=opset)
+        return net_freed(ctx, act.nodes, [probe])
 
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext

@@ -71,9 +71,10 @@ def probe_node(
     if not ctx.target.supports(op, "MLA"):
         return Reason("op_not_supported", f"{op} is not supported on the MLA of {ctx.target.name}")
     opset = opset or model_opset(ctx)
-    key = _probe_key(ctx, op, inputs, outputs, attrs or {}, opset)
-    if key in _PROBES:
-        return _PROBES[key]
+    key = _probe_key(op, inputs, outputs, attrs or {}, opset)
+    probes = ctx.probes
+    if key in probes:
+        return probes[key]
     model, constants = _probe_model(op, inputs, outputs, attrs or {}, opset)
     view = GraphView(model)
     decision = ctx.target.decide(op, NodeContext(view, 0, constants), known_op=True)
@@ -83,27 +84,19 @@ def probe_node(
         answer = (
             decision.reasons[-1] if decision.reasons else Reason("unknown", f"{op} is not placed")
         )
-    if len(_PROBES) >= _PROBE_MEMORY:
-        _PROBES.clear()
-    _PROBES[key] = answer
+    probes[key] = answer
     return answer
 
 
-_PROBES: dict[tuple, Reason | None] = {}
-_PROBE_MEMORY = 4096
-"""Placement answers by probe signature: a model repeats the same patterns (57 SiLUs in a YOLO),
-and `surgery check` asks every rule, so one-node probes are built once per distinct node."""
-
-
 def _probe_key(
-    ctx: RuleContext,
     op: str,
     inputs: Sequence[TensorSpec | None],
     outputs: Sequence[TensorSpec],
     attrs: dict[str, Any],
     opset: int,
 ) -> tuple:
-    """Everything the one-node probe model is built from, hashable."""
+    """Everything the one-node probe model is built from, hashable (the target is the
+    context's own, so it is not part of the key)."""
 
     def spec_key(spec: TensorSpec | None) -> tuple | None:
         if spec is None:
@@ -115,8 +108,6 @@ def _probe_key(
         return (spec.shape, spec.elem_type, spec.constant, value)
 
     return (
-        ctx.target.name,
-        id(ctx.target),
         op,
         opset,
         repr(sorted(attrs.items())),

@@ -74,6 +74,7 @@ class PadIntoConv(GraphRule):
     """
 
     name = "pad-into-conv"
+    suggest_for = frozenset({"Pad", "Conv"})  # a match frees only its Pad and Convs
     summary = "Pad(constant 0) followed by Conv → the Conv's own pads."
     category = "replace"
     example = "surgery apply pad-into-conv model.onnx"
