@@ -81,8 +81,18 @@ class LoadedNet:
         quantization_config: QuantizationParams | RknnConfig = default_quantization,
         model_name: str | None = None,
         progress: Progress | None = None,
+        *,
+        auto_hybrid: bool = False,
+        target_sqnr_db: float | None = None,
     ) -> Model:
-        """Calibrate on `calibration_data` (samples, or a folder / dataset.txt path) and quantize."""
+        """Calibrate on `calibration_data` (samples, or a folder / dataset.txt path) and quantize.
+
+        `auto_hybrid=True` (RKNN's `build(auto_hybrid=True)`) raises layers under the cosine
+        threshold — an `RknnConfig`'s `auto_hybrid_cos_thresh` / `auto_hybrid_euc_thresh`, else
+        0.98 — to int16 (bf16 on modalix); `target_sqnr_db` raises the most output-sensitive
+        layers until the outputs reach it (`compiler.quantize.hybrid`). The hybrid record is in
+        `Model.report["auto_hybrid"]`.
+        """
         target: str = self.target
         op_target: dict[str, str] | None = None
         if isinstance(quantization_config, RknnConfig):
@@ -90,6 +100,16 @@ class LoadedNet:
             op_target = quantization_config.placement_pins() or None
         if isinstance(calibration_data, str | os.PathLike):
             calibration_data = self._dataset(Path(calibration_data), quantization_config)
+        if auto_hybrid or target_sqnr_db is not None:
+            return self._quantize_hybrid(
+                calibration_data,
+                quantization_config,
+                model_name,
+                progress,
+                target,
+                op_target,
+                target_sqnr_db,
+            )
         result = quantize_model(
             self.model,
             calibration_data,
@@ -100,6 +120,32 @@ class LoadedNet:
         )
         params = result.params
         return Model(result.model, result.target, model_name or self.name, params, result.report)
+
+    def _quantize_hybrid(
+        self,
+        calibration_data: CalibrationData,
+        config: QuantizationParams | RknnConfig,
+        model_name: str | None,
+        progress: Progress | None,
+        target: str,
+        op_target: dict[str, str] | None,
+        target_sqnr_db: float | None,
+    ) -> Model:
+        """`auto_hybrid` with the config's thresholds, target and pins; the record joins the report."""
+        from compiler.quantize.hybrid import auto_hybrid
+
+        result = auto_hybrid(
+            self.model,
+            calibration_data,
+            config,
+            target=target,
+            op_target=op_target,
+            progress=progress,
+            target_sqnr_db=target_sqnr_db,
+        )
+        q = result.quantized
+        report = {**q.report, "auto_hybrid": result.to_dict()}
+        return Model(q.model, q.target, model_name or self.name, q.params, report)
 
     def _dataset(self, path: Path, config: QuantizationParams | RknnConfig) -> Any:
         mean = std = None

@@ -436,6 +436,10 @@ class QuantizeOut(Out):
     )
     quantized_nodes: int
     unquantized_nodes: list[str] = Field(description="Nodes left in float (up to 50).")
+    hybrid_raised: list[str] = Field(
+        default_factory=list,
+        description="Layers auto hybrid raised to int16/bf16 (up to 50).",
+    )
     outputs: list[QuantOutputMetrics] = Field(description="Up to 20 outputs.")
     worst_sqnr_db: float | str | None
     worst_cosine: float | str | None

@@ -99,3 +99,30 @@ def test_analyze(workdir: Path) -> None:
     assert table.exit_code == 0 and "scores" in table.stdout
     bad = runner.invoke(app, ["analyze", model, model, "--data", calib, "--json"])
     assert bad.exit_code == 2
+
+
+def test_quantize_auto_hybrid_on_the_entire_error(workdir: Path) -> None:
+    out = workdir / "qe.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    flags = ["--auto-hybrid", "0.98", "--hybrid-metric", "entire", "--json"]
+    result = runner.invoke(app, [*args, "-o", str(out), *flags])
+    assert result.exit_code == 0, result.output
+    hybrid = _json(result)["auto_hybrid"]
+    assert hybrid["settings"]["metric"] == "entire"
+    assert all(r["reason"].startswith("entire cosine") for r in hybrid["raised"])
+
+
+def test_quantize_to_a_target_sqnr(workdir: Path) -> None:
+    out = workdir / "qt.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "60", "--json"])
+    assert result.exit_code == 0, result.output
+    hybrid = _json(result)["auto_hybrid"]
+    assert hybrid["settings"]["target_sqnr_db"] == 60
+    assert hybrid["raised"] and all(r["output_sqnr_db"] is not None for r in hybrid["raised"])
+
+
+def test_bad_hybrid_metric(workdir: Path) -> None:
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "--auto-hybrid", "0.98", "--hybrid-metric", "worst"])
+    assert result.exit_code != 0 and "hybrid-metric" in result.output

@@ -156,3 +156,31 @@ def test_symmetric_activation_qparams() -> None:
     assert qp.zero_point == 0 and qp.scale == pytest.approx(2.0 / 127, rel=1e-6)
     empty = activation_qparams(Range(0.0, 0.0), ASYM8)
     assert empty.scale == 1.0 and empty.zero_point == 0
+
+
+def _reference_counts(obs: HistogramObserver, x: np.ndarray) -> np.ndarray:
+    """The unchunked formula the chunked binning must reproduce bit for bit."""
+    flat = x.astype(np.float32).reshape(-1)
+    index = np.floor(flat / np.float32(obs.width)).astype(np.int64) - obs.origin
+    return np.bincount(np.clip(index, 0, obs.num_bins - 1), minlength=obs.num_bins)
+
+
+def test_chunked_binning_matches_the_whole_array_formula() -> None:
+    rng = np.random.default_rng(3)
+    first = (rng.standard_normal(1000) * 4).astype(np.float32)
+    obs = HistogramObserver()
+    obs.update(first)
+    edges = obs.edges().astype(np.float32)  # values exactly on bin edges, and both range ends
+    x = np.concatenate([rng.uniform(obs.lower, obs.upper, 200_003).astype(np.float32), edges])
+    x = x[(x >= obs.lower) & (x < obs.upper)]
+    before = obs.counts.copy()
+    obs.update(x)
+    np.testing.assert_array_equal(obs.counts - before, _reference_counts(obs, x))
+    assert x.size > 4 * (1 << 15)  # several chunks
+
+
+def test_non_finite_values_are_dropped_before_binning() -> None:
+    obs = HistogramObserver()
+    x = np.array([1.0, np.nan, -2.0, np.inf, 0.5], np.float32)
+    obs.update(x)
+    assert obs.total == 3 and obs.elements == 5 and (obs.min, obs.max) == (-2.0, 1.0)

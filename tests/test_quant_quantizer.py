@@ -517,3 +517,34 @@ def test_silu_is_one_table_by_default() -> None:
     result = quantize_model(model, random_samples(4), default_quantization)
     assert [g["nodes"] for g in result.report["elementwise_groups"]] == [["gate", "silu"]]
     assert "s" not in result.report["tensors"] and "a1" in result.report["tensors"]
+
+
+def test_threaded_calibration_gives_the_ranges_of_a_sequential_pass() -> None:
+    """Observers fed in a worker thread while ORT computes the next sample, and outputs fetched in
+    groups, end in exactly the state of feeding every tensor of every sample in order."""
+    from compiler.quantize.calibrate import calibrate, float_session
+    from compiler.quantize.observers import HistogramObserver
+    from compiler.quantize.samples import SamplePasses
+
+    model = prepare_model(conv_net(), opset=13).model
+    data = [s["x"] * (k + 1) for k, s in enumerate(random_samples(5))]
+    tensors = [n.output[0] for n in model.graph.node] + ["x"]
+    threaded = {t: [HistogramObserver()] for t in tensors}
+    stats = calibrate(model, threaded, SamplePasses(data), max_output_bytes=4 * 16 * 16 * 16)
+    assert stats.runs_per_sample > 1
+    session = float_session(model, tensors[:-1])
+    sequential = {t: HistogramObserver() for t in tensors}
+    for x in data:
+        values = dict(zip(tensors[:-1], session.run(tensors[:-1], {"x": x}), strict=True))
+        values["x"] = x
+        for t in tensors:
+            sequential[t].update(values[t])
+    for t in tensors:
+        got, want = threaded[t][0], sequential[t]
+        assert (got.width, got.origin, got.min, got.max) == (
+            want.width,
+            want.origin,
+            want.min,
+            want.max,
+        )
+        np.testing.assert_array_equal(got.counts, want.counts)

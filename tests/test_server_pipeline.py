@@ -290,3 +290,35 @@ async def test_analyze_quantization_ranks_layers(sandbox: Sandbox) -> None:
         assert result["outputs"]
         text = await call_error(client, "analyze_quantization", {"model": name, "data": "nope"})
         assert "nope" in text
+
+
+async def test_quantize_with_sqnr_target_raises_layers_and_still_compiles_bit_exact(
+    sandbox: Sandbox,
+) -> None:
+    async with Client(sandbox.server()) as client:
+        calib = calibration_folder(sandbox.root / "calib", [1, 3, 64, 64], 4)
+        name = (await call(client, "open_model", {"path": "yolo.onnx"}))["model"]
+        await call(client, "fix_model", {"model": name})
+        plain = await call(
+            client, "quantize_model", {"model": name, "calibration": str(calib), "holdout": 1}
+        )
+        hybrid = await call(
+            client,
+            "quantize_model",
+            {
+                "model": name,
+                "version": plain["parent"],
+                "calibration": str(calib),
+                "holdout": 1,
+                "target_sqnr_db": 60,
+            },
+        )
+        compiled = await call(client, "compile_model", {"model": name, "output_dir": "build"})
+        ran = await call(
+            client, "run_archive", {"archive": compiled["archive"], "compare_reference": True}
+        )
+    assert plain["hybrid_raised"] == []
+    assert hybrid["hybrid_raised"]
+    assert float(hybrid["worst_sqnr_db"]) > float(plain["worst_sqnr_db"])
+    assert compiled["version"] == hybrid["version"]
+    assert ran["outputs"] and all(o["bit_exact"] for o in ran["outputs"])

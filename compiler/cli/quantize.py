@@ -182,6 +182,23 @@ def quantize_command(
             metavar="THRESH",
         ),
     ] = None,
+    hybrid_metric: Annotated[
+        str,
+        typer.Option(
+            "--hybrid-metric",
+            help="Error --auto-hybrid judges: single (the layer fed float inputs) or entire "
+            "(accumulated from the input).",
+        ),
+    ] = "single",
+    target_sqnr: Annotated[
+        float | None,
+        typer.Option(
+            "--target-sqnr",
+            help="Raise the layers whose error hurts the outputs most until the outputs reach DB "
+            "dB on the calibration samples (auto-hybrid by output sensitivity).",
+            metavar="DB",
+        ),
+    ] = None,
     unquantized: Annotated[
         list[str] | None,
         typer.Option("--unquantized", help="Keep this node float (repeatable).", metavar="NODE"),
@@ -223,15 +240,19 @@ def quantize_command(
         bias_correction,
         list(unquantized or []),
     )
+    if hybrid_metric not in ("single", "entire"):
+        raise SurgeryError(f"--hybrid-metric {hybrid_metric!r}: expected single or entire")
     hybrid: dict[str, Any] | None = None
     with _progress("calibrating", as_json) as progress:
-        if auto_hybrid is not None:
+        if auto_hybrid is not None or target_sqnr is not None:
             result = run_auto_hybrid(
                 net.model,
                 calib_data,
                 params,
                 target=net.target,
                 cos_thresh=auto_hybrid,
+                metric=hybrid_metric,  # type: ignore[arg-type]
+                target_sqnr_db=target_sqnr,
                 progress=progress,
             )
             hybrid = result.to_dict()
@@ -264,9 +285,10 @@ def quantize_command(
     )
     if hybrid is not None:
         for item in hybrid["raised"]:
+            after = item["cosine_after"]
+            tail = "" if after is None else f"; after: {_fmt(after, 4)}"
             console.print(
-                f"  raised {item['layer']} → {item['precision']} ({item['reason']}; after: "
-                f"{_fmt(item['cosine_after'], 4)})"
+                f"  raised {item['layer']} → {item['precision']} ({item['reason']}{tail})"
             )
     table = Table(title=f"final outputs vs float on {len(held.rows)} held-out samples")
     for col in ("output", "SQNR dB", "cosine"):

@@ -1,14 +1,20 @@
 """One pass over the calibration data, in memory that does not grow with the number of samples.
 
 The float model runs in ONNX Runtime with the tensors to be quantized exposed as extra outputs
-(only those). Each sample's arrays update the observers and are dropped before the next sample
-is read. When the exposed tensors of one run would exceed `max_output_bytes`, they are fetched in
-groups (one `run` per group, same session), trading compute for a bounded peak.
+(only those). Each run's arrays update the observers and are dropped. When the exposed tensors of
+one run would exceed half of `max_output_bytes`, they are fetched in groups (one `run` per group,
+same session), trading compute for a bounded peak.
+
+The observers of run k are updated in a worker thread while ONNX Runtime computes run k + 1 and
+the next sample is read (ONNX Runtime and NumPy's ufuncs release the GIL). At most two runs'
+arrays are alive — hence half the budget per run — and each observer still sees the samples one
+at a time and in order, so the ranges are exactly those of a sequential pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +26,7 @@ from compiler.quantize.observers import Observer
 from compiler.quantize.samples import SamplePasses, as_feed, input_signature
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
+from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.verify import ort_session
 
 __all__ = [
@@ -43,14 +50,30 @@ class CalibrationStats:
 
 
 def float_session(model: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSession:
-    """A CPU session of `model` that also returns the intermediate tensors `outputs`."""
+    """A CPU session of `model` that also returns the intermediate tensors `outputs`.
+
+    Its intra-op threads sleep instead of spinning between runs: during calibration the observer
+    thread needs the cores ONNX Runtime's idle workers would otherwise spin on."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     existing = {o.name for o in exposed.graph.output}
     for name in outputs:
         if name not in existing:
             exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    return reference_session(exposed)
+    if model_nbytes(exposed) >= PROTOBUF_LIMIT - 64 * 2**20:
+        return reference_session(exposed)  # opened from external data; spinning stays on
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.disable_quant_qdq", "1")  # as reference_session
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(
+            exposed.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # ORT raises its own exception types
+        raise QuantizationError(
+            f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}"
+        ) from None
 
 
 def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -94,30 +117,63 @@ def calibrate(
     signature = input_signature(model)
     from_inputs = [t for t in observers if t in signature.names]
     exposed = [t for t in observers if t not in signature.names]
-    groups = output_groups(model, exposed, max_output_bytes) if exposed else []
+    groups = output_groups(model, exposed, max_output_bytes // 2) if exposed else []
     session = float_session(model, exposed) if exposed else None
     done = 0
-    for sample in data.new_pass():
-        feed = as_feed(sample, signature, done)
-        for name in from_inputs:
-            for obs in observers[name]:
-                obs.update(feed[name])
-        for group in groups:
-            assert session is not None
-            try:
-                values = session.run(group, feed)
-            except Exception as exc:  # ORT raises its own exception types
-                raise CalibrationDataError(
-                    f"calibration sample {done}: ONNX Runtime failed: {str(exc).splitlines()[0][:300]}"
-                ) from None
-            for name, value in zip(group, values, strict=True):
-                for obs in observers[name]:
-                    obs.update(np.asarray(value))
-            del values
-        del feed, sample
-        done += 1
-        if progress is not None:
-            progress(done, data.total)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="observers") as worker:
+        pending: Future[None] | None = None
+        for sample in data.new_pass():
+            feed = as_feed(sample, signature, done)
+            runs: list[tuple[Sequence[str], Sequence[np.ndarray]]] = [
+                (from_inputs, [feed[name] for name in from_inputs])
+            ]
+            for group in groups:
+                assert session is not None
+                runs.append((group, _run(session, group, feed, done)))
+                pending = _hand_over(worker, pending, observers, runs)
+                runs = []
+            pending = _hand_over(worker, pending, observers, runs)
+            del feed, sample
+            done += 1
+            if progress is not None:
+                progress(done, data.total)
+        if pending is not None:
+            pending.result()
     if done == 0:
         raise CalibrationDataError("the calibration data yielded no samples")
     return CalibrationStats(done, len(groups))
+
+
+def _run(
+    session: ort.InferenceSession, names: list[str], feed: Mapping[str, np.ndarray], index: int
+) -> list[np.ndarray]:
+    try:
+        return [np.asarray(v) for v in session.run(names, dict(feed))]
+    except Exception as exc:  # ORT raises its own exception types
+        raise CalibrationDataError(
+            f"calibration sample {index}: ONNX Runtime failed: {str(exc).splitlines()[0][:300]}"
+        ) from None
+
+
+def _hand_over(
+    worker: ThreadPoolExecutor,
+    pending: Future[None] | None,
+    observers: Mapping[str, list[Observer]],
+    runs: list[tuple[Sequence[str], Sequence[np.ndarray]]],
+) -> Future[None] | None:
+    """Wait for the previous update (at most two runs' arrays alive, observers fed in order) and
+    start observing `runs` in the worker; an exception of the previous update surfaces here."""
+    if not runs:
+        return pending
+    if pending is not None:
+        pending.result()
+    return worker.submit(_observe, observers, runs)
+
+
+def _observe(
+    observers: Mapping[str, list[Observer]], runs: list[tuple[Sequence[str], Sequence[np.ndarray]]]
+) -> None:
+    for names, values in runs:
+        for name, value in zip(names, values, strict=True):
+            for obs in observers[name]:
+                obs.update(value)

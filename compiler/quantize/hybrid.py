@@ -16,10 +16,20 @@ tensor's scale (a Slice of a Concat: the detection head whose boxes and scores s
 concatenated tensor, where int8 steps sized for box coordinates erase the scores), the node that
 owns the scale is raised with it; likewise the conv whose output is fused into a flagged
 Relu/Clip.
+
+**Output target** (`target_sqnr_db`). Per-layer cosines do not see how much a layer's error
+grows on the way to the output: on PP-OCRv4's detector every layer keeps a single-layer cosine
+above 0.98 while the output is at 11 dB, and int8 on the input alone (cosine 0.99998) caps the
+output near 21 dB. With a target, layers are ranked by their *output sensitivity*
+(`compiler.quantize.sensitivity`: the output's noise with only that layer — or a block of
+neighbouring layers — quantized), and the most harmful are raised, round by round, until the
+outputs' SQNR on the analysis samples reaches the target. Each round raises as many blocks as
+the measured noise shares say are needed, so a model already over the target is left alone.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,15 +43,31 @@ from compiler.defines import (
     bfloat16_scheme,
     quantization_scheme,
 )
-from compiler.quantize.analysis import AnalysisResult, LayerError, analyze_quantization_error
-from compiler.quantize.calibrate import Progress
+from compiler.quantize.analysis import (
+    AnalysisResult,
+    ErrorMetrics,
+    LayerError,
+    _exposing,
+    _limited,
+    _run,
+    _Sums,
+    analyze_quantization_error,
+)
+from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.quantizer import QuantizedModel, quantize_model
-from compiler.quantize.samples import CalibrationData
+from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
+from compiler.quantize.sensitivity import OutputSensitivity, output_sensitivity
 from surgery.targets import Target, resolve_target
 
 __all__ = ["DEFAULT_COS_THRESH", "HybridResult", "RaisedLayer", "auto_hybrid", "wide_config"]
 
 DEFAULT_COS_THRESH = 0.98
+DEFAULT_SENSITIVITY_BLOCKS = 16
+TARGET_MARGIN = 0.8
+"""Each round aims at this fraction of the target's noise (the shares are estimates)."""
+NEGLIGIBLE = 0.1
+"""A block whose share of the noise is under this fraction of the target's noise is not worth
+raising on its own."""
 Metric = Literal["single", "entire"]
 
 
@@ -55,10 +81,12 @@ class RaisedLayer:
     precision: str
     round: int
     reason: str
-    cosine_before: float
-    euclidean_before: float
+    cosine_before: float | None
+    euclidean_before: float | None
     cosine_after: float | None = None
     euclidean_after: float | None = None
+    output_sqnr_db: float | None = None
+    """Target mode: the outputs' SQNR with only this layer's block quantized."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,13 +96,16 @@ class RaisedLayer:
             "precision": self.precision,
             "round": self.round,
             "reason": self.reason,
-            "cosine_before": round(self.cosine_before, 6),
-            "euclidean_before": round(self.euclidean_before, 6),
-            "cosine_after": None if self.cosine_after is None else round(self.cosine_after, 6),
-            "euclidean_after": None
-            if self.euclidean_after is None
-            else round(self.euclidean_after, 6),
+            "cosine_before": _rounded(self.cosine_before),
+            "euclidean_before": _rounded(self.euclidean_before),
+            "cosine_after": _rounded(self.cosine_after),
+            "euclidean_after": _rounded(self.euclidean_after),
+            "output_sqnr_db": _rounded(self.output_sqnr_db),
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 6)
 
 
 @dataclass
@@ -131,12 +162,20 @@ def auto_hybrid(
     progress: Progress | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     op_target: Mapping[str, str] | None = None,
+    target_sqnr_db: float | None = None,
+    sensitivity_blocks: int | None = DEFAULT_SENSITIVITY_BLOCKS,
+    sensitivity_limit: int | None = 2,
 ) -> HybridResult:
     """Quantize `model`, raising layers under `cos_thresh` (or over `euc_thresh`) round by round.
 
     `params` may be an `RknnConfig`: its `auto_hybrid_cos_thresh` / `auto_hybrid_euc_thresh`,
     target and `op_target` pins are used unless given here. The analysis runs on
     `analysis_data` (default: the calibration data), at most `limit` samples.
+
+    With `target_sqnr_db`, layers are raised by output sensitivity (measured on
+    `sensitivity_limit` samples, in `sensitivity_blocks` blocks of neighbouring layers; None: each
+    layer alone) until the outputs reach the target on the analysis samples; the thresholds are
+    then not used (see the module docstring).
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds={max_rounds}: must be at least 1")
@@ -158,6 +197,23 @@ def auto_hybrid(
     tgt = resolve_target(target)
     wide, precision = wide_config(tgt, base)
     evaluate = analysis_data if analysis_data is not None else calibration_data
+
+    def quantize(p: QuantizationParams) -> QuantizedModel:
+        return quantize_model(
+            model,
+            calibration_data,
+            p,
+            target=tgt,
+            progress=progress,
+            input_shapes=input_shapes,
+            op_target=op_target,
+        )
+
+    if target_sqnr_db is not None:
+        search = _TargetSearch(quantize, evaluate, limit, base, wide, precision)
+        result = search.run(target_sqnr_db, sensitivity_blocks, sensitivity_limit, max_rounds)
+        result.settings.update(target=tgt.name, max_rounds=max_rounds)
+        return result
 
     def run(p: QuantizationParams) -> tuple[QuantizedModel, AnalysisResult]:
         q = quantize_model(
@@ -183,7 +239,7 @@ def auto_hybrid(
         for entry in flagged:
             nodes = [
                 n
-                for n in _nodes_to_raise(entry, current)
+                for n in _nodes_to_raise(entry.tensor, current)
                 if n not in raised_nodes and n not in base.unquantized_nodes
             ]
             if not nodes:
@@ -257,7 +313,7 @@ def _find(analysis: AnalysisResult, tensor: str) -> LayerError | None:
         return None
 
 
-def _nodes_to_raise(entry: LayerError, quantized: QuantizedModel) -> list[str]:
+def _nodes_to_raise(tensor: str, quantized: QuantizedModel) -> list[str]:
     """The producer of the tensor, the owner of a scale it shares, a conv fused into it; for a
     graph input, the nodes reading it (their scheme decides how it is quantized)."""
     graph = quantized.float_model.graph
@@ -265,8 +321,8 @@ def _nodes_to_raise(entry: LayerError, quantized: QuantizedModel) -> list[str]:
     tensors = quantized.report.get("tensors", {})
     fused = quantized.report.get("fused", {})
     wanted: list[str] = []
-    names = [entry.tensor]
-    root = tensors.get(entry.tensor, {}).get("shared_with")
+    names = [tensor]
+    root = tensors.get(tensor, {}).get("shared_with")
     if root is not None:
         names.append(tensors.get(root, {}).get("tensor", root))
     for name in names:
@@ -280,3 +336,160 @@ def _nodes_to_raise(entry: LayerError, quantized: QuantizedModel) -> list[str]:
             if conv is not None:
                 wanted.append(conv.name)
     return list(dict.fromkeys(w for w in wanted if w))
+
+
+# --------------------------------------------------------------------------- output target
+
+
+def output_errors(
+    float_model: onnx.ModelProto,
+    qdq_model: onnx.ModelProto,
+    data: CalibrationData,
+    limit: int | None,
+) -> tuple[dict[str, ErrorMetrics], float, float, int]:
+    """Per-output errors over the samples, and the pooled signal and noise of all outputs."""
+    outputs = [o.name for o in float_model.graph.output]
+    float_sess = reference_session(_exposing(float_model, outputs))
+    quant_sess = reference_session(qdq_model)
+    signature = input_signature(float_model)
+    sums = {name: _Sums() for name in outputs}
+    done = 0
+    for sample in _limited(SamplePasses(data).new_pass(), limit):
+        feed = as_feed(sample, signature, done)
+        ref = _run(float_sess, outputs, feed, done)
+        got = _run(quant_sess, outputs, feed, done)
+        for name, r, g in zip(outputs, ref, got, strict=True):
+            sums[name].add(r, g)
+        done += 1
+    signal = sum(s.ref for s in sums.values())
+    noise = sum(s.diff for s in sums.values())
+    return {k: v.metrics() for k, v in sums.items()}, signal, noise, done
+
+
+def _db(signal: float, noise: float) -> float:
+    return math.inf if noise <= 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+
+
+@dataclass
+class _TargetSearch:
+    """Raise the most output-sensitive blocks until the outputs reach a target SQNR."""
+
+    quantize: Any
+    data: CalibrationData
+    limit: int | None
+    base: QuantizationParams
+    wide: NodeQuantizationConfig
+    precision: str
+
+    def run(
+        self, target: float, blocks: int | None, sensitivity_limit: int | None, max_rounds: int
+    ) -> HybridResult:
+        current = self.quantize(self.base)
+        outputs, signal, noise, samples = self._measure(current)
+        initial = AnalysisResult([], outputs, samples)
+        sensitivity: OutputSensitivity | None = None
+        configs = dict(self.base.custom_quantization_configs)
+        raised: list[RaisedLayer] = []
+        done: set[str] = set()
+        rounds = 0
+        for round_no in range(1, max_rounds + 1):
+            if _db(signal, noise) >= target:
+                break
+            if sensitivity is None:
+                sensitivity = output_sensitivity(
+                    current.float_model,
+                    current.model,
+                    self.data,
+                    limit=sensitivity_limit,
+                    blocks=blocks,
+                )
+            fresh = self._pick(sensitivity, current, done, signal, noise, target, round_no)
+            if not fresh:
+                break
+            for item in fresh:
+                configs.update(dict.fromkeys(item.nodes, self.wide))
+                done.update(item.nodes)
+            current = self.quantize(self.base.with_custom_quantization_configs(configs))
+            outputs, signal, noise, samples = self._measure(current)
+            raised += fresh
+            rounds = round_no
+        reached = _db(signal, noise)
+        settings = {
+            "target_sqnr_db": target,
+            "output_sqnr_db": round(reached, 3) if math.isfinite(reached) else None,
+            "precision": self.precision,
+            "sensitivity_blocks": blocks,
+            "sensitivity": sensitivity.to_dict() if sensitivity is not None else None,
+            "analysis_samples": samples,
+        }
+        final = AnalysisResult([], outputs, samples)
+        converged = reached >= target
+        remaining = [] if converged else ["outputs"]
+        return HybridResult(current, final, initial, raised, rounds, converged, remaining, settings)
+
+    def _measure(self, q: QuantizedModel) -> tuple[dict[str, ErrorMetrics], float, float, int]:
+        return output_errors(q.float_model, q.model, self.data, self.limit)
+
+    def _pick(
+        self,
+        sensitivity: OutputSensitivity,
+        current: QuantizedModel,
+        done: set[str],
+        signal: float,
+        noise: float,
+        target: float,
+        round_no: int,
+    ) -> list[RaisedLayer]:
+        """Blocks, most harmful first, until their share of the noise brings the outputs to
+        TARGET_MARGIN of the target's noise (at least one block; none whose own share is
+        negligible next to the target's noise)."""
+        producers = {o: n for n in current.float_model.graph.node for o in n.output if o}
+        candidates = []
+        for unit in sensitivity.units:
+            per_tensor = {t: _nodes_to_raise(t, current) for t in unit.tensors}
+            per_tensor = {t: [n for n in ns if n not in done] for t, ns in per_tensor.items()}
+            per_tensor = {
+                t: [n for n in ns if n not in self.base.unquantized_nodes]
+                for t, ns in per_tensor.items()
+            }
+            if any(per_tensor.values()):
+                candidates.append((unit, per_tensor))
+        if not candidates:
+            return []
+        left = sum(unit.noise for unit, _ in candidates) or 1.0
+        allowed = TARGET_MARGIN * signal / 10 ** (target / 10)
+        wanted = max(0.0, 1.0 - allowed / noise) if noise > 0 else 0.0
+        share, picked = 0.0, []
+        for unit, per_tensor in candidates:
+            if picked and unit.noise / left * noise < NEGLIGIBLE * allowed:
+                break
+            picked.append((unit, per_tensor))
+            share += unit.noise / left
+            if share >= wanted:
+                break
+        model_db = _db(signal, noise)
+        fresh: list[RaisedLayer] = []
+        for unit, per_tensor in picked:
+            reason = (
+                f"outputs at {unit.sqnr_db:.1f} dB with only its block of {len(unit.tensors)} "
+                f"layer(s) quantized; model at {model_db:.1f} dB < target {target} dB"
+            )
+            for tensor, nodes in per_tensor.items():
+                if not nodes:
+                    continue
+                producer = producers.get(tensor)
+                label = f"[{producer.op_type if producer is not None else 'Input'}] {tensor}"
+                fresh.append(
+                    RaisedLayer(
+                        label,
+                        tensor,
+                        nodes,
+                        self.precision,
+                        round_no,
+                        reason,
+                        None,
+                        None,
+                        output_sqnr_db=unit.sqnr_db,
+                    )
+                )
+        return fresh

@@ -179,6 +179,22 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 description="Samples kept out of calibration to measure SQNR/cosine vs float.",
             ),
         ] = 2,
+        auto_hybrid: Annotated[
+            bool,
+            Field(
+                description="Raise layers whose cosine to float falls under 0.98 to int16 "
+                "(bf16 on modalix), iteratively (RKNN's auto hybrid)."
+            ),
+        ] = False,
+        target_sqnr_db: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                le=120,
+                description="Raise the layers whose error hurts the outputs most until the "
+                "outputs reach this SQNR (dB) on the calibration samples. Slow on big models.",
+            ),
+        ] = None,
     ) -> QuantizeOut:
         """Calibrate on the data and store the QDQ model as a new version (the float version
         is kept), so compile_model can address it by name. The last `holdout` samples are not
@@ -235,7 +251,14 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             calib, held = copy.copy(data), copy.copy(data)
             calib.rows = data.rows[: count - held_out]
             held.rows = data.rows[count - held_out :] if held_out else data.rows[:1]
-            quantized = net.quantize(calib, config, model_name=parent.name, progress=on_progress)
+            quantized = net.quantize(
+                calib,
+                config,
+                model_name=parent.name,
+                progress=on_progress,
+                auto_hybrid=auto_hybrid,
+                target_sqnr_db=target_sqnr_db,
+            )
             worst: dict[str, dict[str, float]] = {}
             for sample in held:
                 reference, candidate = net.execute(sample), quantized.execute(sample)
@@ -279,6 +302,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             )
             unquantized = sorted(report.get("unquantized_nodes") or {})
             notes = list(report.get("notes") or [])
+            raised = [r["layer"] for r in (report.get("auto_hybrid") or {}).get("raised", [])]
             if not held_out:
                 notes.append(
                     "only one calibration sample: the metrics are measured on it (optimistic); "
@@ -298,6 +322,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 holdout_is_calibration=not held_out,
                 quantized_nodes=int(report.get("quantized_nodes", 0)),
                 unquantized_nodes=cap(unquantized),
+                hybrid_raised=cap(raised),
                 outputs=metrics[:MAX_OUTPUTS],
                 worst_sqnr_db=_finite(worst_sqnr),
                 worst_cosine=_finite(worst_cos),
