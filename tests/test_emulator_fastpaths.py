@@ -1,21 +1,26 @@
 """The emulator's fast paths change no bit: blocks, tables and caches, against the reference.
 
-Real networks take the blockwise output stages (`BLOCK_ELEMENTS`) and the tabulated 8-bit
-elementwise functions (`TABLE_FACTOR`) on every large tensor, which the small hypothesis cases of
-test_emulator_compute / test_emulator_movement never reach. Here those same reference comparisons
-run again with blocks of a few elements and tables for every size, so each case crosses many
-block boundaries (CONV row and channel blocks, per-channel tables split between blocks, HWC and
-HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE and LUT is a table lookup. The rest
-checks what an ELF's decoded program and its CONST-derived values, kept between runs, may not
-change: results, byte counts, and the cached values themselves.
+Real networks take the blockwise output stages (`BLOCK_ELEMENTS`), the tabulated 8-bit
+elementwise functions (`TABLE_FACTOR`) and the per-tap CONV products (`TAP_PRODUCT_CHANNELS`) on
+large tensors, which the small hypothesis cases of test_emulator_compute / test_emulator_movement
+never reach. Here those same reference comparisons run again with blocks of a few elements,
+tables for every size and tap products for every single-image, single-group CONV with a spatial
+kernel, so each case crosses many block boundaries (CONV row and channel blocks, per-channel
+tables split between blocks, HWC and HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE
+and LUT is a table lookup. The rest checks what an ELF's decoded program and its CONST-derived
+values, kept between runs, may not change: results, byte counts, and the cached values
+themselves.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from compiler.elf import elf_bytes
+from compiler.intmath import FusedOutputStage
 from compiler.isa import Conv, Eltwise, EltwiseOp, Move, Requant, Space
 from compiler.runtime import emulator, emulator_ops
 from compiler.runtime.emulator import Emulator
@@ -70,6 +75,8 @@ def tiny_blocks_and_tables_everywhere():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(emulator_ops, "BLOCK_ELEMENTS", 5)
         patch.setattr(emulator_ops, "TABLE_FACTOR", 0)
+        patch.setattr(emulator_ops, "TAP_PRODUCT_CHANNELS", 0)
+        patch.setattr(emulator_ops, "TAP_PRODUCT_RATIO", 0)
         yield
 
 
@@ -167,9 +174,14 @@ def test_values_derived_from_constants_are_read_only() -> None:
     constants = emulator_instance.memory.constants
     assert constants
     for value in constants.values():
-        arrays = (
-            [value] if isinstance(value, np.ndarray) else [value.values, value.astype(np.float32)]
-        )
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            arrays = [value]
+        elif isinstance(value, FusedOutputStage):
+            arrays = list(value.tables())
+        else:
+            arrays = [value.values, value.astype(np.float32)]
         for array in arrays:
             assert not array.flags.writeable
             with pytest.raises(ValueError):
@@ -188,3 +200,50 @@ def test_decoded_programs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(emulator._DECODED) <= 2
     assert Emulator(programs[2]).program is decoded[2]
     assert Emulator(programs[0]).program is not decoded[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 4), st.integers(1, 9), st.integers(1, 9)),
+    kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dilations=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_tap_products_sum_every_tap_of_every_output_row_range(
+    shape: tuple[int, int, int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    seed: int,
+    data: st.DataObject,
+) -> None:
+    """`_TapProducts` (implicit GEMM over stride phases) equals the direct integer sum
+    out[m, h, w] = sum x[c, h*sh + i*dh, w*sw + j*dw] * weight[m, c, i, j], for any run of
+    output rows."""
+    channels, out_channels, height, width = shape
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    assume(height >= extent[0] and width >= extent[1])
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, size=(1, channels, height, width)).astype(np.float32)
+    weight = rng.integers(-127, 128, size=(out_channels, channels, *kernel))
+    out_hw = tuple(
+        (n - e) // s + 1 for n, e, s in zip((height, width), extent, strides, strict=True)
+    )
+    taps = np.ascontiguousarray(weight.transpose(2, 3, 0, 1)).astype(np.float32)
+    products = emulator_ops._TapProducts(x, taps, strides, dilations, out_hw)
+    first = data.draw(st.integers(0, out_hw[0] - 1))
+    rows = range(first, data.draw(st.integers(first + 1, out_hw[0])))
+    expected = np.zeros((1, out_channels, len(rows), out_hw[1]), dtype=np.int64)
+    codes = x.astype(np.int64)[0]
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            top, left = i * dilations[0], j * dilations[1]
+            window = codes[
+                :,
+                top + rows.start * strides[0] : top + (rows.stop - 1) * strides[0] + 1 : strides[0],
+                left : left + (out_hw[1] - 1) * strides[1] + 1 : strides[1],
+            ]
+            expected[0] += np.einsum("mc,chw->mhw", weight[:, :, i, j], window)
+    np.testing.assert_array_equal(products.rows(rows), expected)

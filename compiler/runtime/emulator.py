@@ -27,7 +27,7 @@ import ctypes
 import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +72,7 @@ class Memory:
         arena_size: int,
         rodata: bytes,
         poison: int | None = POISON,
-        constants: dict[tuple[Tensor, str], Any] | None = None,
+        constants: dict[tuple[Tensor, Hashable], Any] | None = None,
     ) -> None:
         fill = 0 if poison is None else poison
         self.spaces: dict[Space, bytearray | bytes] = {
@@ -82,7 +82,7 @@ class Memory:
         }
         self.bytes_read = dict.fromkeys(self.spaces, 0)
         self.bytes_written = dict.fromkeys(self.spaces, 0)
-        self.constants: dict[tuple[Tensor, str], Any] = {} if constants is None else constants
+        self.constants: dict[tuple[Tensor, Hashable], Any] = {} if constants is None else constants
         self._views: dict[Tensor, np.ndarray] = {}
 
     def _view(self, tensor: Tensor) -> np.ndarray:
@@ -115,7 +115,16 @@ class Memory:
         self.bytes_read[tensor.space] += tensor.nbytes
         return self._view(tensor).copy()
 
-    def read_cached(self, tensor: Tensor, key: str, derive: Callable[[np.ndarray], T]) -> T:
+    def view(self, tensor: Tensor) -> np.ndarray:
+        """The tensor's elements in place, read-only (counted as a read): for instructions
+        that compute their whole result before they write it, so an output that overlaps the
+        input cannot change what they read."""
+        self.bytes_read[tensor.space] += tensor.nbytes
+        view = self._view(tensor).view()
+        view.flags.writeable = False
+        return view
+
+    def read_cached(self, tensor: Tensor, key: Hashable, derive: Callable[[np.ndarray], T]) -> T:
         """derive(elements), counted as one read. For a CONST tensor it is computed once per
         program (the `constants` cache, under `key`), so `derive` must return something its
         callers never modify."""
@@ -257,7 +266,7 @@ class _Decoded:
     instructions: tuple[Instruction, ...] | None = None
     costs: dict[MlaHardware, tuple[InstructionCost, ...]] = field(default_factory=dict)
     schedules: dict[tuple[str, MlaHardware], Schedule] = field(default_factory=dict)
-    constants: dict[tuple[Tensor, str], Any] = field(default_factory=dict)
+    constants: dict[tuple[Tensor, Hashable], Any] = field(default_factory=dict)
 
     def decode(self) -> tuple[Instruction, ...]:
         """The instructions decoded from the encoded `.text` bytes."""

@@ -10,21 +10,29 @@ Speed without changing a bit (the emulator runs whole networks):
 
 * exact integer products (CONV, CONV_TRANSPOSE, MATMUL) run through BLAS on integers carried in
   float32 or float64, whichever provably represents every partial sum (`_exact_dtype`);
-* CONV is im2col and a matrix product per group (on a block of output rows at a time), or, for
-  depthwise, a sum over taps of shifted slices times per-channel weights;
-* output stages run in cache-sized blocks (`_blockwise`), each through the same
-  `compiler.intmath.requantize`, fused with the CONV block that produced them;
+* CONV is im2col and a matrix product per group (on a block of output rows at a time), or a
+  sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
+  copies less), or, for depthwise, a sum over taps of contiguous slices of each channel's
+  flattened rows times per-channel weights (`_depthwise_flat`);
+* output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
+  produced them, as `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and
+  tested equal to `compiler.intmath.requantize_clamp`) where it applies, else as that
+  definition;
 * elementwise functions of 8-bit codes (MOVE rescale, ELTWISE, LUT) are evaluated once per
-  possible code (pair) and gathered (`_tabulated`);
-* what derives from read-only CONST operands (int64 tables, weight bounds, float weights) is
-  made once per program (`MemoryPort.read_cached`).
+  possible code (pair) and gathered (`_tabulated`); tables keyed by their parameters are kept;
+* what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
+  output stages) is made once per program (`MemoryPort.read_cached`);
+* operands are read in place (`MemoryPort.view`) where the result is complete before it is
+  written.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -32,11 +40,13 @@ import numpy as np
 
 from compiler.intmath import (
     INT32_MAX,
+    FusedOutputStage,
     apply_lut,
     divide_round_half_up,
     dtype_range,
     reciprocal_sqrt,
     requantize,
+    requantize_clamp,
     rounding_right_shift,
 )
 from compiler.isa import (
@@ -83,7 +93,11 @@ class MemoryPort(Protocol):
 
     def read(self, tensor: Tensor) -> np.ndarray: ...
 
-    def read_cached(self, tensor: Tensor, key: str, derive: Callable[[np.ndarray], T]) -> T: ...
+    def view(self, tensor: Tensor) -> np.ndarray: ...
+
+    def read_cached(
+        self, tensor: Tensor, key: Hashable, derive: Callable[[np.ndarray], T]
+    ) -> T: ...
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None: ...
 
@@ -123,6 +137,33 @@ memory once per numpy operation, and are recycled by the allocator instead of be
 
 Block = tuple[slice, ...]
 
+_WHOLE = slice(None)
+
+
+class _ScratchPool(threading.local):
+    """Work buffers kept per thread and purpose (`_scratch`)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+
+_SCRATCH = _ScratchPool()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialised C-contiguous array in the buffer this thread keeps for `name` (grown
+    when too small), valid until the next `_scratch(name, ...)`: each name serves one step of
+    one instruction at a time, like a runtime's preallocated work memory. Fresh arrays of
+    feature-map size are mapped anew and page-faulted on first touch, which on a virtual
+    machine costs about as much as the arithmetic on them."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffer = _SCRATCH.buffers.get(name)
+    if buffer is None or buffer.size < nbytes:
+        buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+        _SCRATCH.buffers[name] = buffer
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
 
 def _blocks(shape: tuple[int, ...]) -> list[Block]:
     """Index tuples of slices (so no axis is dropped) that tile `shape` in blocks of about
@@ -151,28 +192,46 @@ def _block_of(table: np.ndarray | int | None, block: Block) -> np.ndarray | int 
     ]
 
 
-def _empty(shape: tuple[int, ...], dtype: np.dtype | type, like: Tensor | None) -> np.ndarray:
+def _empty(
+    shape: tuple[int, ...], dtype: np.dtype | type, like: Tensor | None, pool: str | None = None
+) -> np.ndarray:
     """np.empty laid out in the memory order of `like` (largest stride outermost), so that
-    writing it there copies in order instead of transposing byte by byte (HWC tensors)."""
+    writing it there copies in order instead of transposing byte by byte (HWC tensors); in
+    the `_scratch` buffer `pool` if given."""
+
+    def empty(dims: tuple[int, ...]) -> np.ndarray:
+        return np.empty(dims, dtype=dtype) if pool is None else _scratch(pool, dims, dtype)
+
     if like is None or like.shape != shape:
-        return np.empty(shape, dtype=dtype)
+        return empty(shape)
     order = sorted(range(len(shape)), key=lambda axis: -abs(like.strides[axis]))
-    return np.empty([shape[axis] for axis in order], dtype=dtype).transpose(np.argsort(order))
+    return empty(tuple(shape[axis] for axis in order)).transpose(np.argsort(order))
 
 
 def _blockwise(
     shape: tuple[int, ...],
     dtype: np.dtype | type,
-    compute: Callable[[Block], np.ndarray],
+    compute: Callable[[Block, np.ndarray, np.ndarray], object],
     blocks: list[Block] | None = None,
     like: Tensor | None = None,
+    pool: str | None = None,
 ) -> np.ndarray:
-    """A result of `shape` (laid out like `like`) filled block by block by compute(block),
-    over `blocks` (by default `_blocks(shape)`), which must tile the result."""
-    result = _empty(shape, dtype, like)
-    for block in _blocks(shape) if blocks is None else blocks:
-        result[block] = compute(block)
+    """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given)
+    filled block by block by compute(block, out, scratch), which writes result[block] into
+    `out`, over `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch`
+    is one flat buffer of 8-byte items as large as the largest block, shared by all blocks."""
+    result = _empty(shape, dtype, like, pool)
+    blocks = _blocks(shape) if blocks is None else blocks
+    largest = max((_block_size(shape, block) for block in blocks), default=0)
+    scratch = _scratch("stage", (largest,), np.int64)
+    for block in blocks:
+        compute(block, result[block], scratch)
     return result
+
+
+def _block_size(shape: tuple[int, ...], block: Block) -> int:
+    """Number of elements of result[block] for a result of `shape`."""
+    return math.prod(len(range(n)[index]) for n, index in zip(shape, block, strict=True))
 
 
 TABLE_FACTOR = 2
@@ -180,8 +239,18 @@ TABLE_FACTOR = 2
 costs about one direct evaluation per entry; a gather, a fraction of one)."""
 
 
+TABLES_KEPT = 1024
+"""Tables of `_tabulated` kept between instructions and runs (least recently used first out)."""
+
+_TABLES: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
 def _tabulated(
-    function: Callable[..., np.ndarray], dtype: np.dtype | type, *codes: np.ndarray
+    function: Callable[..., np.ndarray],
+    dtype: np.dtype | type,
+    *codes: np.ndarray,
+    key: Hashable | None = None,
 ) -> np.ndarray | None:
     """function(*codes) for an elementwise function of one or two arrays of 8-bit codes, looked
     up in a table of its values over every code (tuple); None where that does not pay.
@@ -191,31 +260,81 @@ def _tabulated(
     the result of evaluating it on the data, for one gather per element instead of a dozen
     int64 passes. `function` gets int64 codes (its arguments broadcast: (256,) or (256, 1) and
     (1, 256)) and must be elementwise with scalar parameters; `dtype` must hold its values.
+    `key`, if given, must determine the function and dtype completely (every parameter, as
+    values): the table is then built once and kept (`TABLES_KEPT`), as a runtime would keep a
+    kernel's constants, instead of once per instruction and run.
     """
     if len(codes) > 2 or any(c.dtype.itemsize != 1 or c.dtype.kind not in "iu" for c in codes):
         return None
-    size = math.prod(np.broadcast_shapes(*(c.shape for c in codes)))
-    if size < TABLE_FACTOR * 256 ** len(codes):
+    shape = np.broadcast_shapes(*(c.shape for c in codes))
+    if math.prod(shape) < TABLE_FACTOR * 256 ** len(codes):
         return None
-    domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
-    if len(codes) == 1:
-        table = function(domains[0])
-        index = codes[0].view(np.uint8)
+
+    def build() -> np.ndarray:
+        domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
+        if len(codes) == 1:
+            table = function(domains[0])
+        else:
+            table = function(domains[0][:, None], domains[1][None, :])
+        return _frozen(np.asarray(table).reshape(-1).astype(dtype))
+
+    if key is None:
+        table = build()
     else:
-        table = function(domains[0][:, None], domains[1][None, :])
-        index = codes[0].view(np.uint8).astype(np.uint16) << 8 | codes[1].view(np.uint8)
-    return np.take(np.asarray(table).reshape(-1).astype(dtype), index)
+        full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
+        with _TABLES_LOCK:
+            table = _TABLES.get(full_key)
+            if table is not None:
+                _TABLES.move_to_end(full_key)
+        if table is None:
+            table = build()
+            with _TABLES_LOCK:
+                _TABLES[full_key] = table
+                while len(_TABLES) > TABLES_KEPT:
+                    _TABLES.popitem(last=False)
+    return _gather(table, codes, shape)
+
+
+def _gather(table: np.ndarray, codes: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """table[index] for the index the 8-bit codes spell (one code, or the first code's byte
+    then the second's), in blocks of `BLOCK_ELEMENTS`: numpy converts a gather's index to an
+    intp array (eight bytes per element) first, which for a whole feature map is a large fresh
+    temporary."""
+    if any(c.shape != shape or not c.flags.c_contiguous for c in codes):
+        codes = tuple(np.ascontiguousarray(np.broadcast_to(c, shape)) for c in codes)
+    flat = [c.reshape(-1).view(np.uint8) for c in codes]
+    size = math.prod(shape)
+    result = np.empty(size, dtype=table.dtype)
+    index = np.empty(min(size, BLOCK_ELEMENTS), dtype=np.uint16)
+    for start in range(0, size, BLOCK_ELEMENTS):
+        stop = min(size, start + BLOCK_ELEMENTS)
+        if len(flat) == 1:
+            part = flat[0][start:stop]
+        else:
+            part = index[: stop - start]
+            np.left_shift(flat[0][start:stop], 8, out=part, dtype=np.uint16)
+            np.bitwise_or(part, flat[1][start:stop], out=part)
+        np.take(table, part, out=result[start:stop])
+    return result.reshape(shape)
 
 
 @dataclass(frozen=True)
 class _OutputStage:
-    """An instruction's output stage, its tables read once: saturate int32 -> requantize (M, n)
-    -> + zero point -> clamp [low, high], after an optional per-channel bias."""
+    """An instruction's output stage, its tables read once: - input zero point + per-channel
+    bias -> saturate int32 -> requantize (M, n) -> + zero point -> clamp [low, high].
+
+    Where `compiler.intmath.FusedOutputStage` is provably identical ("sima" mode, tables in
+    range) it runs as that (`fused`), writing codes straight into the result; otherwise
+    through `compiler.intmath.requantize_clamp`, the definition.
+    """
 
     requant: Requant
     multiplier: np.ndarray | int
     shift: np.ndarray | int
     bias: np.ndarray | None
+    zero_point: int
+    out_dtype: np.dtype
+    fused: FusedOutputStage | None
 
     @classmethod
     def read(
@@ -225,16 +344,55 @@ class _OutputStage:
         ndim: int,
         *,
         per_channel: bool = False,
-        bias: np.ndarray | None = None,
+        bias: Tensor | None = None,
+        channels: int = 0,
+        zero_point: int = 0,
+        target: Tensor | None = None,
     ) -> _OutputStage:
+        """The stage of a rank-`ndim` result; `bias` (a tensor of `channels` values) and
+        per-channel tables apply along axis 1. The result has the dtype of `target` when
+        [low, high] fits it (narrowing then loses nothing, and a write still range-checks),
+        else int64."""
         multiplier = _table(memory, requant.multiplier)
         shift = _table(memory, requant.shift)
         if per_channel:
             multiplier = _per_channel(multiplier, ndim)
             shift = _per_channel(shift, ndim)
+        biases = None
         if bias is not None:
-            bias = _per_channel(bias, ndim)
-        return cls(requant, multiplier, shift, bias)
+            _expect_shape("the bias", bias.shape, (channels,))
+            biases = _per_channel(_int64(memory, bias), ndim)
+        out_dtype = np.dtype(np.int64)
+        if target is not None:
+            low, high = _dtype_range(target.dtype.numpy)
+            if low <= requant.low and requant.high <= high:
+                out_dtype = np.dtype(target.dtype.numpy)
+
+        def prepare(_: object = None) -> FusedOutputStage | None:
+            addend = -zero_point if biases is None else biases - zero_point
+            return FusedOutputStage.prepare(
+                multiplier, shift, requant.zero_point, requant.low, requant.high, addend, out_dtype
+            )
+
+        operands = [t for t in (requant.multiplier, requant.shift, bias) if isinstance(t, Tensor)]
+        if requant.mode != "sima":
+            fused = None
+        elif not operands:
+            fused = _scalar_stage(
+                int(multiplier),
+                int(shift),
+                requant.zero_point,
+                requant.low,
+                requant.high,
+                -zero_point,
+                out_dtype.str,
+            )
+        elif all(t.space == Space.CONST for t in operands):
+            key = ("stage", requant, bias, ndim, per_channel, zero_point, out_dtype.str)
+            fused = memory.read_cached(operands[0], key, prepare)
+        else:
+            fused = prepare()
+        return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused)
 
     def blockwise(self, shape: tuple[int, ...]) -> bool:
         """Whether the tables broadcast to `shape` (else one whole evaluation decides what
@@ -253,20 +411,50 @@ class _OutputStage:
         tables = (self.multiplier, self.shift)
         return self.bias is None and all(np.size(t) == 1 and np.ndim(t) <= ndim for t in tables)
 
-    def dtype(self, target: Tensor | None) -> np.dtype | type:
-        """The target's dtype if every value of [low, high] fits it (narrowing then loses
-        nothing, and a write still range-checks), else int64."""
-        if target is None:
-            return np.int64
-        low, high = _dtype_range(target.dtype.numpy)
-        fits = low <= self.requant.low and self.requant.high <= high
-        return target.dtype.numpy if fits else np.int64
+    def key(self) -> tuple[object, ...]:
+        """Values that determine a `uniform` stage completely (for `_tabulated`)."""
+        scalars = (int(np.asarray(t).reshape(-1)[0]) for t in (self.multiplier, self.shift))
+        requant = self.requant
+        return (
+            requant.mode,
+            *scalars,
+            requant.zero_point,
+            requant.low,
+            requant.high,
+            self.zero_point,
+            self.out_dtype.str,
+        )
 
     def __call__(
-        self, acc: np.ndarray, block: Block | None = None, zero_point: int = 0
+        self,
+        acc: np.ndarray,
+        block: Block | None = None,
+        *,
+        out: np.ndarray | None = None,
+        scratch: np.ndarray | None = None,
+        overwrite: bool = False,
     ) -> np.ndarray:
-        """The stage on acc - zero_point (integers, in any integer dtype or exactly in a float
-        one); `block` says which part of the result acc is, to pick the table entries."""
+        """The stage on `acc` (integers, in any integer dtype or exactly in a float one),
+        written into `out` (a new array of `out_dtype` if None), which is returned. `block`
+        says which part of the result acc is, to pick the table entries; `scratch` is a flat
+        8-byte-item buffer of at least acc.size elements for the intermediate values;
+        `overwrite=True` allows the stage to use acc as scratch too."""
+        fused = self.fused
+        if fused is not None and (block is not None or self.blockwise(acc.shape)):
+            if out is None:
+                out = np.empty(acc.shape, dtype=self.out_dtype)
+            tables = None
+            if block is not None and any(part != _WHOLE for part in block):
+                tables = tuple(_block_of(t, block) for t in fused.tables())
+            return fused.apply(acc, out, tables, scratch, overwrite=overwrite)
+        result = self._definition(acc, block)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+
+    def _definition(self, acc: np.ndarray, block: Block | None) -> np.ndarray:
+        """The stage through `compiler.intmath.requantize_clamp` (any mode, any tables)."""
 
         def part(table: np.ndarray | int | None) -> np.ndarray | int | None:
             return table if block is None else _block_of(table, block)
@@ -275,15 +463,30 @@ class _OutputStage:
             acc = acc.astype(np.int64)
         else:
             acc = np.add(acc, part(self.bias), dtype=np.int64, casting="unsafe")
-        if zero_point:
-            acc -= zero_point
+        if self.zero_point:
+            acc -= self.zero_point
+        requant = self.requant
         try:
-            scaled = requantize(acc, part(self.multiplier), part(self.shift), self.requant.mode)
+            return requantize_clamp(
+                acc,
+                part(self.multiplier),
+                part(self.shift),
+                requant.mode,
+                requant.zero_point,
+                requant.low,
+                requant.high,
+            )
         except ValueError as error:
             raise EmulatorError(f"requantization tables do not fit the result: {error}") from error
-        scaled = np.asarray(scaled)
-        scaled += self.requant.zero_point
-        return np.clip(scaled, self.requant.low, self.requant.high, out=scaled)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalar_stage(
+    multiplier: int, shift: int, zero_point: int, low: int, high: int, addend: int, dtype: str
+) -> FusedOutputStage | None:
+    """`FusedOutputStage.prepare` of a per-tensor stage (immediates only), remembered: it is
+    exact integer work that costs far more than a small MOVE or ELTWISE it serves."""
+    return FusedOutputStage.prepare(multiplier, shift, zero_point, low, high, addend, dtype)
 
 
 def output_stage(
@@ -293,23 +496,33 @@ def output_stage(
     *,
     per_channel: bool = False,
     zero_point: int = 0,
-    bias: np.ndarray | None = None,
+    bias: Tensor | None = None,
     target: Tensor | None = None,
 ) -> np.ndarray:
     """acc - zero_point + bias -> saturate int32 -> requantize (M, n) -> + zero point -> clamp.
 
-    `acc` holds integers, in an integer dtype or exactly in a float one; `bias` is per output
-    channel. The stage is elementwise, so it runs blockwise (`_blockwise`) through the same
-    `compiler.intmath.requantize`. The result is int64, or of the dtype and layout of `target`
-    (the tensor it is for) when [low, high] fits that dtype.
+    `acc` holds integers, in an integer dtype or exactly in a float one; `bias` has one value
+    per output channel (axis 1). The stage is elementwise, so it runs blockwise
+    (`_blockwise`). The result is int64, or of the dtype and layout of `target` (the tensor
+    it is for) when [low, high] fits that dtype.
     """
-    stage = _OutputStage.read(memory, requant, acc.ndim, per_channel=per_channel, bias=bias)
+    channels = acc.shape[1] if acc.ndim > 1 else 0
+    stage = _OutputStage.read(
+        memory,
+        requant,
+        acc.ndim,
+        per_channel=per_channel,
+        bias=bias,
+        channels=channels,
+        zero_point=zero_point,
+        target=target,
+    )
     if not stage.blockwise(acc.shape):
-        return stage(acc, zero_point=zero_point)
+        return stage(acc)
     return _blockwise(
         acc.shape,
-        stage.dtype(target),
-        lambda block: stage(acc[block], block, zero_point),
+        stage.out_dtype,
+        lambda block, out, scratch: stage(acc[block], block, out=out, scratch=scratch),
         like=target,
     )
 
@@ -332,7 +545,7 @@ def _copy(memory: MemoryPort, src: Tensor, dst: Tensor) -> None:
         raise EmulatorError(
             f"a plain copy keeps the dtype: {src.dtype.name} -> {dst.dtype.name} needs a rescale"
         )
-    memory.write(dst, memory.read(src))
+    memory.write(dst, memory.view(src))
 
 
 def execute_load(instruction: Load, memory: MemoryPort) -> None:
@@ -354,13 +567,17 @@ def execute_move(instruction: Move, memory: MemoryPort) -> None:
         _copy(memory, instruction.src, instruction.dst)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
-    codes = memory.read(instruction.src)
-    stage = _OutputStage.read(memory, instruction.requant, codes.ndim)
+    codes = memory.view(instruction.src)
+    stage = _OutputStage.read(
+        memory,
+        instruction.requant,
+        codes.ndim,
+        zero_point=instruction.input_zero_point,
+        target=instruction.dst,
+    )
     result = None
     if stage.uniform(codes.ndim):
-        zero_point = instruction.input_zero_point
-        dtype = stage.dtype(instruction.dst)
-        result = _tabulated(lambda c: stage(c, zero_point=zero_point), dtype, codes)
+        result = _tabulated(stage, stage.out_dtype, codes, key=("move", *stage.key()))
     if result is None:
         result = output_stage(
             memory,
@@ -464,18 +681,32 @@ class _Weights:
     def __init__(self, values: np.ndarray, axes: tuple[int, ...]) -> None:
         self.values = _frozen(values)
         self.mass = _weight_mass(values, axes)
-        self._cast: dict[type, np.ndarray] = {}
+        self._cast: dict[Hashable, np.ndarray] = {}
 
     def astype(self, dtype: type) -> np.ndarray:
         if dtype not in self._cast:
             self._cast[dtype] = _frozen(self.values.astype(dtype))
         return self._cast[dtype]
 
+    def taps(self, dtype: type) -> np.ndarray:
+        """A (M, C, kh, kw) CONV weight as contiguous (kh, kw, M, C) `dtype` matrices, one
+        per kernel tap (`_TapProducts`)."""
+        key = ("taps", dtype)
+        if key not in self._cast:
+            taps = self.astype(dtype).transpose(2, 3, 0, 1)
+            self._cast[key] = _frozen(np.ascontiguousarray(taps))
+        return self._cast[key]
+
 
 def _centred_as(
-    codes: np.ndarray, zero_point: int, dtype: type, pads: tuple[int, int, int, int] | None = None
+    codes: np.ndarray,
+    zero_point: int,
+    dtype: type,
+    pads: tuple[int, int, int, int] | None = None,
+    pool: str | None = None,
 ) -> np.ndarray:
-    """codes - zero_point in `dtype`, zero-padded (N, C, H, W) -> (N, C, H + t + b, W + l + r).
+    """codes - zero_point in `dtype`, zero-padded (N, C, H, W) -> (N, C, H + t + b, W + l + r),
+    in the `_scratch` buffer `pool` if given.
 
     One pass from the stored codes: the subtraction runs in `dtype` (never in the codes' own
     narrow type, where it would wrap), and the padding holds centred 0, i.e. the zero point.
@@ -487,7 +718,11 @@ def _centred_as(
         raise EmulatorError(f"negative padding {pads}")
     batch, channels, height, width = codes.shape
     padded = (batch, channels, height + top + bottom, width + left + right)
-    x = np.zeros(padded, dtype) if any(pads) else np.empty(padded, dtype)
+    x = np.empty(padded, dtype) if pool is None else _scratch(pool, padded, dtype)
+    x[:, :, :top] = 0
+    x[:, :, top + height :] = 0
+    x[:, :, top : top + height, :left] = 0
+    x[:, :, top : top + height, left + width :] = 0
     np.subtract(
         codes, zero_point, out=x[:, :, top : top + height, left : left + width], dtype=dtype
     )
@@ -508,7 +743,10 @@ def _im2col(
     """
     if kernel == (1, 1) and strides == (1, 1):
         return x[:, :, None, None]
-    return np.ascontiguousarray(_windows(x, kernel, strides, dilations).transpose(0, 1, 4, 5, 2, 3))
+    windows = _windows(x, kernel, strides, dilations).transpose(0, 1, 4, 5, 2, 3)
+    columns = _scratch("im2col", windows.shape, x.dtype)
+    np.copyto(columns, windows)
+    return columns
 
 
 def _depthwise(
@@ -528,6 +766,8 @@ def _depthwise(
     batch, groups = x.shape[:2]
     group_out, kh, kw = weight.shape[1:]
     (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_hw
+    if FLAT_DEPTHWISE:
+        return _depthwise_flat(x, weight, strides, dilations, out_hw)
     acc = np.empty((batch, groups, group_out, ho, wo), dtype=x.dtype)
     product = np.empty_like(acc)
     for i in range(kh):
@@ -541,6 +781,138 @@ def _depthwise(
                 np.multiply(tap, weight[:, :, i, j, None, None], out=product)
                 acc += product
     return acc
+
+
+FLAT_DEPTHWISE = True
+"""Whether `_depthwise` runs as `_depthwise_flat`."""
+
+
+def _stride_phases(
+    x: np.ndarray, strides: tuple[int, int], phases: set[tuple[int, int]], pool: str
+) -> tuple[dict[tuple[int, int], np.ndarray], int]:
+    """The stride phases x[..., a::sh, b::sw] of a (..., H, W) array, each contiguous (in
+    `_scratch` buffers named after `pool`) and zero-padded to one shape (ceil(H / sh),
+    ceil(W / sw)) and flattened to (..., rows · pitch), and that pitch. With unit strides the
+    one phase is x itself (flattened in place when it can be)."""
+    (sh, sw), (height, width) = strides, x.shape[-2:]
+    if (sh, sw) == (1, 1):
+        return {(0, 0): x.reshape(*x.shape[:-2], height * width)}, width
+    rows, pitch = -(-height // sh), -(-width // sw)
+    flat = {}
+    for a, b in phases:
+        part = x[..., a::sh, b::sw]
+        phase = _scratch(f"{pool}/{a},{b}", (*x.shape[:-2], rows, pitch), x.dtype)
+        phase[..., : part.shape[-2], : part.shape[-1]] = part
+        phase[..., part.shape[-2] :, :] = 0
+        phase[..., : part.shape[-2], part.shape[-1] :] = 0
+        flat[a, b] = phase.reshape(*x.shape[:-2], rows * pitch)
+    return flat, pitch
+
+
+def _depthwise_flat(
+    x: np.ndarray,
+    weight: np.ndarray,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    out_hw: tuple[int, int],
+) -> np.ndarray:
+    """`_depthwise` on each channel's padded rows flattened to one line.
+
+    Tap (i, j) of output (h, w) reads element (h + r) · pitch + w + c of one stride phase of
+    the input (`_stride_phases`; r, c the tap's offset in it), so each tap's operand is one
+    contiguous range of every channel: numpy's loops run over whole channels rather than over
+    rows of a few elements (late layers are 7x7 or 14x14), and never with a stride. Outputs are
+    computed for every column of the pitch; the result keeps the valid `wo` (the others read
+    the next row's start and are dropped).
+    """
+    batch, groups = x.shape[:2]
+    group_out, kh, kw = weight.shape[1:]
+    (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_hw
+    taps = [(i, j, (i * dh % sh, j * dw % sw)) for i in range(kh) for j in range(kw)]
+    phases = {phase for _, _, phase in taps}
+    lines, pitch = _stride_phases(x[:, :, None], strides, phases, "depthwise-phase")
+    span = (ho - 1) * pitch + wo
+    acc = _scratch("depthwise-acc", (batch, groups, group_out, ho * pitch), x.dtype)
+    valid = acc[..., :span]
+    product = _scratch("depthwise-product", valid.shape, x.dtype)
+    for index, (i, j, phase) in enumerate(taps):
+        start = i * dh // sh * pitch + j * dw // sw
+        tap = lines[phase][..., start : start + span]
+        if index == 0:
+            np.multiply(tap, weight[:, :, i, j, None], out=valid)
+        else:
+            np.multiply(tap, weight[:, :, i, j, None], out=product)
+            valid += product
+    return acc.reshape(batch, groups, group_out, ho, pitch)[..., :wo]
+
+
+TAP_PRODUCT_CHANNELS = 16
+"""Input channels from which a CONV with a spatial kernel may sum one matrix product per tap
+(`_TapProducts`) instead of building im2col columns (each product then has depth >= 16)."""
+
+TAP_PRODUCT_RATIO = 2
+"""... and only if it has at most 1 / TAP_PRODUCT_RATIO as many output channels."""
+
+
+def _sums_tap_products(
+    batch: int, group: int, kernel: tuple[int, int], channels: int, out_channels: int
+) -> bool:
+    """Whether `_TapProducts` beats im2col: im2col copies kh·kw·C values per output position
+    for M outputs, the tap products add kh·kw·M; with M <= C / 2 the copy dominates (measured:
+    96 -> 24 channels 3x3 takes 0.6x the time; 32 -> 32, about 1.2x)."""
+    spatial = kernel[0] * kernel[1] > 1
+    wide = channels >= TAP_PRODUCT_CHANNELS and TAP_PRODUCT_RATIO * out_channels <= channels
+    return batch == 1 and group == 1 and spatial and wide
+
+
+class _TapProducts:
+    """A CONV (one image, one group) as a sum over kernel taps of matrix products that read the
+    padded input in place ("implicit GEMM").
+
+    With the input flattened to (C, rows · pitch), output position (h, w) of tap (i, j) reads
+    element (h + r) · pitch + w + c of a fixed phase of the input, so every tap's operand for
+    a run of output rows is one contiguous column range, which BLAS reads without a copy. The
+    result is computed for every column of the pitch (`rows` returns the valid `wo`); the
+    extra columns read the next row's start and are dropped. For strides > 1 the input is
+    split once into its stride phases (x[a::sh, b::sw], zero-padded to a common shape), in
+    which every tap reads with unit stride. The sum is exact for the same reason as im2col's
+    product: every partial sum is bounded by the weight mass (`_exact_dtype`).
+    """
+
+    def __init__(
+        self,
+        x: np.ndarray,
+        taps: np.ndarray,
+        strides: tuple[int, int],
+        dilations: tuple[int, int],
+        out_hw: tuple[int, int],
+    ) -> None:
+        (sh, sw), (dh, dw) = strides, dilations
+        kh, kw = taps.shape[:2]
+        self.taps = taps
+        self.out_hw = out_hw
+        self.reads = [(i, j, (i * dh % sh, j * dw % sw)) for i in range(kh) for j in range(kw)]
+        phases = {phase for _, _, phase in self.reads}
+        self.phases, self.pitch = _stride_phases(x[0], strides, phases, "tap-phase")
+        self.offsets = [i * dh // sh * self.pitch + j * dw // sw for i, j, _ in self.reads]
+
+    def rows(self, rows: range) -> np.ndarray:
+        """The (1, M, len(rows), wo) accumulators of a run of output rows."""
+        wo = self.out_hw[1]
+        span = (len(rows) - 1) * self.pitch + wo
+        out_channels = self.taps.shape[2]
+        acc = _scratch("tap-acc", (out_channels, len(rows) * self.pitch), self.taps.dtype)
+        product = _scratch("tap-product", (out_channels, span), self.taps.dtype)
+        for index, ((i, j, phase), offset) in enumerate(zip(self.reads, self.offsets, strict=True)):
+            start = rows.start * self.pitch + offset
+            operand = self.phases[phase][:, start : start + span]
+            if index == 0:
+                np.matmul(self.taps[i, j], operand, out=acc[:, :span])
+            else:
+                np.matmul(self.taps[i, j], operand, out=product)
+                acc[:, :span] += product
+        grid = acc.reshape(out_channels, len(rows), self.pitch)
+        return grid[None, :, :, :wo]
 
 
 def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
@@ -560,13 +932,13 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     if min(instruction.strides) < 1 or min(instruction.dilations) < 1:
         raise EmulatorError("CONV strides and dilations must be positive")
     (sh, sw), (dh, dw) = strides, dilations = instruction.strides, instruction.dilations
-    codes = memory.read(instruction.input)
+    codes = memory.view(instruction.input)
     weights = memory.read_cached(
         instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3))
     )
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
-    x = _centred_as(codes, zero_point, dtype, instruction.pads)
+    x = _centred_as(codes, zero_point, dtype, instruction.pads, "conv-input")
     ho = _output_size(x.shape[2], kh, sh, dh)
     wo = _output_size(x.shape[3], kw, sw, dw)
     shape = (batch, out_channels, ho, wo)
@@ -577,7 +949,9 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         instruction.requant,
         len(shape),
         per_channel=True,
-        bias=_bias(memory, instruction.bias, out_channels),
+        bias=instruction.bias,
+        channels=out_channels,
+        target=instruction.output,
     )
     everything = slice(None)
 
@@ -595,6 +969,16 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             acc = _depthwise(x[:, part], weight[part], strides, dilations, (ho, wo))
             return acc.reshape(batch, len(outputs), ho, wo)
 
+    elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
+        products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
+        step = max(1, BLOCK_ELEMENTS // (out_channels * products.pitch))
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+
+        def accumulate(block: Block) -> np.ndarray:
+            return products.rows(range(ho)[block[2]])
+
     else:
         depth = group_channels * kh * kw
         weight = weights.astype(dtype).reshape(group, group_out, depth)
@@ -609,7 +993,8 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             cols = _im2col(window, (kh, kw), strides, dilations)
             positions = len(rows) * wo
             if batch == 1:
-                acc = np.matmul(weight, cols.reshape(1, group, depth, positions))
+                acc = _scratch("gemm", (1, group, group_out, positions), weight.dtype)
+                np.matmul(weight, cols.reshape(1, group, depth, positions), out=acc)
                 return acc.reshape(1, out_channels, len(rows), wo)
             # The batch joins the columns: one product per group, not one per image (a
             # transformer's linear layers are 1x1 CONVs over a batch of tokens).
@@ -621,21 +1006,17 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     if stage.blockwise(shape):
         result = _blockwise(
             shape,
-            stage.dtype(instruction.output),
-            lambda block: stage(accumulate(block), block),
+            stage.out_dtype,
+            lambda block, out, scratch: stage(
+                accumulate(block), block, out=out, scratch=scratch, overwrite=True
+            ),
             blocks,
             like=instruction.output,
+            pool="conv-result",
         )
     else:
-        result = stage(accumulate((everything,) * 4))
+        result = stage(accumulate((everything,) * 4), overwrite=True)
     memory.write(instruction.output, result)
-
-
-def _bias(memory: MemoryPort, bias: Tensor | None, channels: int) -> np.ndarray:
-    if bias is None:
-        return np.zeros(channels, dtype=np.int64)
-    _expect_shape("the bias", bias.shape, (channels,))
-    return _int64(memory, bias)
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:
@@ -681,7 +1062,7 @@ def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> No
         full[:, :, top : full_h - bottom, left : full_w - right],
         instruction.requant,
         per_channel=True,
-        bias=_bias(memory, instruction.bias, out_channels),
+        bias=instruction.bias,
         target=instruction.output,
     )
     memory.write(instruction.output, result)
@@ -734,8 +1115,8 @@ def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarr
 def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
     """Elementwise: looked up in a table of all code pairs (`_tabulated`) for 8-bit operands
     with a per-tensor stage, else computed blockwise (`_blockwise`)."""
-    a_codes = memory.read(instruction.a)
-    b_codes = memory.read(instruction.b)
+    a_codes = memory.view(instruction.a)
+    b_codes = memory.view(instruction.b)
     try:
         a_codes, b_codes = np.broadcast_arrays(a_codes, b_codes)
     except ValueError as error:
@@ -744,13 +1125,15 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
         ) from error
     shape = a_codes.shape
     _expect_shape("the ELTWISE output", instruction.output.shape, shape)
-    stage = _OutputStage.read(memory, instruction.requant, len(shape))
+    stage = _OutputStage.read(memory, instruction.requant, len(shape), target=instruction.output)
 
-    def compute(block: Block | None) -> np.ndarray:
+    def compute(
+        block: Block | None, out: np.ndarray | None = None, scratch: np.ndarray | None = None
+    ) -> np.ndarray:
         where = Ellipsis if block is None else block
         a = a_codes[where].astype(np.int64) - instruction.a_zero_point
         b = b_codes[where].astype(np.int64) - instruction.b_zero_point
-        return stage(_eltwise_acc(instruction, a, b), block)
+        return stage(_eltwise_acc(instruction, a, b), block, out=out, scratch=scratch)
 
     def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
@@ -758,12 +1141,23 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
 
     table = None
     if stage.uniform(len(shape)):
-        table = _tabulated(function, stage.dtype(instruction.output), a_codes, b_codes)
+        key = (
+            "eltwise",
+            instruction.op,
+            instruction.a_zero_point,
+            instruction.b_zero_point,
+            instruction.left_shift,
+            instruction.a_multiplier,
+            instruction.a_shift,
+            instruction.b_multiplier,
+            instruction.b_shift,
+            *stage.key(),
+        )
+        table = _tabulated(function, stage.out_dtype, a_codes, b_codes, key=key)
     if table is not None:
         result = table
     elif stage.blockwise(shape):
-        dtype = stage.dtype(instruction.output)
-        result = _blockwise(shape, dtype, compute, like=instruction.output)
+        result = _blockwise(shape, stage.out_dtype, compute, like=instruction.output)
     else:
         result = compute(None)
     memory.write(instruction.output, result)
@@ -778,7 +1172,7 @@ def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
             f"not {instruction.table.size}"
         )
     table = memory.read(instruction.table).reshape(-1)
-    x = memory.read(instruction.input)
+    x = memory.view(instruction.input)
     dtype = instruction.input.dtype.numpy
     result = _tabulated(lambda codes: apply_lut(table, codes, dtype), table.dtype, x)
     memory.write(instruction.output, apply_lut(table, x, dtype) if result is None else result)

@@ -13,6 +13,9 @@ in the declared layout (HWC when the MLA reads them directly) and turns declared
 outputs (HWC16) back into NCHW. Host stages run frame by frame; an MLA stage runs once per
 batch of `actual_batch_size` frames (the last batch is filled up with copies of its last frame).
 
+ONNX stages are loaded (an `IntegerExecutor`, an ONNX Runtime session) once per process for
+each distinct stage file, as a runtime loads a model once and runs it on every frame.
+
 Statistics per stage: MLA stages report the static cycles of the program and the DRAM-stall-
 aware estimate (`compiler.costmodel`); built-in CVU kernels an estimate from `CvuModel`;
 ONNX stages their measured wall time.
@@ -20,9 +23,12 @@ ONNX stages their measured wall time.
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,7 @@ import onnx
 
 from compiler.archive import Archive, read_archive
 from compiler.costmodel import MlaHardware
-from compiler.intmath import dequantize_linear, quantize_linear
+from compiler.intmath import dequantize_linear, quantize_linear_fast
 from compiler.lower.errors import ArchiveError
 from compiler.lower.tessellate import detessellate, physical_shape, tessellate, tile_count
 from compiler.runtime.emulator import Emulator
@@ -152,7 +158,7 @@ def run_archive(
         archive = read_archive(archive)
     document = archive.manifest
     if hardware is None:
-        hardware = MlaHardware.from_profile(resolve_target(document["target"]).profile.hardware)
+        hardware = _target_hardware(document["target"])
     cvu = cvu or CvuModel()
     batch = archive.actual_batch_size
     frames = _frames_of(document["input_nodes"], inputs)
@@ -188,6 +194,13 @@ def run_archive(
             tensors.setdefault(name, np.concatenate(parts, axis=0))
     pipeline = PipelineStats(stats, len(frames), batch, time.perf_counter() - started, tensors)
     return outputs, pipeline
+
+
+@functools.lru_cache(maxsize=64)
+def _target_hardware(target: str) -> MlaHardware:
+    """The MLA of a target profile (immutable; resolving the profile costs more than a small
+    pipeline stage)."""
+    return MlaHardware.from_profile(resolve_target(target).profile.hardware)
 
 
 # --- inputs and layouts -------------------------------------------------------------------------------
@@ -272,7 +285,7 @@ def _run_quantize(archive, plugin, frames: list[Buffers], stage: StageStats, *, 
             else:
                 scale, zero_point = scale.reshape(()), zero_point.reshape(())
             if quantize:
-                result = quantize_linear(source, scale, zero_point, np.dtype(entry["dtype"]))
+                result = quantize_linear_fast(source, scale, zero_point, np.dtype(entry["dtype"]))
             else:
                 result = dequantize_linear(source, scale, zero_point)
             frame[(entry["output"], out_layouts[entry["output"]])] = result
@@ -306,9 +319,47 @@ def _account(stage: StageStats, invocations: int, frames: int, cycles: int) -> N
     stage.stall_aware_cycles += cycles
 
 
+LOADED_STAGES = 32
+"""ONNX stages whose loaded form (`IntegerExecutor`, ONNX Runtime session) `run_archive` keeps,
+by content, between calls (least recently used first out)."""
+
+_LOADED: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
+
+
+def _loaded(kind: str, data: bytes, load: Callable[[bytes], Any]) -> Any:
+    """load(data), once per process for these exact bytes: a runtime loads a model's stages once
+    and runs them on every frame, and building an executor or a session costs more than running
+    a small stage. Both are reusable and thread-safe for runs (neither keeps per-run state)."""
+    key = (kind, data)
+    with _LOADED_LOCK:
+        loaded = _LOADED.get(key)
+        if loaded is not None:
+            _LOADED.move_to_end(key)
+            return loaded
+    loaded = load(data)
+    with _LOADED_LOCK:
+        _LOADED[key] = loaded
+        while len(_LOADED) > LOADED_STAGES:
+            _LOADED.popitem(last=False)
+    return loaded
+
+
+def _integer_executor(data: bytes) -> IntegerExecutor:
+    return IntegerExecutor(onnx.load_from_string(data))
+
+
+def _onnxruntime_session(data: bytes) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
 def _run_reference(archive, plugin, frames: list[Buffers], stage: StageStats, **_) -> None:
-    graph = onnx.load_from_string(archive.executable(plugin))
-    executor = IntegerExecutor(graph)
+    executor = _loaded("reference", archive.executable(plugin), _integer_executor)
     names = [n["name"] for n in plugin["input_nodes"]]
     for frame in frames:
         clock = time.perf_counter()
@@ -322,14 +373,7 @@ def _run_reference(archive, plugin, frames: list[Buffers], stage: StageStats, **
 
 
 def _run_onnxruntime(archive, plugin, frames: list[Buffers], stage: StageStats, **_) -> None:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        archive.executable(plugin), options, providers=["CPUExecutionProvider"]
-    )
+    session = _loaded("onnxruntime", archive.executable(plugin), _onnxruntime_session)
     names = [n["name"] for n in plugin["input_nodes"]]
     outputs = [n["name"] for n in plugin["output_nodes"]]
     for frame in frames:
