@@ -10,7 +10,7 @@ bench/memory_plan.py), side by side in one process:
 * each the best of N runs, N at least --repeat and enough for a second of runs (at most 50);
 * the ratio emulator / ORT (bar: <= 3x), and whether the outputs agree with the reference.
 
-    python bench/emulator_vs_ort.py [--no-real] [--repeat 5] [--cache DIR]
+    python bench/emulator_vs_ort.py [--no-real] [--repeat 5] [--cache DIR] [--workers N]
 
 Prints a table and writes bench/results/emulator_vs_ort.json.
 """
@@ -29,6 +29,7 @@ from memory_plan import ROOT, prepared_models
 
 from compiler.archive import read_archive
 from compiler.compile import compile_model
+from compiler.runtime import parallel
 from compiler.runtime.pipeline import run_archive
 
 
@@ -67,12 +68,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-real", action="store_true", help="Fixtures only.")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=parallel.WORKERS,
+        help="Emulator threads (compiler.runtime.parallel.WORKERS; 0: every usable CPU).",
+    )
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ms-bench")
     parser.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
     parser.add_argument(
         "--output", type=Path, default=ROOT / "bench" / "results" / "emulator_vs_ort.json"
     )
     args = parser.parse_args()
+    parallel.WORKERS = args.workers or None
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name, model in prepared_models(not args.no_real, args.cache, args.models).items():
@@ -126,7 +134,8 @@ def main() -> None:
         print(f"\nyolov8n compile: {yolo['compile_seconds']:.2f} s (bar: < 10 s)")
     print(f"worst emulator/ORT: {max(r['ratio'] for r in rows):.1f}x (bar: <= 3x)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    document = {"emulator_workers": parallel.worker_count(), "rows": rows}
+    args.output.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.output}")
 
 

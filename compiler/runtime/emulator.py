@@ -9,7 +9,13 @@ descriptors, computing with `compiler.intmath` and writing the result back. A wr
 or an `EmulatorError` naming the instruction, never a silent pass.
 
 Uninitialised DRAM and arena bytes hold a poison pattern, so reading a tensor nothing wrote
-gives garbage rather than plausible zeros.
+gives garbage rather than plausible zeros. Like a runtime, which allocates a model's memory once
+and runs many frames in it, an emulator keeps its image between runs (and hands it to the next
+emulator of the same ELF when it is dropped), re-poisoning all of it at the start of each run.
+
+An instruction's independent blocks can run on a few threads, as the hardware's quads share it
+(`compiler.runtime.parallel`; `parallel.WORKERS`, one thread by default); each thread writes its
+own part of the result, so the numbers do not depend on the thread count.
 
 Cycle counts come from `compiler.costmodel`: a static per-instruction estimate and a
 DRAM-stall-aware overlapped schedule.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
@@ -46,6 +53,7 @@ from compiler.costmodel import (
 from compiler.intmath import dtype_range
 from compiler.isa import Instruction, IsaError, MlaProgram, Space, Tensor, decode
 from compiler.runtime.emulator_ops import EXECUTORS, EmulatorError
+from compiler.runtime.parallel import for_each, worker_count
 
 POISON = 0xA5
 """Byte value of memory no instruction has written yet."""
@@ -74,6 +82,7 @@ class Memory:
         poison: int | None = POISON,
         constants: dict[tuple[Tensor, Hashable], Any] | None = None,
     ) -> None:
+        self.poison = poison
         fill = 0 if poison is None else poison
         self.spaces: dict[Space, bytearray | bytes] = {
             Space.DRAM: bytearray([fill]) * dram_size,
@@ -84,6 +93,17 @@ class Memory:
         self.bytes_written = dict.fromkeys(self.spaces, 0)
         self.constants: dict[tuple[Tensor, Hashable], Any] = {} if constants is None else constants
         self._views: dict[Tensor, np.ndarray] = {}
+
+    def reset(self) -> None:
+        """Back to the state of a new image: DRAM and arena all poison again (so a run on a
+        reused image reads garbage wherever nothing wrote, as on a fresh one), counters zero.
+        Refilling mapped memory costs a fraction of mapping and page-faulting a new image;
+        the views made so far stay valid (the buffers are the same)."""
+        fill = 0 if self.poison is None else self.poison
+        for space in (Space.DRAM, Space.ARENA):
+            np.frombuffer(self.spaces[space], dtype=np.uint8).fill(fill)
+        self.bytes_read = dict.fromkeys(self.spaces, 0)
+        self.bytes_written = dict.fromkeys(self.spaces, 0)
 
     def _view(self, tensor: Tensor) -> np.ndarray:
         """The tensor's elements as a numpy view of its space (made once per descriptor)."""
@@ -154,7 +174,30 @@ class Memory:
                 f"values in [{values.min()}, {values.max()}] do not fit {tensor.dtype.numpy.name}"
             )
         self.bytes_written[tensor.space] += tensor.nbytes
-        self._view(tensor)[...] = values
+        _store(self._view(tensor), values)
+
+
+PARALLEL_STORE_BYTES = 1 << 18
+"""Writes of at least this many bytes are shared between the threads (`_store`)."""
+
+
+def _store(target: np.ndarray, values: np.ndarray) -> None:
+    """target[...] = values; a large one split between the threads (`parallel.for_each`) in
+    runs along target's outermost axis. Values that may share memory with the target are
+    copied by numpy alone, which buffers an overlapping copy (the runs could not)."""
+    workers = worker_count()
+    if workers < 2 or target.nbytes < PARALLEL_STORE_BYTES or np.may_share_memory(target, values):
+        target[...] = values
+        return
+    axis = max(range(target.ndim), key=lambda a: (target.shape[a] > 1, abs(target.strides[a])))
+    step = -(-target.shape[axis] // workers)
+    lead = (slice(None),) * axis
+
+    def copy(start: int) -> None:
+        run = (*lead, slice(start, start + step))
+        target[run] = values[run]
+
+    for_each(range(0, target.shape[axis], step), copy)
 
 
 def _within(dtype: np.dtype, low: int, high: int) -> bool:
@@ -220,7 +263,9 @@ BLAS_THREADS: int | None = 1
 and mid-sized (one per CONV block of rows), and a multi-threaded OpenBLAS waits at every one for
 all its workers: when other processes hold the cores, a descheduled worker stalls each product,
 which made whole runs 5-7x slower in wall time on a shared 2-core host (a quiet host gains some
-20% from a second thread)."""
+20% from a second thread in one measurement, nothing consistent in a later one). With
+`parallel.WORKERS` above one, the blocks' products run on those threads instead, each with a
+single-threaded BLAS."""
 
 _blas = functools.cache(_OpenBlasThreads)
 _blas_lock = threading.Lock()
@@ -257,16 +302,43 @@ model has one per MLA segment (ppocrv4_det has 25), and every run of a pipeline 
 emulators from the same archive bytes."""
 
 
+IDLE_IMAGES = 2
+"""Memory images kept per decoded program for later emulators of it (see `_Decoded.image`)."""
+
+
 @dataclass
 class _Decoded:
     """A program and what every run of it shares: its instructions, per-hardware costs and
-    schedules, and `Memory.constants`. Each is computed once and never modified."""
+    schedules, and `Memory.constants` (each computed once and never modified), and the memory
+    images no emulator is using (`image`, `release`)."""
 
     program: MlaProgram
     instructions: tuple[Instruction, ...] | None = None
     costs: dict[MlaHardware, tuple[InstructionCost, ...]] = field(default_factory=dict)
     schedules: dict[tuple[str, MlaHardware], Schedule] = field(default_factory=dict)
     constants: dict[tuple[Tensor, Hashable], Any] = field(default_factory=dict)
+    idle_images: list[Memory] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def image(self, poison: int | None) -> Memory:
+        """A memory image of this program, poisoned throughout: an idle one (`release`d by an
+        emulator that is gone) if there is one with this poison, else a new one."""
+        with self.lock:
+            for index, memory in enumerate(self.idle_images):
+                if memory.poison == poison:
+                    del self.idle_images[index]
+                    memory.reset()
+                    return memory
+        metadata = self.program.metadata
+        return Memory(
+            metadata.dram_size, metadata.arena_size, self.program.rodata, poison, self.constants
+        )
+
+    def release(self, memory: Memory) -> None:
+        """Keep an image no emulator uses any more for the next one (at most `IDLE_IMAGES`)."""
+        with self.lock:
+            if len(self.idle_images) < IDLE_IMAGES:
+                self.idle_images.append(memory)
 
     def decode(self) -> tuple[Instruction, ...]:
         """The instructions decoded from the encoded `.text` bytes."""
@@ -369,16 +441,23 @@ class Emulator:
         layer = self.program.layer_name(instruction)
         return f"instruction {index} ({instruction.mnemonic}{f', {layer}' if layer else ''})"
 
+    def _image(self) -> Memory:
+        """The memory image for a run, poisoned throughout: this emulator's own from its last
+        run, else one from the program's idle images or a new one, which becomes its own and
+        goes back to the program when the emulator is dropped. A runtime allocates a model's
+        memory once and runs many frames in it; the pipeline builds an emulator per run."""
+        if self.memory is not None:
+            self.memory.reset()
+            return self.memory
+        memory = self._decoded.image(self.poison)
+        self.memory = memory
+        weakref.finalize(self, self._decoded.release, memory)
+        return memory
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Execute the program once; returns every output tensor as integers (logical shape)."""
         metadata = self.program.metadata
-        memory = Memory(
-            metadata.dram_size,
-            metadata.arena_size,
-            self.program.rodata,
-            self.poison,
-            self._decoded.constants,
-        )
+        memory = self._image()
         for info in metadata.inputs:
             if info.name not in inputs:
                 raise EmulatorError(
@@ -405,7 +484,6 @@ class Emulator:
                     EXECUTORS[type(instruction)](instruction, memory)
                 except EmulatorError as error:
                     raise EmulatorError(f"{self._describe(index)}: {error}") from error
-        self.memory = memory
         self.stats = RunStats(
             static=self.static_schedule(),
             stall_aware=self.stall_aware_schedule(),

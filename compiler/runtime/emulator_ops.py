@@ -76,6 +76,7 @@ from compiler.isa import (
 from compiler.runtime.ops.normalization import NORMALISED_BITS
 from compiler.runtime.ops.resize import WEIGHT_ONE
 from compiler.runtime.ops.softmax import PROBABILITY_BITS, RECIPROCAL_BITS
+from compiler.runtime.parallel import for_each, worker_count
 
 
 class EmulatorError(RuntimeError):
@@ -165,15 +166,47 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.nd
     return buffer[:nbytes].view(dtype).reshape(shape)
 
 
+PARALLEL_ELEMENTS = 1 << 15
+"""Results of at least this many elements are split into a block per worker thread even when
+they fit one `BLOCK_ELEMENTS` block (`_block_elements`); smaller ones are not worth handing
+out (a hand-off costs some tens of µs)."""
+
+
+def _block_elements(total: int) -> int:
+    """Elements per block of a result of `total` elements: BLOCK_ELEMENTS, or fewer so that a
+    result worth sharing (`PARALLEL_ELEMENTS`) splits into a multiple of the worker count of
+    blocks of about equal size (three blocks on two threads would take two blocks' time)."""
+    workers = worker_count()
+    if workers < 2 or total < PARALLEL_ELEMENTS:
+        return BLOCK_ELEMENTS
+    parts = -(-total // BLOCK_ELEMENTS)
+    parts = -(-parts // workers) * workers
+    return max(1, -(-total // parts))
+
+
+def _step(extent: int, unit: int, total: int) -> int:
+    """How many of `extent` rows (or channels) of `unit` elements each go in a block of a
+    result of `total` elements: about `_block_elements(total)`, evened out so the blocks are
+    of (nearly) equal size, and their count a multiple of the workers if they are shared."""
+    size = _block_elements(total)
+    blocks = -(-extent // max(1, size // max(unit, 1)))
+    workers = worker_count()
+    if workers > 1 and total >= PARALLEL_ELEMENTS:
+        blocks = -(-blocks // workers) * workers
+    return max(1, -(-extent // max(blocks, 1)))
+
+
 def _blocks(shape: tuple[int, ...]) -> list[Block]:
     """Index tuples of slices (so no axis is dropped) that tile `shape` in blocks of about
-    BLOCK_ELEMENTS: whole trailing axes, a run along one axis, single indices before it."""
-    if math.prod(shape) <= BLOCK_ELEMENTS:
+    `_block_elements`: whole trailing axes, a run along one axis, single indices before it."""
+    total = math.prod(shape)
+    size = _block_elements(total)
+    if total <= size:
         return [tuple(slice(None) for _ in shape)]
     axis = 0
-    while math.prod(shape[axis + 1 :]) > BLOCK_ELEMENTS:
+    while math.prod(shape[axis + 1 :]) > size:
         axis += 1
-    step = max(1, BLOCK_ELEMENTS // math.prod(shape[axis + 1 :]))
+    step = _step(shape[axis], math.prod(shape[axis + 1 :]), total)
     tail = tuple(slice(None) for _ in shape[axis + 1 :])
     return [
         (*(slice(i, i + 1) for i in lead), slice(start, start + step), *tail)
@@ -219,13 +252,18 @@ def _blockwise(
     """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given)
     filled block by block by compute(block, out, scratch), which writes result[block] into
     `out`, over `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch`
-    is one flat buffer of 8-byte items as large as the largest block, shared by all blocks."""
+    is one flat buffer of 8-byte items as large as the largest block, one per thread.
+
+    The blocks run on the emulator's threads (`parallel.for_each`): `compute` must write only
+    `out` and keep its temporaries in `_scratch` buffers (which are per thread)."""
     result = _empty(shape, dtype, like, pool)
     blocks = _blocks(shape) if blocks is None else blocks
     largest = max((_block_size(shape, block) for block in blocks), default=0)
-    scratch = _scratch("stage", (largest,), np.int64)
-    for block in blocks:
-        compute(block, result[block], scratch)
+
+    def run(block: Block) -> None:
+        compute(block, result[block], _scratch("stage", (largest,), np.int64))
+
+    for_each(blocks, run)
     return result
 
 
@@ -297,24 +335,30 @@ def _tabulated(
 
 def _gather(table: np.ndarray, codes: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> np.ndarray:
     """table[index] for the index the 8-bit codes spell (one code, or the first code's byte
-    then the second's), in blocks of `BLOCK_ELEMENTS`: numpy converts a gather's index to an
+    then the second's), in blocks of `_block_elements`: numpy converts a gather's index to an
     intp array (eight bytes per element) first, which for a whole feature map is a large fresh
-    temporary."""
+    temporary. Every index is below 256 ** len(codes), the size of a table of every code (tuple),
+    so mode="wrap" never wraps there: it only skips the bounds check that the default mode makes
+    per element (some 25% of the gather). The blocks run on the emulator's threads (`parallel.for_each`)."""
     if any(c.shape != shape or not c.flags.c_contiguous for c in codes):
         codes = tuple(np.ascontiguousarray(np.broadcast_to(c, shape)) for c in codes)
     flat = [c.reshape(-1).view(np.uint8) for c in codes]
     size = math.prod(shape)
     result = np.empty(size, dtype=table.dtype)
-    index = np.empty(min(size, BLOCK_ELEMENTS), dtype=np.uint16)
-    for start in range(0, size, BLOCK_ELEMENTS):
-        stop = min(size, start + BLOCK_ELEMENTS)
+    step = _block_elements(size)
+    mode = "wrap" if table.size >= 256 ** len(codes) else "raise"
+
+    def gather(start: int) -> None:
+        stop = min(size, start + step)
         if len(flat) == 1:
             part = flat[0][start:stop]
         else:
-            part = index[: stop - start]
+            part = _scratch("gather-index", (stop - start,), np.uint16)
             np.left_shift(flat[0][start:stop], 8, out=part, dtype=np.uint16)
             np.bitwise_or(part, flat[1][start:stop], out=part)
-        np.take(table, part, out=result[start:stop])
+        np.take(table, part, out=result[start:stop], mode=mode)
+
+    for_each(range(0, size, step), gather)
     return result.reshape(shape)
 
 
@@ -710,6 +754,7 @@ def _centred_as(
 
     One pass from the stored codes: the subtraction runs in `dtype` (never in the codes' own
     narrow type, where it would wrap), and the padding holds centred 0, i.e. the zero point.
+    The pass is shared by the threads in runs of rows (`_row_runs`).
     """
     if pads is None:
         return np.subtract(codes, zero_point, dtype=dtype)
@@ -723,10 +768,23 @@ def _centred_as(
     x[:, :, top + height :] = 0
     x[:, :, top : top + height, :left] = 0
     x[:, :, top : top + height, left + width :] = 0
-    np.subtract(
-        codes, zero_point, out=x[:, :, top : top + height, left : left + width], dtype=dtype
-    )
+    inside = x[:, :, top : top + height, left : left + width]
+
+    def centre(rows: slice) -> None:
+        np.subtract(codes[:, :, rows], zero_point, out=inside[:, :, rows], dtype=dtype)
+
+    for_each(_row_runs(height, codes.size), centre)
     return x
+
+
+def _row_runs(height: int, total: int) -> list[slice]:
+    """Runs of rows that split an (N, C, height, W) array of `total` elements into blocks of
+    about `_block_elements` (whole rows), to share a pass over it between the threads; one run
+    when there is one thread, or too little to share."""
+    if height == 0 or total < PARALLEL_ELEMENTS or worker_count() < 2:
+        return [slice(0, height)]
+    step = -(-height // min(height, -(-total // _block_elements(total))))
+    return [slice(start, min(height, start + step)) for start in range(0, height, step)]
 
 
 def _im2col(
@@ -957,7 +1015,7 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
 
     if group_channels == 1:
         weight = weights.astype(dtype).reshape(group, group_out, kh, kw)
-        step = max(1, BLOCK_ELEMENTS // (batch * group_out * ho * wo))
+        step = _step(group, batch * group_out * ho * wo, batch * out_channels * ho * wo)
         blocks = [
             (everything, slice(g * group_out, (g + step) * group_out), everything, everything)
             for g in range(0, group, step)
@@ -971,7 +1029,7 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
 
     elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
         products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
-        step = max(1, BLOCK_ELEMENTS // (out_channels * products.pitch))
+        step = _step(ho, out_channels * products.pitch, out_channels * ho * wo)
         blocks = [
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
         ]
@@ -982,7 +1040,7 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     else:
         depth = group_channels * kh * kw
         weight = weights.astype(dtype).reshape(group, group_out, depth)
-        step = max(1, BLOCK_ELEMENTS // (batch * out_channels * wo))
+        step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
         blocks = [
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
         ]

@@ -350,11 +350,14 @@ def _integer_executor(data: bytes) -> IntegerExecutor:
 
 
 def _onnxruntime_session(data: bytes) -> Any:
+    """A host stage's session. Its idle intra-op threads do not spin: they would hold the cores
+    the MLA stage that follows runs its threads on (`compiler.runtime.parallel`)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 
