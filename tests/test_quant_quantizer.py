@@ -519,10 +519,16 @@ def test_silu_is_one_table_by_default() -> None:
     assert "s" not in result.report["tensors"] and "a1" in result.report["tensors"]
 
 
-def test_threaded_calibration_gives_the_ranges_of_a_sequential_pass() -> None:
-    """Observers fed in a worker thread while ORT computes the next sample, and outputs fetched in
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threaded_calibration_gives_the_ranges_of_a_sequential_pass(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Observers fed by worker threads while ORT computes the next sample, and outputs fetched in
     groups, end in exactly the state of feeding every tensor of every sample in order."""
+    import compiler.quantize.calibrate as calibrate_module
     from compiler.quantize.calibrate import calibrate, float_session
+
+    monkeypatch.setattr(calibrate_module, "OBSERVER_THREADS", threads)
     from compiler.quantize.observers import HistogramObserver
     from compiler.quantize.samples import SamplePasses
 
@@ -548,3 +554,14 @@ def test_threaded_calibration_gives_the_ranges_of_a_sequential_pass() -> None:
             want.max,
         )
         np.testing.assert_array_equal(got.counts, want.counts)
+
+
+def test_observer_shares_give_every_tensor_to_one_worker_largest_first() -> None:
+    from compiler.quantize.calibrate import _shares
+
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 10}
+    runs = [(["a", "b"], [np.zeros(100), np.zeros(60)]), (["c", "d"], [np.zeros(50), np.zeros(10)])]
+    names = [[n for share_names, _ in share for n in share_names] for share in _shares(runs, 2)]
+    assert sorted(n for share in names for n in share) == ["a", "b", "c", "d"]
+    assert sorted(sum(sizes[n] for n in share) for share in names) == [110, 110]
+    assert len(_shares(runs, 8)) == 4  # no empty shares

@@ -37,6 +37,7 @@ from onnx import helper
 
 from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.errors import QuantizationError
+from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 
 __all__ = [
@@ -323,19 +324,10 @@ def single_layer_model(
     model = onnx.ModelProto()
     model.CopyFrom(qdq_model)
     g = model.graph
-    used = {i.name for i in g.input} | {o for n in g.node for o in n.output}
-    used |= {t.name for t in g.initializer}
+    fresh = FreshNames(g)
     feeds: dict[str, str] = {}
     rewire: dict[str, str] = {}
     extra: list[onnx.NodeProto] = []
-
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
 
     for pair in pairs:
         if pair.tensor not in feeds:

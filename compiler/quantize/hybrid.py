@@ -216,15 +216,7 @@ def auto_hybrid(
         return result
 
     def run(p: QuantizationParams) -> tuple[QuantizedModel, AnalysisResult]:
-        q = quantize_model(
-            model,
-            calibration_data,
-            p,
-            target=tgt,
-            progress=progress,
-            input_shapes=input_shapes,
-            op_target=op_target,
-        )
+        q = quantize(p)
         return q, analyze_quantization_error(q.float_model, q.model, evaluate, limit=limit)
 
     current, analysis = run(base)

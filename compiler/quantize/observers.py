@@ -11,7 +11,7 @@ The histogram grows by *exact* re-binning. Its bin edges are the multiples of th
 interpolated. The total count is preserved and only the resolution coarsens.
 
 Binning is the hot loop of calibration (every element of every exposed tensor of every sample),
-so it runs in cache-sized chunks through reused per-thread buffers: divide, floor, shift, clip
+so it runs in chunks through reused per-thread buffers: divide, floor, shift, clip
 and cast in place, then `np.bincount`. It computes exactly what the straightforward
 `floor(x / width) - origin` over the whole array does (same float32 division, same floor; the
 shift and clip act on small integers, exact in float32), about four times faster on large
@@ -34,8 +34,10 @@ __all__ = [
 ]
 
 
-_CHUNK = 1 << 15
-"""Elements binned per step: the float32 and index buffers of one step stay in L2 cache."""
+_CHUNK = 1 << 17
+"""Elements binned per step (1.5 MB of buffers per thread). Smaller steps stay in L2 but make
+more numpy calls, and each call hands the GIL over when calibration bins on several threads:
+on PP-OCRv4, 32 samples, 2 threads, 2**17 took 5.2 s where 2**15 took 6.1 s."""
 
 _scratch = threading.local()
 

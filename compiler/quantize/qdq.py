@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.defines import QuantizationScheme
+from compiler.quantize.names import FreshNames
 from compiler.quantize.plan import ActivationSpec, ParamSpec, QuantPlan
 from compiler.quantize.prepare import remove_unused_initializers
 from compiler.quantize.qparams import (
@@ -62,23 +63,12 @@ class _Builder:
         self.plan = plan
         self.qparams = qparams
         self.inits = {t.name: t for t in self.g.initializer}
-        self.used = {t.name for t in self.g.initializer} | {i.name for i in self.g.input}
-        self.used |= {o for n in self.g.node for o in n.output} | {n.name for n in self.g.node}
+        self.fresh = FreshNames(self.g)
         self.producer = {o: n for n in self.g.node for o in n.output if o}
         self.new_nodes: list[onnx.NodeProto] = []
         self.result = BuildResult(self.model)
         self._param_cache: dict[tuple, str] = {}
         self._qparam_names: dict[str, tuple[str, str]] = {}
-
-    # ---- naming
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
 
     def add_init(self, base: str, value: np.ndarray) -> str:
         name = self.fresh(base)

@@ -40,6 +40,7 @@ from compiler.quantize.analysis import (
 )
 from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.errors import QuantizationError
+from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 
 __all__ = ["OutputSensitivity", "UnitSensitivity", "output_sensitivity"]
@@ -168,16 +169,7 @@ def switched_model(
     model = onnx.ModelProto()
     model.CopyFrom(qdq_model)
     g = model.graph
-    used = {i.name for i in g.input} | {o for n in g.node for o in n.output}
-    used |= {t.name for t in g.initializer}
-
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
+    fresh = FreshNames(g)
 
     g.input.append(helper.make_tensor_value_info(MASK_INPUT, onnx.TensorProto.FLOAT, [len(pairs)]))
     by_name = {n.name: n for n in g.node}
