@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from compiler.quantize.calibrate import Progress, reference_session
+from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
@@ -377,11 +378,11 @@ def analyze_quantization_error(
     tensors = list(dict.fromkeys(p.tensor for p in pairs))
     exposed_float = list(dict.fromkeys(tensors + compared_outputs))
     single_model, feeds = single_layer_model(qdq_model, pairs)
-    float_sess = reference_session(_exposing(float_model, exposed_float))
+    float_sess = reference_session(with_outputs(float_model, exposed_float))
     entire_names = list(dict.fromkeys([p.dequantized for p in pairs] + compared_outputs))
-    entire_sess = reference_session(_exposing(qdq_model, entire_names))
+    entire_sess = reference_session(with_outputs(qdq_model, entire_names))
     single_names = list(dict.fromkeys(p.dequantized for p in pairs))
-    single_sess = reference_session(_exposing(single_model, single_names))
+    single_sess = reference_session(with_outputs(single_model, single_names))
     entire = {p.dequantized: _Sums() for p in pairs}
     single = {p.dequantized: _Sums() for p in pairs}
     entire_parts = {p.dequantized: {n: _Sums() for n, _ in p.parts} for p in pairs}
@@ -390,14 +391,20 @@ def analyze_quantization_error(
     passes = SamplePasses(data)
     total = passes.total if limit is None else min(limit, passes.total or limit)
     done = 0
-    for sample in _limited(passes.new_pass(), limit):
+    for sample in islice(passes.new_pass(), limit):
         feed = as_feed(sample, signature, done)
-        ref = dict(zip(exposed_float, _run(float_sess, exposed_float, feed, done), strict=True))
-        got = dict(zip(entire_names, _run(entire_sess, entire_names, feed, done), strict=True))
+        ref = dict(
+            zip(exposed_float, run_outputs(float_sess, exposed_float, feed, done), strict=True)
+        )
+        got = dict(
+            zip(entire_names, run_outputs(entire_sess, entire_names, feed, done), strict=True)
+        )
         single_feed = dict(feed)
         single_feed.update({feeds[t]: ref[t] for t in tensors})
         alone = dict(
-            zip(single_names, _run(single_sess, single_names, single_feed, done), strict=True)
+            zip(
+                single_names, run_outputs(single_sess, single_names, single_feed, done), strict=True
+            )
         )
         for pair in pairs:
             entire[pair.dequantized].add(ref[pair.tensor], got[pair.dequantized])
@@ -445,25 +452,7 @@ def _split_parts(
     return [(name, *(s[k] for s in split)) for k, (name, _) in enumerate(pair.parts)]
 
 
-def _exposing(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    existing = {o.name for o in exposed.graph.output}
-    for name in names:
-        if name not in existing:
-            exposed.graph.output.append(helper.make_empty_tensor_value_info(name))
-            existing.add(name)
-    return exposed
-
-
-def _limited(samples: Iterable[Any], limit: int | None) -> Iterable[Any]:
-    for k, sample in enumerate(samples):
-        if limit is not None and k >= limit:
-            return
-        yield sample
-
-
-def _run(session: Any, names: list[str], feed: Mapping[str, np.ndarray], index: int) -> list:
+def run_outputs(session: Any, names: list[str], feed: Mapping[str, np.ndarray], index: int) -> list:
     if not names:
         return []
     try:

@@ -15,7 +15,7 @@ exactly those of a sequential pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,6 +39,7 @@ __all__ = [
     "float_session",
     "output_groups",
     "reference_session",
+    "with_outputs",
 ]
 
 Progress = Callable[[int, int | None], None]
@@ -63,12 +64,7 @@ def float_session(model: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSe
 
     Its intra-op threads sleep instead of spinning between runs: during calibration the observer
     thread needs the cores ONNX Runtime's idle workers would otherwise spin on."""
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    existing = {o.name for o in exposed.graph.output}
-    for name in outputs:
-        if name not in existing:
-            exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    exposed = with_outputs(model, outputs)
     if model_nbytes(exposed) >= PROTOBUF_LIMIT - 64 * 2**20:
         return reference_session(exposed)  # opened from external data; spinning stays on
     options = ort.SessionOptions()
@@ -83,6 +79,18 @@ def float_session(model: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSe
         raise QuantizationError(
             f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}"
         ) from None
+
+
+def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of `model` that also returns the tensors `names` (each once) as graph outputs."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    existing = {o.name for o in exposed.graph.output}
+    for name in names:
+        if name not in existing:
+            exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            existing.add(name)
+    return exposed
 
 
 def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:

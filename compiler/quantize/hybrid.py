@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Literal
 
 import onnx
@@ -47,13 +48,11 @@ from compiler.quantize.analysis import (
     AnalysisResult,
     ErrorMetrics,
     LayerError,
-    _exposing,
-    _limited,
-    _run,
     _Sums,
     analyze_quantization_error,
+    run_outputs,
 )
-from compiler.quantize.calibrate import Progress, reference_session
+from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.quantizer import QuantizedModel, quantize_model
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from compiler.quantize.sensitivity import OutputSensitivity, output_sensitivity
@@ -341,15 +340,15 @@ def output_errors(
 ) -> tuple[dict[str, ErrorMetrics], float, float, int]:
     """Per-output errors over the samples, and the pooled signal and noise of all outputs."""
     outputs = [o.name for o in float_model.graph.output]
-    float_sess = reference_session(_exposing(float_model, outputs))
+    float_sess = reference_session(with_outputs(float_model, outputs))
     quant_sess = reference_session(qdq_model)
     signature = input_signature(float_model)
     sums = {name: _Sums() for name in outputs}
     done = 0
-    for sample in _limited(SamplePasses(data).new_pass(), limit):
+    for sample in islice(SamplePasses(data).new_pass(), limit):
         feed = as_feed(sample, signature, done)
-        ref = _run(float_sess, outputs, feed, done)
-        got = _run(quant_sess, outputs, feed, done)
+        ref = run_outputs(float_sess, outputs, feed, done)
+        got = run_outputs(quant_sess, outputs, feed, done)
         for name, r, g in zip(outputs, ref, got, strict=True):
             sums[name].add(r, g)
         done += 1

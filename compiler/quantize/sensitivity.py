@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -33,12 +34,10 @@ from onnx import helper, numpy_helper
 
 from compiler.quantize.analysis import (
     QuantizedTensor,
-    _exposing,
-    _limited,
-    _run,
     find_quantized_tensors,
+    run_outputs,
 )
-from compiler.quantize.calibrate import Progress, reference_session
+from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
@@ -116,20 +115,20 @@ def output_sensitivity(
     switched = switched_model(qdq_model, float_model, pairs)
     groups = _blocks(len(pairs), blocks)
     outputs = [o.name for o in float_model.graph.output]
-    float_sess = reference_session(_exposing(float_model, outputs))
+    float_sess = reference_session(with_outputs(float_model, outputs))
     switch_sess = reference_session(switched)
     signature = input_signature(float_model)
     noise = np.zeros(len(groups) + 1)
     signal = 0.0
     done = 0
-    for sample in _limited(SamplePasses(data).new_pass(), limit):
+    for sample in islice(SamplePasses(data).new_pass(), limit):
         feed = as_feed(sample, signature, done)
-        ref = [np.asarray(v, np.float64) for v in _run(float_sess, outputs, feed, done)]
+        ref = [np.asarray(v, np.float64) for v in run_outputs(float_sess, outputs, feed, done)]
         signal += sum(float(np.square(r).sum()) for r in ref)
         for k, group in enumerate([*groups, range(len(pairs))]):
             masks = np.zeros(len(pairs), np.float32)
             masks[list(group)] = 1.0
-            got = _run(switch_sess, outputs, {**feed, MASK_INPUT: masks}, done)
+            got = run_outputs(switch_sess, outputs, {**feed, MASK_INPUT: masks}, done)
             noise[k] += sum(
                 float(np.square(r - np.asarray(g, np.float64)).sum())
                 for r, g in zip(ref, got, strict=True)
