@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from compiler.defines import (
     CalibrationMethod,
@@ -72,6 +72,15 @@ def _allowed(values: tuple[str, ...] | list[str]) -> str:
     return ", ".join(values)
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "quantized_dtype": tuple(DTYPE_PLATFORMS),
+    "quantized_method": METHODS,
+    "memory_plan_strategy": MEMORY_PLANS,
+    "compute_order": COMPUTE_ORDERS,
+}
+"""Fields whose value must be one of a fixed list (one validator checks them all)."""
+
+
 class RknnConfig(BaseModel):
     """`rknn.config(...)` options that matter for quantization and compilation."""
 
@@ -109,11 +118,12 @@ class RknnConfig(BaseModel):
             )
         return key
 
-    @field_validator("quantized_dtype")
+    @field_validator(*_CHOICES)
     @classmethod
-    def _dtype(cls, value: str) -> str:
-        if value not in DTYPE_PLATFORMS:
-            raise ValueError(f"quantized_dtype {value!r}: one of {_allowed(list(DTYPE_PLATFORMS))}")
+    def _one_of(cls, value: str, info: ValidationInfo) -> str:
+        allowed = _CHOICES[info.field_name]
+        if value not in allowed:
+            raise ValueError(f"{info.field_name} {value!r}: one of {_allowed(allowed)}")
         return value
 
     @field_validator("quantized_algorithm")
@@ -123,13 +133,6 @@ class RknnConfig(BaseModel):
             raise ValueError(
                 f"quantized_algorithm {value!r}: one of {_allowed(list(ALGORITHMS))} (gdq is not implemented)"
             )
-        return value
-
-    @field_validator("quantized_method")
-    @classmethod
-    def _method(cls, value: str) -> str:
-        if value not in METHODS:
-            raise ValueError(f"quantized_method {value!r}: one of {_allowed(METHODS)}")
         return value
 
     @field_validator("optimization_level")
@@ -165,23 +168,9 @@ class RknnConfig(BaseModel):
             )
         return value
 
-    @field_validator("memory_plan_strategy")
-    @classmethod
-    def _memory_plan(cls, value: str) -> str:
-        if value not in MEMORY_PLANS:
-            raise ValueError(f"memory_plan_strategy {value!r}: one of {_allowed(MEMORY_PLANS)}")
-        return value
-
-    @field_validator("compute_order")
-    @classmethod
-    def _compute_order(cls, value: str) -> str:
-        if value not in COMPUTE_ORDERS:
-            raise ValueError(f"compute_order {value!r}: one of {_allowed(COMPUTE_ORDERS)}")
-        return value
-
     @field_validator("mean_values", "std_values")
     @classmethod
-    def _channels(cls, value: Any, info: Any) -> Any:
+    def _channels(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
             return None
         lists = value if value and isinstance(value[0], list) else [value]

@@ -571,6 +571,23 @@ def output_stage(
     )
 
 
+def _rescaled(
+    memory: MemoryPort, instruction: Pool | Resize, codes: np.ndarray, what: str
+) -> np.ndarray:
+    """Selected input codes through the instruction's optional output stage (centred on its
+    input zero point); without one they are stored as they are, in the same dtype."""
+    if instruction.requant is None:
+        _same_dtype(what, instruction.input, instruction.output)
+        return codes
+    return output_stage(
+        memory,
+        codes,
+        instruction.requant,
+        zero_point=instruction.input_zero_point,
+        target=instruction.output,
+    )
+
+
 def _same_dtype(what: str, source: Tensor, target: Tensor) -> None:
     """Without a rescale the codes are moved as they are, so the storage types must agree."""
     if source.dtype != target.dtype:
@@ -1290,17 +1307,7 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
             x = x.astype(np.int64)
         pooled = _window_max(_pad_hw(x, instruction.pads, instruction.pad_value), *geometry)
         _expect_shape("the POOL output", instruction.output.shape, pooled.shape)
-        if instruction.requant is not None:
-            pooled = output_stage(
-                memory,
-                pooled,
-                instruction.requant,
-                zero_point=instruction.input_zero_point,
-                target=instruction.output,
-            )
-        else:
-            _same_dtype("a MAX POOL", instruction.input, instruction.output)
-        memory.write(instruction.output, pooled)
+        memory.write(instruction.output, _rescaled(memory, instruction, pooled, "a MAX POOL"))
         return
     if instruction.requant is None:
         raise EmulatorError("an average POOL needs its output stage")
@@ -1389,16 +1396,8 @@ def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
         if instruction.requant is None:
             raise EmulatorError("a linear RESIZE needs its output stage")
         x = output_stage(memory, x, instruction.requant)
-    elif instruction.requant is not None:
-        x = output_stage(
-            memory,
-            x,
-            instruction.requant,
-            zero_point=instruction.input_zero_point,
-            target=instruction.output,
-        )
     else:
-        _same_dtype("a NEAREST RESIZE", instruction.input, instruction.output)
+        x = _rescaled(memory, instruction, x, "a NEAREST RESIZE")
     memory.write(instruction.output, x)
 
 
