@@ -13,7 +13,7 @@ Speed without changing a bit (the emulator runs whole networks):
 * CONV is im2col and a matrix product per group (on a block of output rows at a time), or a
   sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
   copies less), or, for depthwise, a sum over taps of contiguous slices of each channel's
-  flattened rows times per-channel weights (`_depthwise_flat`);
+  flattened rows times per-channel weights (`_depthwise`);
 * output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
   produced them, as `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and
   tested equal to `compiler.intmath.requantize_clamp`) where it applies, else as that
@@ -824,44 +824,6 @@ def _im2col(
     return columns
 
 
-def _depthwise(
-    x: np.ndarray,
-    weight: np.ndarray,
-    strides: tuple[int, int],
-    dilations: tuple[int, int],
-    out_hw: tuple[int, int],
-) -> np.ndarray:
-    """Grouped convolution with one input channel per group, as a sum over the kernel taps.
-
-    x is the padded (N, G, H, W) input, weight (G, M/G, kh, kw); the result is (N, G, M/G, Ho,
-    Wo). im2col would copy the input kh·kw times to feed matrix products of depth kh·kw, one per
-    channel; scaling each shifted slice by its per-channel weights, all channels at once, costs
-    two passes per tap instead.
-    """
-    batch, groups = x.shape[:2]
-    group_out, kh, kw = weight.shape[1:]
-    (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_hw
-    if FLAT_DEPTHWISE:
-        return _depthwise_flat(x, weight, strides, dilations, out_hw)
-    acc = np.empty((batch, groups, group_out, ho, wo), dtype=x.dtype)
-    product = np.empty_like(acc)
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
-            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
-            tap = x[:, :, None, rows, cols]
-            if i == j == 0:
-                np.multiply(tap, weight[:, :, i, j, None, None], out=acc)
-            else:
-                np.multiply(tap, weight[:, :, i, j, None, None], out=product)
-                acc += product
-    return acc
-
-
-FLAT_DEPTHWISE = True
-"""Whether `_depthwise` runs as `_depthwise_flat`."""
-
-
 def _stride_phases(
     x: np.ndarray, strides: tuple[int, int], phases: set[tuple[int, int]], pool: str
 ) -> tuple[dict[tuple[int, int], np.ndarray], int]:
@@ -884,16 +846,20 @@ def _stride_phases(
     return flat, pitch
 
 
-def _depthwise_flat(
+def _depthwise(
     x: np.ndarray,
     weight: np.ndarray,
     strides: tuple[int, int],
     dilations: tuple[int, int],
     out_hw: tuple[int, int],
 ) -> np.ndarray:
-    """`_depthwise` on each channel's padded rows flattened to one line.
+    """Grouped convolution with one input channel per group, as a sum over the kernel taps.
 
-    Tap (i, j) of output (h, w) reads element (h + r) · pitch + w + c of one stride phase of
+    x is the padded (N, G, H, W) input, weight (G, M/G, kh, kw); the result is (N, G, M/G, Ho,
+    Wo). im2col would copy the input kh·kw times to feed matrix products of depth kh·kw, one per
+    channel; scaling each shifted slice by its per-channel weights, all channels at once, costs
+    two passes per tap instead. Each channel's padded rows are flattened to one line: tap (i, j)
+    of output (h, w) reads element (h + r) · pitch + w + c of one stride phase of
     the input (`_stride_phases`; r, c the tap's offset in it), so each tap's operand is one
     contiguous range of every channel: numpy's loops run over whole channels rather than over
     rows of a few elements (late layers are 7x7 or 14x14), and never with a stride. Outputs are
