@@ -126,3 +126,21 @@ def test_bad_hybrid_metric(workdir: Path) -> None:
     args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
     result = runner.invoke(app, [*args, "--auto-hybrid", "0.98", "--hybrid-metric", "worst"])
     assert result.exit_code != 0 and "hybrid-metric" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--target-sqnr", "-5"], "target_sqnr_db=-5.0: must be a positive SQNR in dB"),
+        (["--auto-hybrid", "1.5"], "cos_thresh=1.5: must be in (0, 1]"),
+    ],
+)
+def test_bad_hybrid_settings_fail_cleanly_without_writing(
+    workdir: Path, flags: list[str], message: str
+) -> None:
+    out = workdir / "never.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), *flags])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert not out.exists()

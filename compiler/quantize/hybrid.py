@@ -180,6 +180,8 @@ def auto_hybrid(
         raise ValueError(f"max_rounds={max_rounds}: must be at least 1")
     if metric not in ("single", "entire"):
         raise ValueError(f"metric={metric!r}: expected 'single' or 'entire'")
+    if target_sqnr_db is not None and not target_sqnr_db > 0:
+        raise ValueError(f"target_sqnr_db={target_sqnr_db}: must be a positive SQNR in dB")
     rknn_cos = getattr(params, "auto_hybrid_cos_thresh", None)
     rknn_euc = getattr(params, "auto_hybrid_euc_thresh", None)
     cos = cos_thresh if cos_thresh is not None else rknn_cos or DEFAULT_COS_THRESH
