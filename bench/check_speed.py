@@ -3,8 +3,14 @@
 Two figures per model: the full check (placement, segments, and the rewrite rules' suggestions
 per blocker) and the check without suggestions (placement and segments only).
 
-For every model in ../shared/models, the best of N runs of each, side by side in one process.
-The issue's bar: check ≤ 1.5× the floor. Prints a table and writes bench/results/check_speed.json.
+For every model in ../shared/models, the best of N runs of each, side by side in one process,
+taken in turns (floor, check, check without suggestions, floor, …): both read and free
+megabytes of weights, and how fast that is depends on what glibc's allocator has kept from
+earlier work (a floor measured right after a check was up to 2× slower than one measured in
+a fresh process, because freed memory had gone back to the OS and had to be faulted in
+again). Taking turns gives every contender the same allocator state and the same background
+load. The issue's bar: check ≤ 1.5× the floor. Prints a table and writes
+bench/results/check_speed.json.
 
     python bench/check_speed.py [--repeat 7] [--models DIR]
 """
@@ -15,6 +21,8 @@ import argparse
 import csv
 import json
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import onnx
@@ -43,12 +51,14 @@ def run_inputs(index: Path) -> dict[str, dict[str, list[int]]]:
     return shapes
 
 
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
+def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """The best wall time of each function over `repeat` rounds, one call of each per round."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
+        for label, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[label] = min(best[label], time.perf_counter() - t)
     return best
 
 
@@ -66,18 +76,16 @@ def main() -> None:
     shapes = run_inputs(args.models / "INDEX.tsv")
     rows = []
     for path in sorted(args.models.glob("*.onnx")):
-        floor(path)  # warm caches (file system, onnx schemas) for both contenders
-        check_model(path, args.target, input_shapes=shapes.get(path.name))
-        t_floor = best_of(lambda p=path: floor(p), args.repeat)
-        t_check = best_of(
-            lambda p=path: check_model(p, args.target, input_shapes=shapes.get(p.name)), args.repeat
+        given = shapes.get(path.name)
+        times = best_in_turns(
+            {
+                "floor": partial(floor, path),
+                "check": partial(check_model, path, args.target, input_shapes=given),
+                "place": partial(check_model, path, args.target, input_shapes=given, suggest=False),
+            },
+            args.repeat + 1,  # the first round warms caches (file system, onnx schemas)
         )
-        t_place = best_of(
-            lambda p=path: check_model(
-                p, args.target, input_shapes=shapes.get(p.name), suggest=False
-            ),
-            args.repeat,
-        )
+        t_floor, t_check, t_place = times["floor"], times["check"], times["place"]
         report = check_model(path, args.target, input_shapes=shapes.get(path.name))
         rows.append(
             {

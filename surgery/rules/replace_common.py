@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper, version_converter
+from onnx import helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
-from surgery.graph import GraphView, attribute_values
+from surgery.graph import GraphView, TensorInfo, attribute_values
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import import_graph, nodes_by_name
@@ -75,8 +75,7 @@ def probe_node(
     probes = ctx.probes
     if key in probes:
         return probes[key]
-    model, constants = _probe_model(op, inputs, outputs, attrs or {}, opset)
-    view = GraphView(model)
+    view, constants = _probe_view(op, inputs, outputs, attrs or {}, opset)
     decision = ctx.target.decide(op, NodeContext(view, 0, constants), known_op=True)
     if decision.processor == "MLA":
         answer = None
@@ -116,34 +115,88 @@ def _probe_key(
     )
 
 
-def _probe_model(
+class _ProbeView(GraphView):
+    """The view of a one-node model, built from the node and its tensor specs directly.
+
+    A probe asks the same `Target.decide` as `surgery check`, which reads the node only
+    through a GraphView; serialising specs into a ModelProto (value infos, initializers) just
+    to parse them back cost more than the placement itself. Tensor types still go through
+    `shape_from_type` of the TypeProto the model would hold, so dims read the same.
+    """
+
+    def __init__(
+        self,
+        node: onnx.NodeProto,
+        opset: int,
+        specs: dict[str, TensorSpec],
+        graph_inputs: list[str],
+        graph_outputs: list[str],
+    ) -> None:
+        self.model = onnx.ModelProto(opset_import=[helper.make_opsetid("", opset)])
+        self.nodes = [node]
+        self.initializers = {}
+        self.graph_inputs = graph_inputs
+        self.graph_outputs = graph_outputs
+        self.op_types = [node.op_type]
+        self.names = [node.name or f"{node.op_type}_0"]
+        self.domains = [node.domain]
+        self.node_inputs = [tuple(node.input)]
+        self.node_outputs = [tuple(node.output)]
+        self.producer = {out: 0 for out in node.output if out}
+        self.consumers = {name: [0] for name in node.input if name}
+        self.reload_value_info()
+        self._specs = specs
+
+    def _make_tensor_info(self, name: str) -> TensorInfo:
+        spec = self._specs.get(name)
+        if spec is None:
+            return TensorInfo(name, 0, None, False)
+        if spec.value is not None:
+            value = np.asarray(spec.value)
+            elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+            return TensorInfo(name, elem_type, tuple(value.shape), True)
+        type_proto = helper.make_tensor_type_proto(spec.elem_type, spec.shape)
+        return TensorInfo(name, *self._parse_type(type_proto))
+
+    def has_tensor_info(self, name: str) -> bool:
+        return name in self._specs
+
+    def is_initializer(self, name: str) -> bool:
+        spec = self._specs.get(name)
+        return spec is not None and spec.value is not None
+
+    def _decode_constant(self, name: str, max_elements: int) -> np.ndarray | None:
+        spec = self._specs.get(name)
+        if spec is None or spec.value is None:
+            return None
+        value = np.asarray(spec.value)
+        return value if value.size <= max_elements else None
+
+
+def _probe_view(
     op: str,
     inputs: Sequence[TensorSpec | None],
     outputs: Sequence[TensorSpec],
     attrs: dict[str, Any],
     opset: int,
-) -> tuple[onnx.ModelProto, frozenset[str]]:
-    names, infos, inits, constants = [], [], [], set()
+) -> tuple[_ProbeView, frozenset[str]]:
+    """The one-node model's view (inputs in0…, outputs out0…) and its constant inputs."""
+    names, specs, graph_inputs, constants = [], {}, [], set()
     for k, spec in enumerate(inputs):
         if spec is None:
             names.append("")
             continue
         name = f"in{k}"
         names.append(name)
-        if spec.value is not None:
-            inits.append(numpy_helper.from_array(np.asarray(spec.value), name))
-        else:
-            infos.append(helper.make_tensor_value_info(name, spec.elem_type, spec.shape))
+        specs[name] = spec
+        if spec.value is None:
+            graph_inputs.append(name)
         if spec.constant or spec.value is not None:
             constants.add(name)
-    outs = [
-        helper.make_tensor_value_info(f"out{k}", s.elem_type, s.shape)
-        for k, s in enumerate(outputs)
-    ]
-    node = helper.make_node(op, names, [o.name for o in outs], **attrs)
-    graph = helper.make_graph([node], "probe", infos, outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return model, frozenset(constants)
+    outs = [f"out{k}" for k in range(len(outputs))]
+    specs.update(zip(outs, outputs, strict=True))
+    node = helper.make_node(op, names, outs, **attrs)
+    return _ProbeView(node, opset, specs, graph_inputs, outs), frozenset(constants)
 
 
 def all_on_mla(probes: Iterable[Reason | None]) -> bool:
