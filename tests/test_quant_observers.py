@@ -120,6 +120,20 @@ def test_histogram_rebinning_matches_a_direct_histogram() -> None:
     assert np.abs(h.counts - direct).sum() <= 2  # float rounding at bin edges only
 
 
+def test_histogram_grows_from_a_narrow_range_to_float32_extremes() -> None:
+    """An exported attention mask adds (1 - mask) * float32.min: after a narrow first sample
+    the bins widen by more than 2**63 at once, which must merge, not overflow."""
+    h = HistogramObserver(num_bins=256)
+    h.update(np.linspace(-1e-3, 1e-3, 1000, dtype=np.float32))
+    lowest = float(np.finfo(np.float32).min)
+    h.update(np.array([lowest, 0.5], dtype=np.float32))
+    assert h.total == 1002
+    assert h.lower <= lowest and h.upper > 0.5
+    zero_bin = int(np.searchsorted(h.edges(), 0.0, side="right")) - 1
+    assert h.counts[zero_bin - 1 : zero_bin + 1].sum() == 1001  # the narrow sample and 0.5
+    assert h.counts[0] == 1
+
+
 @pytest.mark.parametrize(
     "method",
     [MinMaxMethod(), MovingAverageMinMaxMethod(), HistogramMSEMethod(), HistogramEntropyMethod()],
