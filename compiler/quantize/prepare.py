@@ -4,9 +4,15 @@
   configs written against the user's model keep pointing at the same nodes.
 - The opset is raised when the QDQ form needs it (13 for per-channel axes, 21 for int16 and
   int4 Q/DQ), with ONNX's version converter.
+- Initializers listed as graph inputs (IR-3 files such as light_resnet50) stop being inputs:
+  `surgery check` already counts them as weights, and a weight the caller may override can be
+  neither quantized nor compiled into an MLA program.
 - Weights become initializers wherever they live: `Constant` nodes (Paddle exports keep every
   weight in one) and constant subgraphs (evaluated once with ONNX Runtime). ONNX Runtime's
   quantizer treats such weights as activations; that is how it reaches 2.3 dB on PP-OCRv4.
+- An n-ary Sum (older exports write residual adds so) becomes a chain of two-input Adds, the
+  form the MLA lowers: target profiles place Sum on the MLA as an n-ary add, so without this
+  a compile would split the segment `surgery check` counts at every Sum.
 - BatchNormalization after a Conv/ConvTranspose is folded into its weights and bias, as the MLA
   does, and so are per-channel Mul/Add/Sub/Div by constants (Paddle exports BN as such a chain).
   Quantizing the unfolded chain would round the conv output once per op and quantize a
@@ -24,6 +30,7 @@ import onnxruntime as ort
 from onnx import numpy_helper, version_converter
 
 from compiler.quantize.errors import QuantizationError
+from compiler.quantize.names import FreshNames
 from surgery.coverage import NON_FOLDABLE_OPS
 from surgery.graph import GraphView, node_label
 from surgery.model import infer_model_shapes, load_model, toposort_nodes
@@ -77,10 +84,12 @@ def prepare_model(
     if original < opset:
         proto = _convert_opset(proto, opset)
         _label_nodes(proto)
+    _initializers_not_inputs(proto)
     prepared = PreparedModel(proto, frozenset(names), original, max(original, opset))
     prepared.folded_constants = _constants_to_initializers(proto)
     prepared.folded_constants += _fold_constant_subgraphs(proto)
     prepared.folded_affine = _fold_affine(proto)
+    _sums_as_adds(proto)
     if add_biases:
         prepared.added_biases = _add_zero_biases(proto)
     remove_unused_initializers(proto)
@@ -103,6 +112,19 @@ def _label_nodes(model: onnx.ModelProto) -> list[str]:
     return names
 
 
+def _initializers_not_inputs(model: onnx.ModelProto) -> None:
+    """Drop graph inputs that name an initializer (allowed from IR version 4 on)."""
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in weights]
+    if len(inputs) < len(model.graph.input):
+        kept = [onnx.ValueInfoProto() for _ in inputs]
+        for copy, original in zip(kept, inputs, strict=True):
+            copy.CopyFrom(original)
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        model.ir_version = max(model.ir_version, 4)
+
+
 def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
         converted = version_converter.convert_version(model, opset)
@@ -112,6 +134,11 @@ def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
             f"version converter failed: {str(exc).splitlines()[0][:200]}",
             hint="convert the model to a newer opset when exporting it",
         ) from None
+    # The converter keeps the IR version; an IR-3 file (initializers listed as inputs) at
+    # opset 13 would then fail the checker once the quantizer adds its scale initializers.
+    converted.ir_version = max(
+        converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import))
+    )
     infer_model_shapes(converted)
     return converted
 
@@ -415,6 +442,32 @@ def _replace_initializer(inits: dict[str, onnx.TensorProto], name: str, value: n
 
 
 # --------------------------------------------------------------------------- biases
+
+
+def _sums_as_adds(model: onnx.ModelProto) -> None:
+    """Sum(x0, x1, …, xn) → Add(…Add(Add(x0, x1), x2)…, xn), left to right as Sum adds; the
+    last Add keeps the node's name and output."""
+    graph = model.graph
+    if not any(n.op_type == "Sum" and len(n.input) > 1 for n in graph.node):
+        return
+    fresh = FreshNames(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        inputs = list(node.input)
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or len(inputs) < 2:
+            kept = onnx.NodeProto()
+            kept.CopyFrom(node)
+            nodes.append(kept)
+            continue
+        partial = inputs[0]
+        for k, operand in enumerate(inputs[1:], start=1):
+            last = k == len(inputs) - 1
+            output = node.output[0] if last else fresh(f"{node.name}_partial{k}")
+            name = node.name if last else fresh(f"{node.name}_add{k}")
+            nodes.append(onnx.helper.make_node("Add", [partial, operand], [output], name=name))
+            partial = output
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _add_zero_biases(model: onnx.ModelProto) -> list[str]:
