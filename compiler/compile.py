@@ -23,6 +23,7 @@ from compiler.lower.memory import Strategy
 from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipeline
 from compiler.lower.schedule import ComputeOrder
 from compiler.lower.tessellate import TensorTessellateParameters
+from surgery.check import check_model
 from surgery.model import read_model
 
 
@@ -103,7 +104,7 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path)
         default_name = path.name.removesuffix(".onnx")
-    _check_quantized(model, model_path)
+    notes = _check_quantized(model, model_path, target)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(
         target=target,
@@ -142,17 +143,28 @@ def compile_model(
         actual_batch_size=compiled.batch.actual,
         quads=compiled.quads,
         compile_seconds=time.perf_counter() - started,
-        notes=list(compiled.notes),
+        notes=[*notes, *compiled.notes],
         compiled=compiled,
     )
 
 
-def _check_quantized(model: onnx.ModelProto, label: str) -> None:
-    """A float model or one with dynamic inputs cannot be compiled; say so before lowering."""
+def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[str]:
+    """A float model with work for the MLA, or one with dynamic inputs, cannot be compiled; say
+    so before lowering. A float model of which no node runs on the MLA (the quantizer leaves
+    such a model float) compiles to host stages only, as `surgery check` counts 0 `.elf`s;
+    the returned note says so."""
+    notes = []
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
-        raise CompileError(
-            f"{label} is not a quantized (QDQ) model: it has no QuantizeLinear/DequantizeLinear",
-            hint="quantize it first: surgery quantize MODEL --calib DATA (or load_model(...).quantize(...))",
+        segments = check_model(model, target).mla_segments
+        if segments:
+            raise CompileError(
+                f"{label} is not a quantized (QDQ) model: it has no QuantizeLinear/"
+                f"DequantizeLinear, and {segments} MLA segment(s) need quantized data",
+                hint="quantize it first: surgery quantize MODEL --calib DATA (or load_model(...).quantize(...))",
+            )
+        notes.append(
+            f"no node of {label} runs on the MLA of {target} (surgery check: 0 MLA segments); "
+            "the archive runs every stage on the host"
         )
     constants = {i.name for i in model.graph.initializer}
     for graph_input in model.graph.input:
@@ -165,6 +177,7 @@ def _check_quantized(model: onnx.ModelProto, label: str) -> None:
                 "static shapes",
                 hint="fix the input shape (surgery check --input-shape NAME=DIMS) and quantize again",
             )
+    return notes
 
 
 def _safe_name(name: str) -> str:

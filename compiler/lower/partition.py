@@ -431,14 +431,16 @@ def tensor_types(partition: Partition) -> dict[str, TensorType]:
         if name in found:
             found[name] = TensorType(found[name].shape, np.dtype(params.dtype))
     if needed - set(found):
-        found.update(_executed_types(partition))
+        found.update(_executed_types(partition, sorted(needed - set(found))))
     missing = sorted(needed - set(found))
     if missing:
         raise CompileError(f"cannot tell the shape of {', '.join(missing[:5])}")
     return found
 
 
-def _executed_types(partition: Partition) -> dict[str, TensorType]:
+def _executed_types(partition: Partition, unknown: list[str]) -> dict[str, TensorType]:
+    """Types of the `unknown` tensors (shape inference left them open, e.g. behind an If), from
+    one run of the reference executor on zero inputs."""
     from compiler.runtime.reference import IntegerExecutor
 
     executor = IntegerExecutor(partition.model, partition.mode, keep_intermediates=True)
@@ -450,7 +452,17 @@ def _executed_types(partition: Partition) -> dict[str, TensorType]:
         dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         inputs[info.name] = np.zeros(dims, dtype=dtype)
-    executor.run(inputs)
+    try:
+        executor.run(inputs)
+    except Exception as error:  # noqa: BLE001 - any op may reject placeholder zeros
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise CompileError(
+            f"cannot tell the shape of {', '.join(unknown[:5])}: shape inference leaves "
+            f"{'it' if len(unknown) == 1 else 'them'} unknown, and running the model on zero "
+            f"inputs to measure {'it' if len(unknown) == 1 else 'them'} failed ({reason})",
+            hint="give the inputs static shapes (surgery check --input-shape NAME=DIMS) or cut "
+            "the part that computes them off the model (surgery split)",
+        ) from None
     return {
         name: TensorType(tuple(np.shape(value)), np.asarray(value).dtype)
         for name, value in executor.intermediates.items()

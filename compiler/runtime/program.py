@@ -20,6 +20,7 @@ from compiler.intmath import dequantize_linear, quantize_linear
 from compiler.runtime.errors import ExecutionError
 from compiler.runtime.ops.base import Kernel
 from compiler.runtime.qparams import NotLowerable, QuantParams
+from surgery.edit import node_reads
 
 StepKind = Literal["integer", "quantize", "dequantize", "float"]
 Values = dict[str, np.ndarray]
@@ -104,7 +105,8 @@ class FloatStep:
         self.name = node.name or node.output[0]
         self.pattern = node.op_type
         self.reason = reason
-        self.inputs = tuple(dict.fromkeys(name for name in node.input if name))
+        # An If/Loop/Scan body may read tensors of the outer graph: they are inputs too.
+        self.inputs = tuple(dict.fromkeys(node_reads(node)))
         self.outputs = tuple(node.output)
         untyped = onnx.TypeProto()
         graph = helper.make_graph(

@@ -1,0 +1,112 @@
+"""Models of which no node runs on the MLA: `surgery check` counts 0 `.elf` files, the
+quantizer leaves them float, and compile builds a host-only archive (or says why it cannot)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.archive import read_archive
+from compiler.compile import compile_model
+from compiler.lower.errors import CompileError
+from compiler.runtime.pipeline import run_archive
+from surgery.check import check_model
+
+
+def _top3() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1)],
+        "top3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [1, 3]),
+        ],
+        [numpy_helper.from_array(np.array([3], np.int64), "k")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _branch(name: str, node: onnx.NodeProto) -> onnx.GraphProto:
+    return helper.make_graph(
+        [node], name, [], [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)]
+    )
+
+
+def _if_that_fails_on_zeros() -> onnx.ModelProto:
+    """y = x if sum(x) > 0 else reshape(x, [3, -1]), which 4 values cannot take: shape
+    inference cannot tell y's shape, and the zero-input run takes the failing branch."""
+    shape = numpy_helper.from_array(np.array([3, -1], np.int64), "three_rows")
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        helper.make_node(
+            "If",
+            ["positive"],
+            ["y"],
+            then_branch=_branch("keep", helper.make_node("Identity", ["x"], ["kept"])),
+            else_branch=_branch(
+                "fold", helper.make_node("Reshape", ["x", "three_rows"], ["folded"])
+            ),
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "branchy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), shape],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_float_model_without_mla_work_compiles_to_host_stages_only(tmp_path) -> None:
+    model = _top3()
+    assert check_model(model).mla_segments == 0
+    result = compile_model(model, tmp_path, model_name="top3")
+    assert result.elf_files == [] and result.mla_segments == 0
+    assert {s["processor"] for s in result.stages} == {"APU"}
+    assert any("0 MLA segments" in note for note in result.notes)
+    x = np.array([[5, 1, 9, 3, 7, 0, 2, 8, 6, 4]], np.float32)
+    outputs, _ = run_archive(read_archive(result.archive), {"x": x})
+    assert outputs["values"].tolist() == [[9, 8, 7]]
+    assert outputs["indices"].tolist() == [[2, 7, 4]]
+
+
+def test_an_unmeasurable_shape_is_a_compile_error_naming_the_tensor(tmp_path) -> None:
+    with pytest.raises(CompileError, match=r"cannot tell the shape of .*y.*zero inputs"):
+        compile_model(_if_that_fails_on_zeros(), tmp_path, model_name="branchy")
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def _sign_flip() -> onnx.ModelProto:
+    """y = -x if sum(x) > 0 else x: both branches read x from the outer graph."""
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        helper.make_node(
+            "If",
+            ["positive"],
+            ["y"],
+            then_branch=_branch("flip", helper.make_node("Neg", ["x"], ["flipped"])),
+            else_branch=_branch("keep", helper.make_node("Identity", ["x"], ["kept"])),
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sign_flip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_branches_that_read_the_outer_graph_compile_and_run(tmp_path) -> None:
+    result = compile_model(_sign_flip(), tmp_path, model_name="sign_flip")
+    archive = read_archive(result.archive)
+    for x, expected in (([1, 2, 3, 4], [-1, -2, -3, -4]), ([-1, -2, 0, 1], [-1, -2, 0, 1])):
+        outputs, _ = run_archive(archive, {"x": np.array([x], np.float32)})
+        assert outputs["y"].tolist() == [expected]
