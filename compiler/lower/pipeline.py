@@ -75,6 +75,7 @@ from compiler.lower.tessellate import (
 )
 from compiler.runtime.program import DequantizeStep, QuantizeStep
 from surgery.targets import Target, resolve_target
+from surgery.verify import input_specs
 
 DRAM_ALIGNMENT = 64
 PROCESSOR_NAMES = {"MLA": "MLA", "CVU": "EV74", "APU": "A65"}
@@ -125,6 +126,9 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str = "NCHW"
+    value_range: tuple[int, int] | None = None
+    """[low, high) of the values an integer input may take (ids into a Gather table of `high`
+    rows); None when any value of the dtype is valid."""
 
     @property
     def size(self) -> int:
@@ -138,13 +142,16 @@ class TensorSpec:
         return math.prod(self.shape) * itemsize
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        node = {
             "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "layout": self.layout,
             "size": self.size,
         }
+        if self.value_range is not None:
+            node["value_range"] = list(self.value_range)
+        return node
 
 
 @dataclass
@@ -300,6 +307,7 @@ def compile_pipeline(
                 f"{segment.name}: {len(segment.plan.spilled)} tensors spill to DRAM "
                 f"({segment.plan.dram_bytes} bytes of scratch)"
             )
+    index_ranges = _index_ranges(partition.model)
     return CompiledModel(
         name=name,
         target=target.name,
@@ -308,7 +316,13 @@ def compile_pipeline(
         batch=batch,
         quads=quads,
         inputs=[
-            TensorSpec(n, shapes[n], types[n].dtype.name, layouts.pipeline_inputs.get(n, "NCHW"))
+            TensorSpec(
+                n,
+                shapes[n],
+                types[n].dtype.name,
+                layouts.pipeline_inputs.get(n, "NCHW"),
+                index_ranges.get(n),
+            )
             for n in partition.input_names
         ],
         outputs=[
@@ -582,6 +596,16 @@ def _assemble(
             "params": plugin.params,
         }
     return stages
+
+
+def _index_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Integer inputs that index a Gather table: their valid [low, high) (the rule `surgery
+    verify` draws random inputs by), so `surgery run` without inputs feeds valid token ids."""
+    return {
+        spec.name: (int(spec.low), int(spec.high))
+        for spec in input_specs(model)
+        if spec.dtype.kind in "iu" and spec.range_source
+    }
 
 
 def _chosen(layouts: LayoutPlan) -> dict[str, TensorTessellateParameters]:

@@ -49,8 +49,9 @@ def compare_output(value: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
 def random_inputs(
     manifest: dict[str, Any], frames: int = 1, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Seeded inputs in [0, 1) (integers in [0, 100)) of the archive's declared input shapes,
-    `frames` stacked on axis 0: what `surgery run` and the MCP `run_archive` feed by default."""
+    """Seeded inputs in [0, 1) (integers in the node's `value_range`, else [0, 100)) of the
+    archive's declared input shapes, `frames` stacked on axis 0: what `surgery run` and the
+    MCP `run_archive` feed by default."""
     rng = np.random.default_rng(seed)
     feed = {}
     for node in manifest["input_nodes"]:
@@ -60,5 +61,6 @@ def random_inputs(
         if dtype.kind == "f":
             feed[node["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
         else:
-            feed[node["name"]] = rng.integers(0, 100, shape).astype(dtype)
+            low, high = node.get("value_range", (0, 100))
+            feed[node["name"]] = rng.integers(low, high, shape).astype(dtype)
     return feed

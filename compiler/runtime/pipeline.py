@@ -381,7 +381,14 @@ def _run_onnxruntime(archive, plugin, frames: list[Buffers], stage: StageStats, 
     outputs = [n["name"] for n in plugin["output_nodes"]]
     for frame in frames:
         clock = time.perf_counter()
-        results = session.run(outputs, {name: frame[(name, "NCHW")] for name in names})
+        try:
+            results = session.run(outputs, {name: frame[(name, "NCHW")] for name in names})
+        except Exception as error:  # noqa: BLE001 - ORT raises one class per status code
+            message = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ExecutionError(
+                f"stage {plugin['name']!r} ({plugin['processor']}, ONNX Runtime) rejected "
+                f"its inputs: {message}"
+            ) from None
         stage.run_seconds += time.perf_counter() - clock
         for name, value in zip(outputs, results, strict=True):
             frame[(name, "NCHW")] = np.asarray(value)
