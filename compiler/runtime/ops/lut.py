@@ -5,6 +5,7 @@ table[q - min] = saturate(round_half_even(f((q - z_in) * s_in) / s_out) + z_out)
 compiler computes it, the MLA only indexes it), so it is exact by construction: the only error
 against float is the output rounding. A Mul of x by Sigmoid(x) or HardSigmoid(x) with no
 QuantizeLinear in between (SiLU / Swish / HardSwish written out) is one table of x * gate(x).
+Pow with a constant scalar exponent is a table too.
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def _swish(ctx: OpContext) -> RealFunction:
     return lambda x: x * _sigmoid(alpha * x)
 
 
+def _pow(ctx: OpContext) -> RealFunction:
+    """x ** e for a constant scalar exponent (target profiles place Pow on the MLA only so)."""
+    exponent = ctx.constant(1)
+    if exponent is None or np.size(exponent) != 1:
+        raise NotLowerable("Pow needs a constant scalar exponent")
+    power = float(np.asarray(exponent).reshape(-1)[0])
+    return lambda x: np.power(x, power)
+
+
 def _fixed(function: RealFunction) -> Callable[[OpContext], RealFunction]:
     return lambda _: function
 
@@ -125,6 +135,7 @@ FUNCTIONS: dict[str, Callable[[OpContext], RealFunction]] = {
     "ThresholdedRelu": _thresholded_relu,
     "Gelu": _gelu,
     "Swish": _swish,
+    "Pow": _pow,
 }
 """Unary ONNX op -> builder of its float64 function (attributes bound)."""
 

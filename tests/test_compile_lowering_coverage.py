@@ -1,0 +1,83 @@
+"""Every op a target profile places on the MLA should have an MLA lowering: where one is
+missing, the compiler runs the node on a host processor and the archive holds more `.elf`
+files than `surgery check` counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.archive import read_archive
+from compiler.compile import compile_model
+from compiler.quantize import quantize_model
+from compiler.runtime.compare import reference_outputs
+from compiler.runtime.ops import LOWERINGS
+from compiler.runtime.pipeline import run_archive
+from surgery.check import check_model
+from surgery.targets import resolve_target
+
+KNOWN_GAPS = {
+    # Rewritten before lowering: the quantizer folds BatchNormalization into the conv before
+    # it and turns an n-ary Sum into Adds.
+    "BatchNormalization",
+    "Sum",
+    # Not lowered yet (each such node splits its segment; compile notes which nodes did).
+    "ArgMax",
+    "CumSum",
+    "Dropout",
+    "Einsum",
+    "GridSample",
+    "InstanceNormalization",
+    "LRN",
+    "Max",
+    "Min",
+    "PRelu",
+    "QuickGelu",
+    "RMSNormalization",
+}
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "modalix", "rk3588"])
+def test_mla_ops_without_a_lowering_are_the_known_gaps(target: str) -> None:
+    profile = resolve_target(target)
+    missing = {op for op in profile.ops if profile.supports(op, "MLA") and op not in LOWERINGS}
+    assert missing <= KNOWN_GAPS, f"new MLA ops without a lowering: {sorted(missing - KNOWN_GAPS)}"
+
+
+def _conv_pow_conv(exponent: float) -> onnx.ModelProto:
+    """Conv → Pow(·, exponent) → Conv: a YOLOv5 decode squares its sigmoid outputs so."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array(exponent, np.float32), "e"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Pow", ["a", "e"], ["p"]),
+            helper.make_node("Conv", ["p", "w2"], ["y"]),
+        ],
+        "conv_pow_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0])
+def test_pow_by_a_constant_stays_in_its_segment_and_runs_bit_exact(exponent, tmp_path) -> None:
+    model = _conv_pow_conv(exponent)
+    assert check_model(model).mla_segments == 1
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    qdq = quantize_model(model, samples, target="mlsoc").model
+    result = compile_model(qdq, tmp_path, model_name="pow")
+    assert len(result.elf_files) == 1
+    archive = read_archive(result.archive)
+    outputs, _ = run_archive(archive, samples[0])
+    expected = reference_outputs(archive.manifest, qdq, samples[0])
+    assert np.array_equal(outputs["y"], expected["y"])
