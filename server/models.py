@@ -569,6 +569,15 @@ class RunArchiveOut(Out):
     bit_exact: bool | None = Field(
         default=None, description="All outputs equal the reference (null when not compared)."
     )
+    mla_bit_exact: bool | None = Field(
+        default=None,
+        description="Every MLA stage's outputs equal the reference's same tensors (the "
+        "compiler and emulator claim; null when not compared).",
+    )
+    reference_note: str | None = Field(
+        default=None,
+        description="Why outputs differ although every MLA stage is exact (float host stages).",
+    )
     latency_us_per_frame: float
     mla_static_cycles: int
     wall_seconds: float

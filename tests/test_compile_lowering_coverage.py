@@ -33,7 +33,7 @@ KNOWN_GAPS = {
     "LRN",
     "Max",
     "Min",
-    "PRelu",
+    "PRelu",  # one slope: a lookup table (below); a slope per channel splits the segment
     "QuickGelu",
     "RMSNormalization",
 }
@@ -46,21 +46,21 @@ def test_mla_ops_without_a_lowering_are_the_known_gaps(target: str) -> None:
     assert missing <= KNOWN_GAPS, f"new MLA ops without a lowering: {sorted(missing - KNOWN_GAPS)}"
 
 
-def _conv_pow_conv(exponent: float) -> onnx.ModelProto:
-    """Conv → Pow(·, exponent) → Conv: a YOLOv5 decode squares its sigmoid outputs so."""
+def _conv_op_conv(op: str, operand: np.ndarray) -> onnx.ModelProto:
+    """Conv → op(·, constant operand) → Conv."""
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w1"),
         numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w2"),
-        numpy_helper.from_array(np.array(exponent, np.float32), "e"),
+        numpy_helper.from_array(operand.astype(np.float32), "c"),
     ]
     graph = helper.make_graph(
         [
             helper.make_node("Conv", ["x", "w1"], ["a"]),
-            helper.make_node("Pow", ["a", "e"], ["p"]),
+            helper.make_node(op, ["a", "c"], ["p"]),
             helper.make_node("Conv", ["p", "w2"], ["y"]),
         ],
-        "conv_pow_conv",
+        "conv_op_conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
         inits,
@@ -68,16 +68,37 @@ def _conv_pow_conv(exponent: float) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-@pytest.mark.parametrize("exponent", [2.0, 3.0])
-def test_pow_by_a_constant_stays_in_its_segment_and_runs_bit_exact(exponent, tmp_path) -> None:
-    model = _conv_pow_conv(exponent)
-    assert check_model(model).mla_segments == 1
+def _compile_and_run(model: onnx.ModelProto, tmp_path):
+    """(number of .elf files, outputs bit-exact with the reference)."""
     rng = np.random.default_rng(1)
     samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
     qdq = quantize_model(model, samples, target="mlsoc").model
-    result = compile_model(qdq, tmp_path, model_name="pow")
-    assert len(result.elf_files) == 1
+    result = compile_model(qdq, tmp_path, model_name="op")
     archive = read_archive(result.archive)
     outputs, _ = run_archive(archive, samples[0])
     expected = reference_outputs(archive.manifest, qdq, samples[0])
-    assert np.array_equal(outputs["y"], expected["y"])
+    return len(result.elf_files), np.array_equal(outputs["y"], expected["y"])
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0])
+def test_pow_by_a_constant_stays_in_its_segment_and_runs_bit_exact(exponent, tmp_path) -> None:
+    """A YOLOv5 decode squares its sigmoid outputs so."""
+    model = _conv_op_conv("Pow", np.array(exponent))
+    assert check_model(model).mla_segments == 1
+    assert _compile_and_run(model, tmp_path) == (1, True)
+
+
+def test_prelu_with_one_slope_stays_in_its_segment_and_runs_bit_exact(tmp_path) -> None:
+    """PyTorch's default nn.PReLU() has one slope (stored here once per channel)."""
+    model = _conv_op_conv("PRelu", np.full((4, 1, 1), 0.25))
+    assert check_model(model).mla_segments == 1
+    assert _compile_and_run(model, tmp_path) == (1, True)
+
+
+def test_prelu_with_a_slope_per_channel_runs_on_a_host_and_says_so(tmp_path) -> None:
+    model = _conv_op_conv("PRelu", np.array([0.1, 0.2, 0.3, 0.4]).reshape(4, 1, 1))
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    qdq = quantize_model(model, samples, target="mlsoc").model
+    result = compile_model(qdq, tmp_path, model_name="prelu")
+    assert any("PRelu" in note and "no integer form" in note for note in result.notes)

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
+import onnx
 import typer
 from rich.table import Table
 
-from compiler.runtime.compare import compare_output, random_inputs
+from compiler.runtime.compare import compare_with_reference, random_inputs
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt, TargetOpt
 from surgery.errors import SurgeryError
@@ -222,13 +223,21 @@ def run_command(
 
     opened = read_archive(archive)
     feed = _load_inputs(inputs) if inputs else random_inputs(opened.manifest, frames, seed)
+    qdq_model = _reference_model(opened, model) if compare_reference else None
     try:
-        outputs, stats = run_archive(opened, feed)
+        outputs, stats = run_archive(opened, feed, keep_tensors=compare_reference)
     except (RuntimeError, ValueError) as error:
         raise SurgeryError(f"running {archive} failed: {error}") from error
     report: dict[str, Any] = {"archive": str(archive), "outputs": [], "stats": stats.to_dict()}
     verdict = True
-    references = _reference(opened, model, feed) if compare_reference else {}
+    references: dict[str, dict[str, Any]] = {}
+    if qdq_model is not None:
+        comparison = compare_with_reference(
+            opened.manifest, qdq_model, feed, outputs, stats.tensors
+        )
+        references = comparison.outputs
+        report["reference"] = comparison.to_dict()
+        verdict = comparison.bit_exact
     for name, value in outputs.items():
         entry: dict[str, Any] = {
             "name": name,
@@ -237,9 +246,7 @@ def run_command(
             "min": float(np.min(value)) if value.size else None,
             "max": float(np.max(value)) if value.size else None,
         }
-        if compare_reference:
-            entry.update(compare_output(value, references[name]))
-            verdict = verdict and entry["bit_exact"]
+        entry.update(references.get(name, {}))
         report["outputs"].append(entry)
     if save_outputs:
         np.savez(save_outputs, **outputs)
@@ -260,10 +267,9 @@ def _load_inputs(path: Path) -> dict[str, np.ndarray]:
         raise SurgeryError(f"{path}: not a readable .npz ({error})") from None
 
 
-def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The integer reference executor's outputs on the same frames."""
+def _reference_model(opened, model: Path | None) -> onnx.ModelProto:
+    """The QDQ model the archive was compiled from (checked by its checksum), or `model`."""
     from compiler.archive import model_checksum
-    from compiler.runtime.compare import reference_outputs
     from surgery.model import read_model
 
     document = opened.manifest
@@ -278,7 +284,7 @@ def _reference(opened, model: Path | None, feed: dict[str, np.ndarray]) -> dict[
             f"{path} changed since the archive was compiled (checksum differs)",
             hint="pass the compiled model with --model PATH",
         )
-    return reference_outputs(document, read_model(path), feed)
+    return read_model(path)
 
 
 def _render_run(report: dict[str, Any], compared: bool) -> None:
@@ -325,3 +331,12 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
             ]
         outputs.add_row(*row)
     console.print(outputs)
+    reference = report.get("reference")
+    if reference:
+        exact = sum(stage["bit_exact"] for stage in reference["mla_stages"])
+        console.print(
+            f"MLA stages bit-exact with the reference: {exact} of {len(reference['mla_stages'])}",
+            highlight=False,
+        )
+        if reference["explanation"]:
+            console.print(f"[yellow]{reference['explanation']}[/]", highlight=False)

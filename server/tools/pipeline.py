@@ -575,7 +575,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         compare_reference each output says whether it equals the integer reference bit for
         bit, which is what proves the compiled program computes the quantized model."""
         from compiler.archive import read_archive
-        from compiler.runtime.compare import compare_output, random_inputs, reference_outputs
+        from compiler.runtime.compare import compare_with_reference, random_inputs
         from compiler.runtime.pipeline import run_archive as core_run
         from surgery.model import read_model
 
@@ -593,21 +593,23 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         )
         await ctx.report_progress(0, 2, f"running {opened.name} on {source}")
 
-        def work() -> tuple[dict[str, np.ndarray], Any, dict[str, np.ndarray]]:
+        def work() -> tuple[dict[str, np.ndarray], Any, Any]:
             try:
-                outputs, stats = core_run(opened, feed)
+                outputs, stats = core_run(opened, feed, keep_tensors=ref_path is not None)
             except (RuntimeError, ValueError) as error:
                 if isinstance(error, SurgeryError):
                     raise
                 raise SurgeryError(f"running {opened.path} failed: {error}") from error
-            refs = (
-                reference_outputs(opened.manifest, read_model(ref_path), feed)
+            comparison = (
+                compare_with_reference(
+                    opened.manifest, read_model(ref_path), feed, outputs, stats.tensors
+                )
                 if ref_path is not None
-                else {}
+                else None
             )
-            return outputs, stats, refs
+            return outputs, stats, comparison
 
-        outputs, stats, refs = await anyio.to_thread.run_sync(work)
+        outputs, stats, comparison = await anyio.to_thread.run_sync(work)
         rows = []
         for out_name, value in outputs.items():
             row = RunOutputSummary(
@@ -618,8 +620,8 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 max=_stat(value, np.max),
                 mean=_stat(value, np.mean),
             )
-            if compare_reference:
-                verdict = compare_output(value, refs[out_name])
+            if comparison is not None:
+                verdict = comparison.outputs[out_name]
                 row.bit_exact = verdict["bit_exact"]
                 row.max_abs_diff_vs_reference = verdict["max_abs_diff_vs_reference"]
             rows.append(row)
@@ -633,7 +635,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             outputs=rows[:MAX_OUTPUTS],
             compared_with_reference=compare_reference,
             reference_model=str(ref_path) if ref_path is not None else None,
-            bit_exact=all(r.bit_exact for r in rows) if compare_reference else None,
+            bit_exact=comparison.bit_exact if comparison is not None else None,
+            mla_bit_exact=comparison.mla_bit_exact if comparison is not None else None,
+            reference_note=comparison.explanation() if comparison is not None else None,
             latency_us_per_frame=d["latency_us_per_frame"],
             mla_static_cycles=d["mla_static_cycles"],
             wall_seconds=d["wall_seconds"],

@@ -5,7 +5,7 @@ table[q - min] = saturate(round_half_even(f((q - z_in) * s_in) / s_out) + z_out)
 compiler computes it, the MLA only indexes it), so it is exact by construction: the only error
 against float is the output rounding. A Mul of x by Sigmoid(x) or HardSigmoid(x) with no
 QuantizeLinear in between (SiLU / Swish / HardSwish written out) is one table of x * gate(x).
-Pow with a constant scalar exponent is a table too.
+Pow with a constant scalar exponent and PRelu with one slope are tables too.
 """
 
 from __future__ import annotations
@@ -107,6 +107,19 @@ def _pow(ctx: OpContext) -> RealFunction:
     return lambda x: np.power(x, power)
 
 
+def _prelu(ctx: OpContext) -> RealFunction:
+    """PRelu with one slope for every element (PyTorch's default nn.PReLU()) is a LeakyRelu;
+    a slope per channel is a different function per channel, which one table cannot hold."""
+    slope = ctx.constant(1)
+    if slope is None or np.size(slope) == 0:
+        raise NotLowerable("PRelu needs a constant slope")
+    values = np.asarray(slope, dtype=np.float64).reshape(-1)
+    if not np.all(values == values[0]):
+        raise NotLowerable("PRelu slopes differ per channel; one lookup table holds one slope")
+    alpha = float(values[0])
+    return lambda x: np.where(x >= 0, x, alpha * x)
+
+
 def _fixed(function: RealFunction) -> Callable[[OpContext], RealFunction]:
     return lambda _: function
 
@@ -136,6 +149,7 @@ FUNCTIONS: dict[str, Callable[[OpContext], RealFunction]] = {
     "Gelu": _gelu,
     "Swish": _swish,
     "Pow": _pow,
+    "PRelu": _prelu,
 }
 """Unary ONNX op -> builder of its float64 function (attributes bound)."""
 
