@@ -116,9 +116,14 @@ def test_int8_extremes_over_a_deep_sum(zero_point: int) -> None:
     assert _float32_is_wrong(columns, weight.reshape(4, -1).T, expected[0].reshape(4, -1).T)
 
 
+@pytest.mark.parametrize("scalar_taps", [False, True])
 @pytest.mark.parametrize(("taps", "depth_dtype"), [(514, np.float32), (516, np.float64)])
-def test_depthwise_tap_sums_are_exact_at_the_float32_limit(taps: int, depth_dtype: type) -> None:
-    """The depthwise path sums shifted slices times per-channel weights, with the same bound."""
+def test_depthwise_tap_sums_are_exact_at_the_float32_limit(
+    taps: int, depth_dtype: type, scalar_taps: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The depthwise path multiplies per-channel weights by tap columns (or sums shifted slices
+    times scalar weights), with the same bound."""
+    monkeypatch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar_taps else 10**9)
     rng = np.random.default_rng(taps)
     kernel = (2, taps // 2)
     codes = _extreme(rng, (1, 3, 3, kernel[1] + 1), 255, 254).astype(np.uint8)

@@ -4,10 +4,11 @@ Real networks take the blockwise output stages (`BLOCK_ELEMENTS`), the tabulated
 elementwise functions (`TABLE_FACTOR`) and the per-tap CONV products (`TAP_PRODUCT_CHANNELS`) on
 large tensors, which the small hypothesis cases of test_emulator_compute / test_emulator_movement
 never reach. Here those same reference comparisons run again with blocks of a few elements,
-tables for every size and tap products for every single-image, single-group CONV with a spatial
-kernel, so each case crosses many block boundaries (CONV row and channel blocks, per-channel
-tables split between blocks, HWC and HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE
-and LUT is a table lookup. The rest checks what an ELF's decoded program and its CONST-derived
+tables for every size (one-code tables looked up two codes at a time, straight into strided
+destinations), tap products for every single-image, single-group CONV with a spatial kernel and
+scalar tap sums for every depthwise CONV with one output per channel, so each case crosses many
+block boundaries (CONV row and channel blocks, per-channel tables split between blocks, HWC and
+HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE and LUT is a table lookup. The rest checks what an ELF's decoded program and its CONST-derived
 values, kept between runs, may not change: results, byte counts, and the cached values
 themselves.
 """
@@ -20,8 +21,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from compiler.elf import elf_bytes
-from compiler.intmath import FusedOutputStage
-from compiler.isa import Conv, Eltwise, EltwiseOp, Move, Requant, Space
+from compiler.intmath import FusedOutputStage, quantize_multiplier
+from compiler.isa import Conv, Eltwise, EltwiseOp, Lut, Move, Requant, Space
 from compiler.runtime import emulator, emulator_ops
 from compiler.runtime.emulator import Emulator
 from tests.test_emulator_compute import (
@@ -54,7 +55,7 @@ from tests.test_emulator_movement import (
 from tests.test_emulator_movement import (
     test_rescale_changes_dtype_and_load_store_round_trip as test_rescale_by_table,
 )
-from tests.test_emulator_support import Codegen
+from tests.test_emulator_support import Codegen, random_codes
 
 __all__ = [
     "test_average_pool_in_blocks",
@@ -75,8 +76,11 @@ def tiny_blocks_and_tables_everywhere():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(emulator_ops, "BLOCK_ELEMENTS", 5)
         patch.setattr(emulator_ops, "TABLE_FACTOR", 0)
+        patch.setattr(emulator_ops, "PAIR_ELEMENTS", 0)
+        patch.setattr(emulator_ops, "MIN_RUN", 0)
         patch.setattr(emulator_ops, "TAP_PRODUCT_CHANNELS", 0)
         patch.setattr(emulator_ops, "TAP_PRODUCT_RATIO", 0)
+        patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0)
         yield
 
 
@@ -247,3 +251,185 @@ def test_tap_products_sum_every_tap_of_every_output_row_range(
             ]
             expected[0] += np.einsum("mc,chw->mhw", weight[:, :, i, j], window)
     np.testing.assert_array_equal(products.rows(rows), expected)
+
+
+def _eltwise_twice(build_program, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The program's output by table lookups (one-code tables two codes at a time, written in
+    place) and by the definition (no tables)."""
+    outputs = []
+    for factor in (0, 10**9):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(emulator_ops, "TABLE_FACTOR", factor)
+            (output,) = build_program().run(inputs).values()
+            outputs.append(output)
+    return outputs[0], outputs[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    op=st.sampled_from(list(EltwiseOp)),
+    dtypes=st.sampled_from(["int8", "uint8"]).flatmap(
+        lambda a: st.tuples(st.just(a), st.sampled_from(["int8", "uint8"]))
+    ),
+    out_dtype=st.sampled_from(["int8", "uint8"]),
+    constant_side=st.sampled_from(["a", "b"]),
+    stored=st.sampled_from(["scalar", "broadcast", "full"]),
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 7)),
+    seed=st.integers(0, 2**16),
+)
+def test_eltwise_with_a_one_code_operand_equals_the_definition(
+    op: EltwiseOp,
+    dtypes: tuple[str, str],
+    out_dtype: str,
+    constant_side: str,
+    stored: str,
+    shape: tuple[int, int, int],
+    seed: int,
+) -> None:
+    """An operand that holds one code (a CONST scalar that numpy broadcasts, or a stride-0
+    view) gives a one-code table of the other operand (a full CONST tensor of that code, the
+    table of both): equal to the definition for every op, both 8-bit types, zero points and a
+    saturating clamp."""
+    rng = np.random.default_rng(seed)
+    variable_dtype = dtypes[constant_side == "a"]
+    constant_dtype = dtypes[constant_side == "b"]
+    other = random_codes(rng, shape, variable_dtype)
+    code = int(random_codes(rng, (1,), constant_dtype)[0])
+    multiplier, shift = quantize_multiplier(float(rng.uniform(1e-3, 4.0)))
+    bounds = rng.integers(np.iinfo(out_dtype).min, np.iinfo(out_dtype).max, endpoint=True, size=2)
+    low, high = sorted(int(v) for v in bounds)
+    zero_point = int(rng.integers(-20, 20)) + (128 if out_dtype == "uint8" else 0)
+    requant = Requant(int(multiplier), int(shift), zero_point, low, high, "sima")
+    pair = quantize_multiplier(float(rng.uniform(0.1, 0.9)))
+    left_shift = {EltwiseOp.ADD: 20, EltwiseOp.SUB: 20, EltwiseOp.DIV: 16}.get(op, 0)
+    zero_points = [int(rng.integers(-10, 10)) + (128 if d == "uint8" else 0) for d in dtypes]
+
+    def build_program() -> Codegen:
+        build = Codegen()
+        variable = build.input("x", shape, variable_dtype, Space.ARENA)
+        if stored == "full":
+            constant = build.const(np.full(shape, code), constant_dtype)
+        else:
+            constant = build.const(np.array([code]), constant_dtype)
+            if stored == "broadcast":
+                constant = constant.broadcast_to(shape)
+        a, b = (constant, variable) if constant_side == "a" else (variable, constant)
+        build.emit(
+            Eltwise(
+                op=op,
+                a=a,
+                b=b,
+                output=build.output("y", shape, out_dtype, Space.ARENA),
+                requant=requant,
+                a_zero_point=zero_points[0],
+                b_zero_point=zero_points[1],
+                left_shift=left_shift,
+                a_multiplier=int(pair[0]),
+                a_shift=int(pair[1]),
+                b_multiplier=int(pair[0]),
+                b_shift=int(pair[1]) + 1,
+            )
+        )
+        return build
+
+    tabulated, defined = _eltwise_twice(build_program, {"x": other})
+    np.testing.assert_array_equal(tabulated, defined)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("layout", ["NCHW", "HWC", "slice"])
+def test_lookups_write_strided_and_aliased_destinations(layout: str, in_place: bool) -> None:
+    """A lookup gathered straight into its destination (runs of a channel slice, an HWC
+    tensor, the operand itself) writes what the definition writes; odd runs take the last
+    code alone."""
+    rng = np.random.default_rng(3)
+    shape = (1, 3, 5, 7)
+    x = rng.integers(-128, 128, size=shape).astype(np.int8)
+    table = rng.integers(-128, 128, size=256)
+    outputs = []
+    for factor in (0, 10**9):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(emulator_ops, "TABLE_FACTOR", factor)
+            build = Codegen()
+            source = build.input("x", shape, "int8", layout="HWC" if layout == "HWC" else "NCHW")
+            arena = build.alloc((1, 5, 5, 7), "int8", Space.ARENA)
+            wide = arena.slice(1, 1, 4) if layout == "slice" else build.alloc(shape, "int8")
+            if layout == "HWC":
+                wide = build.alloc(shape, "int8", Space.ARENA, layout="HWC")
+            build.emit(Move(src=source, dst=wide))
+            lut = Lut(input=wide, table=build.const(table, "int8"), output=wide)
+            if not in_place:
+                lut = Lut(input=wide, table=lut.table, output=build.alloc(shape, "int8"))
+            build.emit(lut)
+            build.emit(
+                Eltwise(
+                    op=EltwiseOp.MUL,
+                    a=lut.output,
+                    b=wide,
+                    output=lut.output if in_place else build.alloc(shape, "int8"),
+                    requant=_requant(),
+                    a_zero_point=1,
+                    b_zero_point=-2,
+                )
+            )
+            last = build.instructions[-1].output
+            build.emit(Move(src=last, dst=build.output("y", shape, "int8")))
+            outputs.append(build.run({"x": x})["y"])
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 2),
+    groups=st.integers(1, 5),
+    group_out=st.integers(1, 2),
+    size=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dilations=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    scalar=st.booleans(),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_depthwise_taps_sum_every_tap_of_every_block(
+    batch: int,
+    groups: int,
+    group_out: int,
+    size: tuple[int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    scalar: bool,
+    seed: int,
+    data: st.DataObject,
+) -> None:
+    """`_DepthwiseTaps` (per-channel products of tap columns, or scalar tap sums) equals the
+    direct integer sum out[n, g, m, h, w] = sum x[n, g, h*sh + i*dh, w*sw + j*dw] *
+    weight[g, m, i, j] for any block of channels and run of output rows."""
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    assume(size[0] >= extent[0] and size[1] >= extent[1])
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, size=(batch, groups, *size)).astype(np.float32)
+    weight = rng.integers(-127, 128, size=(groups, group_out, *kernel)).astype(np.float32)
+    out_hw = tuple((n - e) // s + 1 for n, e, s in zip(size, extent, strides, strict=True))
+    first_group = data.draw(st.integers(0, groups - 1))
+    part = slice(first_group, data.draw(st.integers(first_group + 1, groups)))
+    first = data.draw(st.integers(0, out_hw[0] - 1))
+    rows = range(first, data.draw(st.integers(first + 1, out_hw[0])))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar else 10**9)
+        taps = emulator_ops._DepthwiseTaps(x, weight, strides, dilations, out_hw)
+        result = taps.rows(part, rows)
+    codes = x.astype(np.int64)[:, part]
+    expected = np.zeros((batch, codes.shape[1], group_out, len(rows), out_hw[1]), np.int64)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            top, left = i * dilations[0], j * dilations[1]
+            window = codes[
+                :,
+                :,
+                top + rows.start * strides[0] : top + (rows.stop - 1) * strides[0] + 1 : strides[0],
+                left : left + (out_hw[1] - 1) * strides[1] + 1 : strides[1],
+            ]
+            expected += window[:, :, None] * weight[part, :, i, j, None, None].astype(np.int64)
+    np.testing.assert_array_equal(result, expected)

@@ -156,14 +156,26 @@ class Memory:
             self.constants[entry] = derive(self._view(tensor).copy())
         return self.constants[entry]
 
-    def write(self, tensor: Tensor, values: np.ndarray) -> None:
-        """Store integer values; values outside the dtype's range are an error, never a wrap."""
+    def _writable(self, tensor: Tensor) -> None:
         if tensor.space == Space.CONST:
             raise EmulatorError("CONST (.rodata) is read-only")
         if any(s == 0 and n > 1 for n, s in zip(tensor.shape, tensor.strides, strict=True)):
             raise EmulatorError(
                 f"a destination with a zero stride {tensor.strides} overlaps itself"
             )
+
+    def target(self, tensor: Tensor) -> np.ndarray:
+        """The tensor's elements in place, writable (counted as a write), for an instruction
+        that computes its result straight into them instead of into a copy that `write` then
+        stores. It must store only values of the tensor's dtype (`write`'s range check is
+        skipped) and not overwrite what it has still to read."""
+        self._writable(tensor)
+        self.bytes_written[tensor.space] += tensor.nbytes
+        return self._view(tensor)
+
+    def write(self, tensor: Tensor, values: np.ndarray) -> None:
+        """Store integer values; values outside the dtype's range are an error, never a wrap."""
+        self._writable(tensor)
         values = np.asarray(values)
         if values.shape != tensor.shape:
             raise EmulatorError(f"writing {values.shape} values into a {tensor.shape} tensor")

@@ -12,14 +12,17 @@ Speed without changing a bit (the emulator runs whole networks):
   float32 or float64, whichever provably represents every partial sum (`_exact_dtype`);
 * CONV is im2col and a matrix product per group (on a block of output rows at a time), or a
   sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
-  copies less), or, for depthwise, a sum over taps of contiguous slices of each channel's
-  flattened rows times per-channel weights (`_depthwise`);
+  copies less), or, for depthwise, one product per channel of its weights and its tap columns,
+  contiguous slices of its flattened rows (`_DepthwiseTaps`);
 * output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
   produced them, as `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and
   tested equal to `compiler.intmath.requantize_clamp`) where it applies, else as that
   definition;
 * elementwise functions of 8-bit codes (MOVE rescale, ELTWISE, LUT) are evaluated once per
-  possible code (pair) and gathered (`_tabulated`); tables keyed by their parameters are kept;
+  possible code (pair) and gathered (`_tabulated`), straight into the destination where its
+  layout allows; an ELTWISE operand that holds one code (a broadcast constant) leaves a
+  function of one code, whose table is looked up two codes at a time (`_pairs`); tables keyed
+  by their parameters are kept;
 * what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
   output stages) is made once per program (`MemoryPort.read_cached`);
 * operands are read in place (`MemoryPort.view`) where the result is complete before it is
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -99,6 +103,8 @@ class MemoryPort(Protocol):
     def read_cached(
         self, tensor: Tensor, key: Hashable, derive: Callable[[np.ndarray], T]
     ) -> T: ...
+
+    def target(self, tensor: Tensor) -> np.ndarray: ...
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None: ...
 
@@ -216,13 +222,17 @@ def _blocks(shape: tuple[int, ...]) -> list[Block]:
 
 
 def _block_of(table: np.ndarray | int | None, block: Block) -> np.ndarray | int | None:
-    """The part of a table, broadcast against the whole result, that one block of it needs."""
-    if not isinstance(table, np.ndarray) or table.ndim == 0:
+    """The part of a table, broadcast against the whole result, that one block of it needs
+    (the table itself where the block spans all of its axes)."""
+    if not isinstance(table, np.ndarray) or table.ndim == 0 or table.ndim > len(block):
         return table
-    aligned = table.reshape((1,) * (len(block) - table.ndim) + table.shape)
-    return aligned[
-        tuple(s if n > 1 else slice(None) for s, n in zip(block, aligned.shape, strict=True))
-    ]
+    index = tuple(
+        part if n > 1 else _WHOLE
+        for part, n in zip(block[len(block) - table.ndim :], table.shape, strict=True)
+    )
+    if all(part == _WHOLE for part in index):
+        return table
+    return table[index]
 
 
 def _empty(
@@ -284,14 +294,34 @@ _TABLES: OrderedDict[Hashable, np.ndarray] = OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
 
+def _kept(key: Hashable | None, build: Callable[[], np.ndarray]) -> np.ndarray:
+    """build(), or the table kept under `key` (`TABLES_KEPT`); never kept without a key."""
+    if key is None:
+        return build()
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is not None:
+            _TABLES.move_to_end(key)
+            return table
+    table = build()
+    with _TABLES_LOCK:
+        _TABLES[key] = table
+        while len(_TABLES) > TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    return table
+
+
 def _tabulated(
+    memory: MemoryPort,
+    target: Tensor,
     function: Callable[..., np.ndarray],
     dtype: np.dtype | type,
     *codes: np.ndarray,
     key: Hashable | None = None,
-) -> np.ndarray | None:
-    """function(*codes) for an elementwise function of one or two arrays of 8-bit codes, looked
-    up in a table of its values over every code (tuple); None where that does not pay.
+) -> bool:
+    """Write function(*codes) into `target` for an elementwise function of one or two arrays of
+    8-bit codes, looked up in a table of its values over every code (tuple); False (nothing
+    written) where that does not pay.
 
     Such a function takes at most 256 (or 65536) distinct arguments, so evaluating it once on
     each, with the same compiler.intmath calls on the same int64 values, and gathering gives
@@ -303,10 +333,11 @@ def _tabulated(
     kernel's constants, instead of once per instruction and run.
     """
     if len(codes) > 2 or any(c.dtype.itemsize != 1 or c.dtype.kind not in "iu" for c in codes):
-        return None
+        return False
     shape = np.broadcast_shapes(*(c.shape for c in codes))
-    if math.prod(shape) < TABLE_FACTOR * 256 ** len(codes):
-        return None
+    size = math.prod(shape)
+    if size < TABLE_FACTOR * 256 ** len(codes):
+        return False
 
     def build() -> np.ndarray:
         domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
@@ -316,50 +347,140 @@ def _tabulated(
             table = function(domains[0][:, None], domains[1][None, :])
         return _frozen(np.asarray(table).reshape(-1).astype(dtype))
 
-    if key is None:
-        table = build()
-    else:
+    full_key = None
+    if key is not None:
         full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
-        with _TABLES_LOCK:
-            table = _TABLES.get(full_key)
-            if table is not None:
-                _TABLES.move_to_end(full_key)
-        if table is None:
-            table = build()
-            with _TABLES_LOCK:
-                _TABLES[full_key] = table
-                while len(_TABLES) > TABLES_KEPT:
-                    _TABLES.popitem(last=False)
-    return _gather(table, codes, shape)
+    table = _kept(full_key, build)
+    pairs = None
+    if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
+        pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
+    _lookup(memory, target, table, codes, shape, pairs)
+    return True
 
 
-def _gather(table: np.ndarray, codes: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """table[index] for the index the 8-bit codes spell (one code, or the first code's byte
-    then the second's), in blocks of `_block_elements`: numpy converts a gather's index to an
-    intp array (eight bytes per element) first, which for a whole feature map is a large fresh
-    temporary. Every index is below 256 ** len(codes), the size of a table of every code (tuple),
-    so mode="wrap" never wraps there: it only skips the bounds check that the default mode makes
-    per element (some 25% of the gather). The blocks run on the emulator's threads (`parallel.for_each`)."""
-    if any(c.shape != shape or not c.flags.c_contiguous for c in codes):
-        codes = tuple(np.ascontiguousarray(np.broadcast_to(c, shape)) for c in codes)
-    flat = [c.reshape(-1).view(np.uint8) for c in codes]
-    size = math.prod(shape)
-    result = np.empty(size, dtype=table.dtype)
-    step = _block_elements(size)
+PAIR_ELEMENTS = 1 << 16
+"""Codes from which a one-code table of 1- or 2-byte values is looked up two codes at a time
+(`_pairs`: a table of 65536 entries, which then pays for itself)."""
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _pairs(table: np.ndarray) -> np.ndarray:
+    """The 256-entry `table` for every pair of codes, as items of twice its width: entry
+    c0 + 256·c1 holds (table[c0], table[c1]). Two adjacent codes, read as one little-endian
+    16-bit word, index it, so one gather gives two results (numpy's gather costs about the same
+    per item whatever the item's width)."""
+    pairs = np.empty((256, 256, 2), dtype=table.dtype)
+    pairs[:, :, 0] = table[None, :]
+    pairs[:, :, 1] = table[:, None]
+    return _frozen(pairs.view(f"u{2 * table.itemsize}").reshape(-1))
+
+
+MIN_RUN = 1 << 10
+"""Contiguous elements from which a lookup runs over each of the operands' and destination's
+common runs in place (`_lookup`) rather than over contiguous copies."""
+
+
+def _contiguous_tail(arrays: list[np.ndarray]) -> int:
+    """The fewest leading axes k such that every array is C-contiguous over axes k onwards
+    (all arrays have one shape)."""
+    shape = arrays[0].shape
+    k = len(shape)
+    expected = [a.itemsize for a in arrays]
+    while k > 0:
+        n = shape[k - 1]
+        if n != 1:
+            if any(a.strides[k - 1] != e for a, e in zip(arrays, expected, strict=True)):
+                break
+            expected = [e * n for e in expected]
+        k -= 1
+    return k
+
+
+def _in_place(out: np.ndarray, codes: tuple[np.ndarray, ...]) -> bool:
+    """Whether a lookup may write `out` while it reads `codes`: no code array shares memory
+    with it, or one shares it exactly, element for element (each block reads its codes
+    before it writes them)."""
+    address = out.__array_interface__["data"][0]
+    return all(
+        not np.may_share_memory(out, c)
+        or (c.__array_interface__["data"][0] == address and c.strides == out.strides)
+        for c in codes
+    )
+
+
+def _lookup(
+    memory: MemoryPort,
+    target: Tensor,
+    table: np.ndarray,
+    codes: tuple[np.ndarray, ...],
+    shape: tuple[int, ...],
+    pairs: np.ndarray | None = None,
+) -> None:
+    """target = table[index] for the index the 8-bit codes spell (one code, or the first code's
+    byte then the second's; `pairs` is `_pairs(table)` or None), gathered straight into the
+    target where its layout and the operands' allow, else into a new array that is written."""
+    if any(c.shape != shape for c in codes):
+        codes = tuple(np.broadcast_to(c, shape) for c in codes)
+    _expect_shape("the destination", target.shape, shape)
+    if target.dtype.numpy != table.dtype:
+        result = np.empty(shape, dtype=table.dtype)
+        _gather(table, tuple(np.ascontiguousarray(c) for c in codes), result, 0, pairs)
+        memory.write(target, result)
+        return
+    out = memory.target(target)
+    lead = _contiguous_tail([out, *codes])
+    if math.prod(shape[lead:]) >= min(MIN_RUN, math.prod(shape)) and _in_place(out, codes):
+        _gather(table, codes, out, lead, pairs)
+        return
+    result = np.empty(shape, dtype=table.dtype)
+    _gather(table, tuple(np.ascontiguousarray(c) for c in codes), result, 0, pairs)
+    out[...] = result
+
+
+def _gather(
+    table: np.ndarray,
+    codes: tuple[np.ndarray, ...],
+    out: np.ndarray,
+    lead: int,
+    pairs: np.ndarray | None,
+) -> None:
+    """out = table[index] (see `_lookup`) for arrays that are C-contiguous over every axis from
+    `lead` on, one run of those axes at a time, in blocks of `_block_elements`: numpy converts
+    a gather's index to an intp array (eight bytes per element) first, which for a whole
+    feature map is a large fresh temporary. Every index is below 256 ** len(codes), the size of
+    a table of every code (tuple), so mode="wrap" never wraps there: it only skips the bounds
+    check that the default mode makes per element (some 25% of the gather). The blocks run on
+    the emulator's threads (`parallel.for_each`)."""
+    size = math.prod(out.shape[lead:])
+    step = _block_elements(math.prod(out.shape))
+    step += step % 2
     mode = "wrap" if table.size >= 256 ** len(codes) else "raise"
+    items = [
+        (index, start) for index in np.ndindex(*out.shape[:lead]) for start in range(0, size, step)
+    ]
 
-    def gather(start: int) -> None:
+    def gather(item: tuple[tuple[int, ...], int]) -> None:
+        index, start = item
         stop = min(size, start + step)
-        if len(flat) == 1:
-            part = flat[0][start:stop]
-        else:
-            part = _scratch("gather-index", (stop - start,), np.uint16)
-            np.left_shift(flat[0][start:stop], 8, out=part, dtype=np.uint16)
-            np.bitwise_or(part, flat[1][start:stop], out=part)
-        np.take(table, part, out=result[start:stop], mode=mode)
+        part = out[(*index, ...)].reshape(-1)[start:stop]
+        flat = [c[(*index, ...)].reshape(-1)[start:stop].view(np.uint8) for c in codes]
+        if len(flat) == 2:
+            word = _scratch("gather-index", (stop - start,), np.uint16)
+            np.left_shift(flat[0], 8, out=word, dtype=np.uint16)
+            np.bitwise_or(word, flat[1], out=word)
+            np.take(table, word, out=part, mode=mode)
+            return
+        even = (stop - start) & ~1
+        wide = part[:even].view(pairs.dtype) if pairs is not None and even else None
+        if wide is not None and wide.flags.aligned:
+            np.take(pairs, flat[0][:even].view(np.uint16), out=wide, mode="wrap")
+            if even < stop - start:
+                part[even:] = table[flat[0][even:]]
+            return
+        np.take(table, flat[0], out=part, mode=mode)
 
-    for_each(range(0, size, step), gather)
-    return result.reshape(shape)
+    for_each(items, gather)
 
 
 @dataclass(frozen=True)
@@ -636,17 +757,18 @@ def execute_move(instruction: Move, memory: MemoryPort) -> None:
         zero_point=instruction.input_zero_point,
         target=instruction.dst,
     )
-    result = None
-    if stage.uniform(codes.ndim):
-        result = _tabulated(stage, stage.out_dtype, codes, key=("move", *stage.key()))
-    if result is None:
-        result = output_stage(
-            memory,
-            codes,
-            instruction.requant,
-            zero_point=instruction.input_zero_point,
-            target=instruction.dst,
-        )
+    key = ("move", *stage.key()) if stage.uniform(codes.ndim) else None
+    if key is not None and _tabulated(
+        memory, instruction.dst, stage, stage.out_dtype, codes, key=key
+    ):
+        return
+    result = output_stage(
+        memory,
+        codes,
+        instruction.requant,
+        zero_point=instruction.input_zero_point,
+        target=instruction.dst,
+    )
     memory.write(instruction.dst, result)
 
 
@@ -846,45 +968,78 @@ def _stride_phases(
     return flat, pitch
 
 
-def _depthwise(
-    x: np.ndarray,
-    weight: np.ndarray,
-    strides: tuple[int, int],
-    dilations: tuple[int, int],
-    out_hw: tuple[int, int],
-) -> np.ndarray:
-    """Grouped convolution with one input channel per group, as a sum over the kernel taps.
+SCALAR_TAP_OUTPUTS = 1 << 13
+"""Outputs per channel and block from which a depthwise CONV with one output per channel sums
+each channel's taps in numpy, each a shifted slice times a scalar weight (two passes per tap
+that run at full speed on such long slices), instead of copying tap columns for a matrix
+product (`_DepthwiseTaps.rows`)."""
 
-    x is the padded (N, G, H, W) input, weight (G, M/G, kh, kw); the result is (N, G, M/G, Ho,
-    Wo). im2col would copy the input kh·kw times to feed matrix products of depth kh·kw, one per
-    channel; scaling each shifted slice by its per-channel weights, all channels at once, costs
-    two passes per tap instead. Each channel's padded rows are flattened to one line: tap (i, j)
-    of output (h, w) reads element (h + r) · pitch + w + c of one stride phase of
-    the input (`_stride_phases`; r, c the tap's offset in it), so each tap's operand is one
-    contiguous range of every channel: numpy's loops run over whole channels rather than over
-    rows of a few elements (late layers are 7x7 or 14x14), and never with a stride. Outputs are
-    computed for every column of the pitch; the result keeps the valid `wo` (the others read
-    the next row's start and are dropped).
+
+class _DepthwiseTaps:
+    """Grouped convolution with one input channel per group, as one small matrix product per
+    channel: its weights (M/G, kh·kw) times its kh·kw tap columns.
+
+    x is the padded (N, G, H, W) input, weight (G, M/G, kh, kw). Each channel's padded rows are
+    flattened to one line: tap (i, j) of output (h, w) reads element (h + r) · pitch + w + c of
+    one stride phase of the input (`_stride_phases`; r, c the tap's offset in it), so a tap's
+    column for a run of output rows is one contiguous range of every channel, copied with one
+    slice assignment for a block of channels. The products (per channel, depth kh·kw) then run
+    in BLAS, where scaling every shifted slice by its per-channel weight in numpy took two
+    broadcasting passes per tap (about three times as long). The sums are exact for the same
+    reason as im2col's (`_exact_dtype`: every partial sum is bounded by the weight mass).
+    Outputs are computed for every column of the pitch; `rows` keeps the valid `wo` (the
+    others read the next row's start and are dropped).
     """
-    batch, groups = x.shape[:2]
-    group_out, kh, kw = weight.shape[1:]
-    (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_hw
-    taps = [(i, j, (i * dh % sh, j * dw % sw)) for i in range(kh) for j in range(kw)]
-    phases = {phase for _, _, phase in taps}
-    lines, pitch = _stride_phases(x[:, :, None], strides, phases, "depthwise-phase")
-    span = (ho - 1) * pitch + wo
-    acc = _scratch("depthwise-acc", (batch, groups, group_out, ho * pitch), x.dtype)
-    valid = acc[..., :span]
-    product = _scratch("depthwise-product", valid.shape, x.dtype)
-    for index, (i, j, phase) in enumerate(taps):
-        start = i * dh // sh * pitch + j * dw // sw
-        tap = lines[phase][..., start : start + span]
-        if index == 0:
-            np.multiply(tap, weight[:, :, i, j, None], out=valid)
-        else:
-            np.multiply(tap, weight[:, :, i, j, None], out=product)
-            valid += product
-    return acc.reshape(batch, groups, group_out, ho, pitch)[..., :wo]
+
+    def __init__(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        strides: tuple[int, int],
+        dilations: tuple[int, int],
+        out_hw: tuple[int, int],
+    ) -> None:
+        (sh, sw), (dh, dw) = strides, dilations
+        groups, group_out, kh, kw = weight.shape
+        self.x = x
+        self.weight = weight.reshape(groups, group_out, kh * kw)
+        self.strides = strides
+        self.out_hw = out_hw
+        self.extent = (kh - 1) * dh + 1
+        reads = [(i, j, (i * dh % sh, j * dw % sw)) for i in range(kh) for j in range(kw)]
+        self.phases = {phase for _, _, phase in reads}
+        self.pitch = -(-x.shape[3] // sw)
+        self.reads = [(phase, i * dh // sh * self.pitch + j * dw // sw) for i, j, phase in reads]
+
+    def rows(self, groups: slice, rows: range) -> np.ndarray:
+        """The (N, len(groups), M/G, len(rows), wo) accumulators of a block of channels (a
+        slice of the groups) and a run of output rows. The stride phases are split from the
+        input rows that block reads, while they are in cache."""
+        wo, pitch, sh = self.out_hw[1], self.pitch, self.strides[0]
+        window = self.x[:, groups, rows.start * sh : (rows.stop - 1) * sh + self.extent]
+        lines, _ = _stride_phases(window, self.strides, self.phases, "depthwise-phase")
+        weight = self.weight[groups]
+        batch = self.x.shape[0]
+        count, group_out, taps = weight.shape
+        span = (len(rows) - 1) * pitch + wo
+        shape = (batch, count, group_out, len(rows) * pitch)
+        acc = _scratch("depthwise-acc", shape, weight.dtype)
+        if group_out == 1 and span >= SCALAR_TAP_OUTPUTS:
+            valid = acc[:, :, 0, :span]
+            product = _scratch("depthwise-product", (batch, span), weight.dtype)
+            for channel in range(count):
+                for tap, (phase, start) in enumerate(self.reads):
+                    operand = lines[phase][:, channel, start : start + span]
+                    scale = weight[channel, 0, tap]
+                    np.multiply(operand, scale, out=product if tap else valid[:, channel])
+                    if tap:
+                        valid[:, channel] += product
+            return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
+        cols = _scratch("depthwise-cols", (batch, count, taps, span), weight.dtype)
+        for tap, (phase, start) in enumerate(self.reads):
+            cols[:, :, tap] = lines[phase][:, :, start : start + span]
+        np.matmul(weight, cols, out=acc[..., :span])
+        return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
 
 
 TAP_PRODUCT_CHANNELS = 16
@@ -957,11 +1112,13 @@ class _TapProducts:
 
 
 def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
-    """im2col and exact matrix products; a depthwise CONV sums its taps instead.
+    """im2col (or per-tap) exact matrix products; a depthwise CONV multiplies each channel's
+    weights by its tap columns (`_DepthwiseTaps`).
 
     The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
     they are in cache: runs of output rows for the matrix products (each one product per
-    group on that part of the columns), runs of channels for the depthwise sum.
+    group on that part of the columns), runs of channels (or of one channel's rows) for the
+    depthwise products.
     """
     batch, channels, height, width = _rank4("the CONV input", instruction.input)
     out_channels, group_channels, kh, kw = _rank4("the CONV weight", instruction.weight)
@@ -997,18 +1154,35 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     everything = slice(None)
 
     if group_channels == 1:
-        weight = weights.astype(dtype).reshape(group, group_out, kh, kw)
-        step = _step(group, batch * group_out * ho * wo, batch * out_channels * ho * wo)
-        blocks = [
-            (everything, slice(g * group_out, (g + step) * group_out), everything, everything)
-            for g in range(0, group, step)
-        ]
+        taps = _DepthwiseTaps(
+            x, weights.astype(dtype).reshape(group, group_out, kh, kw), strides, dilations, (ho, wo)
+        )
+        per_group = batch * group_out * ho * wo
+        total = per_group * group
+        if per_group > _block_elements(total):
+            step = _step(ho, batch * group_out * wo, total)
+            blocks = [
+                (
+                    everything,
+                    slice(g * group_out, (g + 1) * group_out),
+                    slice(r, r + step),
+                    everything,
+                )
+                for g in range(group)
+                for r in range(0, ho, step)
+            ]
+        else:
+            step = _step(group, per_group, total)
+            blocks = [
+                (everything, slice(g * group_out, (g + step) * group_out), everything, everything)
+                for g in range(0, group, step)
+            ]
 
         def accumulate(block: Block) -> np.ndarray:
             outputs = range(out_channels)[block[1]]
             part = slice(outputs.start // group_out, outputs.stop // group_out)
-            acc = _depthwise(x[:, part], weight[part], strides, dilations, (ho, wo))
-            return acc.reshape(batch, len(outputs), ho, wo)
+            rows = range(ho)[block[2]]
+            return taps.rows(part, rows).reshape(batch, len(outputs), len(rows), wo)
 
     elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
         products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
@@ -1180,7 +1354,6 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
         centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
         return stage(_eltwise_acc(instruction, *centred))
 
-    table = None
     if stage.uniform(len(shape)):
         key = (
             "eltwise",
@@ -1194,14 +1367,57 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
             instruction.b_shift,
             *stage.key(),
         )
-        table = _tabulated(function, stage.out_dtype, a_codes, b_codes, key=key)
-    if table is not None:
-        result = table
-    elif stage.blockwise(shape):
+        if _tabulated_eltwise(
+            memory, instruction, function, stage.out_dtype, a_codes, b_codes, key
+        ):
+            return
+    if stage.blockwise(shape):
         result = _blockwise(shape, stage.out_dtype, compute, like=instruction.output)
     else:
         result = compute(None)
     memory.write(instruction.output, result)
+
+
+def _single_code(codes: np.ndarray) -> int | None:
+    """The one code a broadcast operand holds everywhere (all its strides zero), else None."""
+    if codes.size and all(
+        s == 0 or n == 1 for s, n in zip(codes.strides, codes.shape, strict=True)
+    ):
+        return int(codes[(0,) * codes.ndim])
+    return None
+
+
+def _tabulated_eltwise(
+    memory: MemoryPort,
+    instruction: Eltwise,
+    function: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    dtype: np.dtype,
+    a_codes: np.ndarray,
+    b_codes: np.ndarray,
+    key: Hashable,
+) -> bool:
+    """`_tabulated` for ELTWISE; an operand that holds one code (a broadcast constant: x + 3,
+    x / 6 of a hard swish) makes it a function of the other operand alone, with a table of 256
+    entries instead of 65536 and a one-code gather (no index to build, no broadcast copy)."""
+    a_single, b_single = _single_code(a_codes), _single_code(b_codes)
+    target = instruction.output
+    if b_single is not None:
+        b_value = np.int64(b_single)
+
+        def unary(a: np.ndarray) -> np.ndarray:
+            return function(a, b_value)
+
+        b_key = (key, "b", b_codes.dtype.str, b_single)
+        return _tabulated(memory, target, unary, dtype, a_codes, key=b_key)
+    if a_single is not None:
+        a_value = np.int64(a_single)
+
+        def unary_b(b: np.ndarray) -> np.ndarray:
+            return function(a_value, b)
+
+        a_key = (key, "a", a_codes.dtype.str, a_single)
+        return _tabulated(memory, target, unary_b, dtype, b_codes, key=a_key)
+    return _tabulated(memory, target, function, dtype, a_codes, b_codes, key=key)
 
 
 def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
@@ -1215,8 +1431,10 @@ def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
     table = memory.read(instruction.table).reshape(-1)
     x = memory.view(instruction.input)
     dtype = instruction.input.dtype.numpy
-    result = _tabulated(lambda codes: apply_lut(table, codes, dtype), table.dtype, x)
-    memory.write(instruction.output, apply_lut(table, x, dtype) if result is None else result)
+    key = ("lut", table.tobytes(), table.dtype.str, np.dtype(dtype).str)
+    function = functools.partial(apply_lut, table, input_dtype=dtype)
+    if not _tabulated(memory, instruction.output, function, table.dtype, x, key=key):
+        memory.write(instruction.output, apply_lut(table, x, dtype))
 
 
 def _windows(
