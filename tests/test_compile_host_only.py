@@ -35,10 +35,11 @@ def _branch(name: str, node: onnx.NodeProto) -> onnx.GraphProto:
     )
 
 
-def _if_that_fails_on_zeros() -> onnx.ModelProto:
-    """y = x if sum(x) > 0 else reshape(x, [3, -1]), which 4 values cannot take: shape
-    inference cannot tell y's shape, and the zero-input run takes the failing branch."""
-    shape = numpy_helper.from_array(np.array([3, -1], np.int64), "three_rows")
+def _if_positive(
+    then_node: onnx.NodeProto, else_node: onnx.NodeProto, *constants: onnx.TensorProto
+) -> onnx.ModelProto:
+    """y = then_node(x) if sum(x) > 0 else else_node(x), x of shape [1, 4]; the branches read x
+    (and `constants`) from the outer graph, and y's shape is left to the branches."""
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
         helper.make_node("Greater", ["total", "zero"], ["positive"]),
@@ -46,20 +47,28 @@ def _if_that_fails_on_zeros() -> onnx.ModelProto:
             "If",
             ["positive"],
             ["y"],
-            then_branch=_branch("keep", helper.make_node("Identity", ["x"], ["kept"])),
-            else_branch=_branch(
-                "fold", helper.make_node("Reshape", ["x", "three_rows"], ["folded"])
-            ),
+            then_branch=_branch("then", then_node),
+            else_branch=_branch("else", else_node),
         ),
     ]
     graph = helper.make_graph(
         nodes,
-        "branchy",
+        "if_positive",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), shape],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), *constants],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _if_that_fails_on_zeros() -> onnx.ModelProto:
+    """y = x if sum(x) > 0 else reshape(x, [3, -1]), which 4 values cannot take: shape
+    inference cannot tell y's shape, and the zero-input run takes the failing branch."""
+    return _if_positive(
+        helper.make_node("Identity", ["x"], ["kept"]),
+        helper.make_node("Reshape", ["x", "three_rows"], ["folded"]),
+        numpy_helper.from_array(np.array([3, -1], np.int64), "three_rows"),
+    )
 
 
 def test_a_float_model_without_mla_work_compiles_to_host_stages_only(tmp_path) -> None:
@@ -82,26 +91,10 @@ def test_an_unmeasurable_shape_is_a_compile_error_naming_the_tensor(tmp_path) ->
 
 
 def _sign_flip() -> onnx.ModelProto:
-    """y = -x if sum(x) > 0 else x: both branches read x from the outer graph."""
-    nodes = [
-        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-        helper.make_node("Greater", ["total", "zero"], ["positive"]),
-        helper.make_node(
-            "If",
-            ["positive"],
-            ["y"],
-            then_branch=_branch("flip", helper.make_node("Neg", ["x"], ["flipped"])),
-            else_branch=_branch("keep", helper.make_node("Identity", ["x"], ["kept"])),
-        ),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "sign_flip",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    """y = -x if sum(x) > 0 else x."""
+    return _if_positive(
+        helper.make_node("Neg", ["x"], ["flipped"]), helper.make_node("Identity", ["x"], ["kept"])
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def test_branches_that_read_the_outer_graph_compile_and_run(tmp_path) -> None:

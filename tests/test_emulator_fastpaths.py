@@ -243,14 +243,27 @@ def test_tap_products_sum_every_tap_of_every_output_row_range(
     codes = x.astype(np.int64)[0]
     for i in range(kernel[0]):
         for j in range(kernel[1]):
-            top, left = i * dilations[0], j * dilations[1]
-            window = codes[
-                :,
-                top + rows.start * strides[0] : top + (rows.stop - 1) * strides[0] + 1 : strides[0],
-                left : left + (out_hw[1] - 1) * strides[1] + 1 : strides[1],
-            ]
+            window = _tap_window(codes, (i, j), rows, strides, dilations, out_hw[1])
             expected[0] += np.einsum("mc,chw->mhw", weight[:, :, i, j], window)
     np.testing.assert_array_equal(products.rows(rows), expected)
+
+
+def _tap_window(
+    codes: np.ndarray,
+    tap: tuple[int, int],
+    rows: range,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    width: int,
+) -> np.ndarray:
+    """The input elements kernel tap (i, j) meets for output `rows` and `width` columns (the
+    last two axes of `codes` are H, W): what a direct convolution sums."""
+    top, left = tap[0] * dilations[0], tap[1] * dilations[1]
+    return codes[
+        ...,
+        top + rows.start * strides[0] : top + (rows.stop - 1) * strides[0] + 1 : strides[0],
+        left : left + (width - 1) * strides[1] + 1 : strides[1],
+    ]
 
 
 def _eltwise_twice(build_program, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -424,12 +437,6 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     expected = np.zeros((batch, codes.shape[1], group_out, len(rows), out_hw[1]), np.int64)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
-            top, left = i * dilations[0], j * dilations[1]
-            window = codes[
-                :,
-                :,
-                top + rows.start * strides[0] : top + (rows.stop - 1) * strides[0] + 1 : strides[0],
-                left : left + (out_hw[1] - 1) * strides[1] + 1 : strides[1],
-            ]
+            window = _tap_window(codes, (i, j), rows, strides, dilations, out_hw[1])
             expected += window[:, :, None] * weight[part, :, i, j, None, None].astype(np.int64)
     np.testing.assert_array_equal(result, expected)
