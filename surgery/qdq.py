@@ -5,6 +5,8 @@ two MLA ops runs on the CVU, so each op would become its own segment. The *float
 every activation QuantizeLinear -> DequantizeLinear pair (consumers read the float tensor again)
 and keeps the weight DequantizeLinear nodes (they fold as constants), so `surgery check` on a
 quantized model and the compiler's partition both count the segments of the float model.
+Activations kept in fp16 or bf16 (Cast to the narrow type -> Cast back to float) are pairs of
+the same kind and are removed alike.
 """
 
 from __future__ import annotations
@@ -17,6 +19,26 @@ from surgery.graph import GraphView
 
 _QUANTIZE = "QuantizeLinear"
 _DEQUANTIZE = "DequantizeLinear"
+_NARROW_FLOATS = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
+def _cast_to(node: onnx.NodeProto) -> int | None:
+    if node.op_type != "Cast":
+        return None
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def _narrows(node: onnx.NodeProto) -> bool:
+    """A QuantizeLinear, or a Cast to fp16/bf16: the first node of an activation pair."""
+    return node.op_type == _QUANTIZE or _cast_to(node) in _NARROW_FLOATS
+
+
+def _widens_back(node: onnx.NodeProto, narrowing: onnx.NodeProto) -> bool:
+    """Whether `node` undoes `narrowing` (DequantizeLinear after QuantizeLinear, Cast to float
+    after a Cast to fp16/bf16)."""
+    if narrowing.op_type == _QUANTIZE:
+        return node.op_type == _DEQUANTIZE
+    return _cast_to(node) == onnx.TensorProto.FLOAT
 
 
 def is_qdq(model: onnx.ModelProto, view: GraphView | None = None) -> bool:
@@ -67,26 +89,28 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     alias: dict[str, str] = {}
     dropped: set[int] = set()
     for k, node in enumerate(nodes):
-        if node.op_type != _DEQUANTIZE or not node.input:
+        if not node.input or node.op_type not in (_DEQUANTIZE, "Cast"):
             continue
         q = producer.get(node.input[0])
-        if q is None or nodes[q].op_type != _QUANTIZE or nodes[q].input[0] in constants:
+        if q is None or not _narrows(nodes[q]) or nodes[q].input[0] in constants:
+            continue
+        if not _widens_back(node, nodes[q]):
             continue
         alias[node.output[0]] = nodes[q].input[0]
         dropped.update((k, q))
-    # A QuantizeLinear also read by something other than a DequantizeLinear, or that is a graph
-    # output, must stay.
+    # A QuantizeLinear (or narrowing Cast) also read by anything but the node undoing it, or
+    # that is a graph output, must stay.
     for k, node in enumerate(nodes):
         if k in dropped or node.op_type == _DEQUANTIZE:
             continue
         for name in node.input:
             q = producer.get(name)
-            if q is not None and nodes[q].op_type == _QUANTIZE:
+            if q is not None and _narrows(nodes[q]):
                 dropped.discard(q)
     output_names = [o.name for o in graph.output]
     for name in output_names:
         q = producer.get(name)
-        if q is not None and nodes[q].op_type == _QUANTIZE:
+        if q is not None and _narrows(nodes[q]):
             dropped.discard(q)
     rename: dict[str, str] = {}
     for name in output_names:
