@@ -92,8 +92,11 @@ class TargetProfile(BaseModel):
     remove_ops: list[str] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OpDecision:
+    """`Target.decide`'s answer (one per node placed; slots, not frozen, for the same reason
+    as `NodePlacement`)."""
+
     processor: Processor
     reasons: list[Reason]
     precisions: list[str]
