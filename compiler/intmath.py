@@ -647,7 +647,19 @@ def build_lut(
     return quantize_constant(real_out, 1.0, output_zero_point, output_dtype)
 
 
-def apply_lut(table: np.ndarray, q: np.ndarray, input_dtype: npt.DTypeLike) -> np.ndarray:
-    """Look every code of q up in a table built by `build_lut` (index = q - dtype min)."""
+def apply_lut(
+    table: np.ndarray, q: np.ndarray, input_dtype: npt.DTypeLike, axis: int = 1
+) -> np.ndarray:
+    """Look every code of q up in a table built by `build_lut` (index = q - dtype min). A 2-D
+    table (C, entries) holds one table per position along `axis` of q (a PRelu slope per
+    channel)."""
     low, _ = dtype_range(input_dtype)
-    return table[np.asarray(q, dtype=np.int64) - low]
+    index = np.asarray(q, dtype=np.int64) - low
+    if table.ndim == 1:
+        return table[index]
+    channels, entries = table.shape
+    if not 0 <= axis < index.ndim or index.shape[axis] != channels:
+        raise ValueError(f"{channels} tables along axis {axis} of codes of shape {index.shape}")
+    offsets = np.arange(channels, dtype=np.int64) * entries
+    trailing = index.ndim - 1 - axis
+    return table.reshape(-1)[index + offsets.reshape((channels,) + (1,) * trailing)]

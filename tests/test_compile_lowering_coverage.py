@@ -33,7 +33,6 @@ KNOWN_GAPS = {
     "LRN",
     "Max",
     "Min",
-    "PRelu",  # one slope: a lookup table (below); a slope per channel splits the segment
     "QuickGelu",
     "RMSNormalization",
 }
@@ -95,10 +94,8 @@ def test_prelu_with_one_slope_stays_in_its_segment_and_runs_bit_exact(tmp_path) 
     assert _compile_and_run(model, tmp_path) == (1, True)
 
 
-def test_prelu_with_a_slope_per_channel_runs_on_a_host_and_says_so(tmp_path) -> None:
-    model = _conv_op_conv("PRelu", np.array([0.1, 0.2, 0.3, 0.4]).reshape(4, 1, 1))
-    rng = np.random.default_rng(1)
-    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
-    qdq = quantize_model(model, samples, target="mlsoc").model
-    result = compile_model(qdq, tmp_path, model_name="prelu")
-    assert any("PRelu" in note and "no integer form" in note for note in result.notes)
+def test_prelu_with_a_slope_per_channel_uses_one_table_per_channel(tmp_path) -> None:
+    """Per-channel nn.PReLU(C), exported with a (C, 1, 1) slope."""
+    model = _conv_op_conv("PRelu", np.array([0.1, -0.2, 0.3, 0.9]).reshape(4, 1, 1))
+    assert check_model(model).mla_segments == 1
+    assert _compile_and_run(model, tmp_path) == (1, True)

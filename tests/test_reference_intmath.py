@@ -259,3 +259,21 @@ def test_requantization_modes_are_the_two_documented_ones() -> None:
     assert intmath.REQUANTIZATION_MODES == ("sima", "tflite")
     with pytest.raises(ValueError, match="unknown requantization mode"):
         requantize(1, 1, 0, "nearest")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 3, 4, 5), 1), ((3, 7), 1), ((2, 5, 3), 2)])
+def test_per_channel_tables_look_each_position_up_in_its_own_table(shape, axis) -> None:
+    rng = np.random.default_rng(0)
+    tables = rng.integers(-128, 128, size=(shape[axis], 256)).astype(np.int8)
+    q = rng.integers(-128, 128, size=shape).astype(np.int8)
+    result = intmath.apply_lut(tables, q, np.int8, axis=axis)
+    moved = np.moveaxis(q, axis, 0)
+    expected = np.stack(
+        [intmath.apply_lut(tables[c], moved[c], np.int8) for c in range(shape[axis])]
+    )
+    np.testing.assert_array_equal(result, np.moveaxis(expected, 0, axis))
+
+
+def test_per_channel_tables_must_match_the_axis() -> None:
+    with pytest.raises(ValueError, match="3 tables along axis 1"):
+        intmath.apply_lut(np.zeros((3, 256), np.int8), np.zeros((1, 4, 2), np.int8), np.int8)

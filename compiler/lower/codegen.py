@@ -429,6 +429,11 @@ def emit_eltwise(e: Emission) -> list[Instruction]:
 
 def emit_lut(e: Emission) -> list[Instruction]:
     kernel: LookupKernel = e.kernel
+    if kernel.table.ndim == 2 and kernel.axis(len(e.inputs[0].shape)) != 1:
+        raise CompileError(
+            f"{e.layer.name}: per-channel tables along axis {kernel.axis(len(e.inputs[0].shape))} of a "
+            f"{list(e.inputs[0].shape)} input; the LUT instruction's run along the channel axis (1)"
+        )
     table = e.constants.add(kernel.table, np.dtype(kernel.table.dtype))
     return [Lut(layer=e.index, input=e.inputs[0], table=table, output=e.output)]
 

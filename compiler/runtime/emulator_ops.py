@@ -1421,16 +1421,27 @@ def _tabulated_eltwise(
 
 
 def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
+    """One table for every code, or (8-bit inputs) one 256-entry table per channel (axis 1)."""
     _expect_shape("the LUT output", instruction.output.shape, instruction.input.shape)
     low, high = _dtype_range(instruction.input.dtype.numpy)
-    if instruction.table.size != high - low + 1 or instruction.input.itemsize > 2:
+    entries = high - low + 1
+    shape = instruction.input.shape
+    channels = shape[1] if len(shape) > 1 and instruction.input.itemsize == 1 else 1
+    if instruction.table.size not in (entries, entries * channels) or (
+        instruction.input.itemsize > 2
+    ):
         raise EmulatorError(
-            f"a {instruction.input.dtype.name} LUT needs {high - low + 1} entries, "
+            f"a {instruction.input.dtype.name} LUT needs {entries} entries"
+            f"{f' (or {entries} per channel, {entries * channels})' if channels > 1 else ''}, "
             f"not {instruction.table.size}"
         )
-    table = memory.read(instruction.table).reshape(-1)
     x = memory.view(instruction.input)
     dtype = instruction.input.dtype.numpy
+    if instruction.table.size != entries:
+        table = memory.read(instruction.table).reshape(channels, entries)
+        memory.write(instruction.output, apply_lut(table, x, dtype, axis=1))
+        return
+    table = memory.read(instruction.table).reshape(-1)
     key = ("lut", table.tobytes(), table.dtype.str, np.dtype(dtype).str)
     function = functools.partial(apply_lut, table, input_dtype=dtype)
     if not _tabulated(memory, instruction.output, function, table.dtype, x, key=key):

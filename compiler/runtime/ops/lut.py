@@ -107,17 +107,47 @@ def _pow(ctx: OpContext) -> RealFunction:
     return lambda x: np.power(x, power)
 
 
-def _prelu(ctx: OpContext) -> RealFunction:
-    """PRelu with one slope for every element (PyTorch's default nn.PReLU()) is a LeakyRelu;
-    a slope per channel is a different function per channel, which one table cannot hold."""
+def _prelu_slopes(ctx: OpContext) -> tuple[np.ndarray, int]:
+    """PRelu's slopes (one, or one per position along one axis) and how many axes follow that
+    axis in the slope's shape (ONNX broadcasts the slope against x from the right)."""
     slope = ctx.constant(1)
     if slope is None or np.size(slope) == 0:
         raise NotLowerable("PRelu needs a constant slope")
-    values = np.asarray(slope, dtype=np.float64).reshape(-1)
-    if not np.all(values == values[0]):
-        raise NotLowerable("PRelu slopes differ per channel; one lookup table holds one slope")
-    alpha = float(values[0])
-    return lambda x: np.where(x >= 0, x, alpha * x)
+    values = np.asarray(slope, dtype=np.float64)
+    flat = values.reshape(-1)
+    if np.all(flat == flat[0]):
+        return flat[:1], 0
+    varying = [k for k, n in enumerate(values.shape) if n != 1]
+    if len(varying) != 1:
+        raise NotLowerable(f"PRelu slope of shape {values.shape} varies along several axes")
+    return flat, values.ndim - 1 - varying[0]
+
+
+def lower_prelu(ctx: OpContext) -> Lowered:
+    """PRelu as one lookup table (one slope, PyTorch's default nn.PReLU()), or, for 8-bit
+    inputs, one 256-entry table per channel (the LUT instruction's per-channel form)."""
+    slopes, trailing = _prelu_slopes(ctx)
+    if slopes.size == 1:
+        alpha = float(slopes[0])
+        return lookup_lowering(ctx, lambda x: np.where(x >= 0, x, alpha * x))
+    x, x_scale, x_zero_point = ctx.activation_input(0)
+    if x.params.bits > 8:
+        raise NotLowerable("per-channel lookup tables need 8-bit inputs")
+    output = ctx.output(0)
+    tables = [
+        build_lut(
+            lambda v, a=float(a): np.where(v >= 0, v, a * v),
+            x_scale,
+            x_zero_point,
+            x.params.dtype,
+            output.scalar_scale(),
+            output.scalar_zero_point(),
+            output.dtype,
+        )
+        for a in slopes
+    ]
+    kernel = LookupKernel(np.stack(tables), np.dtype(x.params.dtype), trailing)
+    return Lowered(kernel, (x.name,))
 
 
 def _fixed(function: RealFunction) -> Callable[[OpContext], RealFunction]:
@@ -149,7 +179,6 @@ FUNCTIONS: dict[str, Callable[[OpContext], RealFunction]] = {
     "Gelu": _gelu,
     "Swish": _swish,
     "Pow": _pow,
-    "PRelu": _prelu,
 }
 """Unary ONNX op -> builder of its float64 function (attributes bound)."""
 
@@ -163,13 +192,19 @@ def real_function(ctx: OpContext) -> RealFunction:
 
 @dataclass(frozen=True, eq=False)
 class LookupKernel:
-    """y = table[x - min(input dtype)]: every elementwise nonlinearity on the MLA."""
+    """y = table[x - min(input dtype)]: every elementwise nonlinearity on the MLA. A 2-D table
+    holds one table per position along the axis of x that has `trailing` axes after it."""
 
     table: np.ndarray
     input_dtype: np.dtype
+    trailing: int = 0
+
+    def axis(self, ndim: int) -> int:
+        """The axis of a rank-`ndim` input the per-channel tables run along."""
+        return ndim - 1 - self.trailing
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return apply_lut(self.table, x, self.input_dtype)
+        return apply_lut(self.table, x, self.input_dtype, self.axis(np.ndim(x)))
 
 
 def lookup_lowering(ctx: OpContext, function: RealFunction) -> Lowered:
@@ -203,4 +238,4 @@ def lower_gated(ctx: OpContext) -> Lowered:
     return lookup_lowering(ctx, lambda x: x * gate(x))
 
 
-LOWERINGS = {op_type: lower_unary for op_type in FUNCTIONS}
+LOWERINGS = {**{op_type: lower_unary for op_type in FUNCTIONS}, "PRelu": lower_prelu}
