@@ -26,7 +26,6 @@ KNOWN_GAPS = {
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
     "ArgMax",
     "CumSum",
-    "Dropout",
     "Einsum",
     "GridSample",
     "InstanceNormalization",
@@ -97,5 +96,27 @@ def test_prelu_with_one_slope_stays_in_its_segment_and_runs_bit_exact(tmp_path) 
 def test_prelu_with_a_slope_per_channel_uses_one_table_per_channel(tmp_path) -> None:
     """Per-channel nn.PReLU(C), exported with a (C, 1, 1) slope."""
     model = _conv_op_conv("PRelu", np.array([0.1, -0.2, 0.3, 0.9]).reshape(4, 1, 1))
+    assert check_model(model).mla_segments == 1
+    assert _compile_and_run(model, tmp_path) == (1, True)
+
+
+def test_inference_dropout_is_a_move_inside_its_segment(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), name)
+        for name in ("w1", "w2")
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Dropout", ["a"], ["p"], ratio=0.3),
+            helper.make_node("Conv", ["p", "w2"], ["y"]),
+        ],
+        "conv_dropout_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     assert check_model(model).mla_segments == 1
     assert _compile_and_run(model, tmp_path) == (1, True)

@@ -50,7 +50,7 @@ from compiler.isa import (
     layout_tensor,
 )
 from compiler.lower.errors import CompileError
-from compiler.lower.fusion import Layer
+from compiler.lower.fusion import VIEW_OPS, Layer
 from compiler.runtime.ops.base import OutputStage, Rescale
 from compiler.runtime.ops.conv import ConvKernel, ConvTransposeKernel
 from compiler.runtime.ops.elementwise import QUOTIENT_BITS, AddKernel, DivKernel, MulKernel
@@ -695,7 +695,7 @@ def emit_movement(e: Emission) -> list[Instruction]:
     move = move_kernel.move
     args = dict(move.keywords) if isinstance(move, partial) else {}
     rescale = move_kernel.rescale
-    if op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+    if op in VIEW_OPS:
         return [_move(e, reshape_view(x, y.shape), y, rescale)]
     if op == "Transpose":
         perm = args.get("perm") or list(reversed(range(x.ndim)))

@@ -28,7 +28,8 @@ from compiler.runtime.ops.matmul import MatMulKernel
 from compiler.runtime.ops.movement import MoveKernel
 from compiler.runtime.program import IntegerStep
 
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+"""Ops whose output is their input under another shape: a MOVE of a reshaped view."""
 
 _KIND_NAMES = {
     "Conv": "conv2d",

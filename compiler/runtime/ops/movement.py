@@ -163,6 +163,17 @@ def lower_identity(ctx: OpContext) -> Lowered:
     return _move(ctx, lambda x: x)
 
 
+def lower_dropout(ctx: OpContext) -> Lowered:
+    """Inference-mode Dropout passes its input through (the mask output must be unused, as the
+    target profiles require for the MLA)."""
+    training = ctx.constant(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
+    if training is not None and bool(np.asarray(training).reshape(-1)[0]):
+        raise NotLowerable("Dropout in training mode is random")
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        raise NotLowerable("Dropout's mask output has no integer form")
+    return lower_identity(ctx)
+
+
 def lower_reshape(ctx: OpContext) -> Lowered:
     shape = _required(ctx.ints(1, "shape"), "the Reshape shape")
     return _move(ctx, partial(reshape, shape=shape, allowzero=bool(ctx.attr("allowzero", 0))))
@@ -310,6 +321,7 @@ def lower_requantize(
 
 LOWERINGS = {
     "Identity": lower_identity,
+    "Dropout": lower_dropout,
     "Reshape": lower_reshape,
     "Flatten": lower_flatten,
     "Squeeze": lower_squeeze,
