@@ -58,14 +58,20 @@ def _check(name: str, strategy: str, order: str, batch: int, tessellate, tmp_pat
 def assert_mla_stages_bit_exact(result, tensors, frames: int) -> None:
     """Each MLA stage's outputs equal its integer steps run on the same (pipeline) inputs."""
     partition = result.compiled.partition
+
+    def frame(name: str, k: int) -> np.ndarray:
+        """Frame k of a pipeline tensor (frames are stacked on axis 0)."""
+        rows = tensors[name].shape[0] // frames
+        return tensors[name][k * rows : (k + 1) * rows]
+
     for stage in partition.mla_stages:
         for k in range(frames):
             values = dict(partition.constants)
-            values.update({n: tensors[n][k : k + 1] for n in stage.inputs})
+            values.update({n: frame(n, k) for n in stage.inputs})
             for step in stage.steps:
                 step.run(values)
             for name in stage.outputs:
-                np.testing.assert_array_equal(tensors[name][k : k + 1], values[name], err_msg=name)
+                np.testing.assert_array_equal(frame(name, k), values[name], err_msg=name)
 
 
 @pytest.mark.parametrize(("strategy", "order", "batch", "tessellate"), FULL)

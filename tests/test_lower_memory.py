@@ -90,6 +90,22 @@ def test_strategies_differ_and_best_fit_is_close_to_the_bound() -> None:
     assert float(np.mean(ratios)) < 1.25
 
 
+def test_equal_sizes_go_longest_lived_first_and_reach_the_bound() -> None:
+    """Two 32-byte tensors: placing the short one (first used at the same step) first strands
+    16 bytes the long one cannot use; longest-lived first packs to the bound."""
+    tensors = [
+        LiveTensor("t0", 16, 0, 4),
+        LiveTensor("t1", 32, 4, 7),
+        LiveTensor("t2", 32, 0, 0),
+        LiveTensor("t3", 32, 0, 2),
+        LiveTensor("t4", 16, 1, 4),
+    ]
+    for strategy in ("BestFit", "GreedyBySize"):
+        plan = plan_memory(tensors, strategy)
+        verify_plan(plan)
+        assert plan.peak_bytes == lower_bound(tensors) == 80
+
+
 def test_capacity_spills_to_dram_without_overlap() -> None:
     tensors = _random_tensors(np.random.default_rng(5), 50, 20)
     unbounded = plan_memory(tensors)

@@ -6,11 +6,14 @@ a byte offset per tensor such that no two tensors whose live ranges intersect sh
 
 Four strategies (the names RKNN's `memory_plan_strategy` uses), all greedy "order, then place":
 
-* `BestFit` (default): largest tensors first; each goes into the smallest gap between tensors
-  live at the same time that holds it (lowest offset on ties), else on top. Packing the big
-  tensors first and wasting the least space around each is what keeps the peak near the bound.
-* `GreedyBySize`: largest first, each at the lowest offset where it fits (first fit) — the
-  TFLite arena planner's "greedy by size".
+* `BestFit` (default): largest tensors first (among equal sizes, the longest-lived first);
+  each goes into the smallest gap between tensors live at the same time that holds it (lowest
+  offset on ties), else on top. Packing the big tensors first and wasting the least space
+  around each is what keeps the peak near the bound. The lifetime tie-break matters where a
+  network repeats one feature-map size: on yolov5n's head, ordering equal sizes by first use
+  instead left the peak at 1.41x the bound (1.06x now).
+* `GreedyBySize`: largest first (same tie-break), each at the lowest offset where it fits
+  (first fit) — the TFLite arena planner's "greedy by size".
 * `GreedyByLifetime`: longest-lived tensors first (they constrain the most others), first fit.
 * `SlowPeakGrowth`: schedule positions in order of decreasing live bytes (the busiest step
   first); the tensors live there, largest first, each where it raises the current peak least
@@ -226,7 +229,7 @@ def verify_plan(plan: MemoryPlan) -> None:
 
 
 def _by_size(tensors: Sequence[LiveTensor]) -> list[LiveTensor]:
-    return sorted(tensors, key=lambda t: (-t.size, t.first, t.name))
+    return sorted(tensors, key=lambda t: (-t.size, -(t.last - t.first), t.first, t.name))
 
 
 def _by_lifetime(tensors: Sequence[LiveTensor]) -> list[LiveTensor]:
