@@ -215,6 +215,11 @@ class CheckOut(Out):
     single_elf: bool
     macs_total: int
     mla_mac_fraction: float
+    macs_unknown_nodes: int = Field(
+        default=0,
+        description="Matrix ops whose MACs are unknown (dynamic shapes); the MAC share leaves "
+        "them out.",
+    )
     dynamic_inputs: dict[str, Any]
     segments: list[SegmentBrief]
     blocker_groups: list[BlockerGroup]

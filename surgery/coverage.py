@@ -18,7 +18,7 @@ import onnx
 
 from surgery.errors import InvalidGraphError
 from surgery.graph import GraphView
-from surgery.macs import node_macs
+from surgery.macs import node_macs_or_unknown
 from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_target
 
 PLACEMENT_METADATA_KEY = "surgery.op_target"
@@ -55,6 +55,8 @@ class NodePlacement:
     macs: int = 0
     precisions: tuple[str, ...] = ()
     suggested_rules: list[str] = field(default_factory=list)
+    macs_unknown: bool = False
+    """A matrix op whose MACs cannot be counted (unknown shapes); `macs` is then 0."""
 
     @property
     def is_blocker(self) -> bool:
@@ -131,6 +133,12 @@ class CoverageReport:
         return sum(p.macs for p in self.placements if p.processor == processor)
 
     @property
+    def macs_unknown_nodes(self) -> int:
+        """Matrix ops whose MACs are unknown (dynamic shapes): `mla_mac_fraction` leaves them
+        out, so with any of them it is the share of the MACs that could be counted."""
+        return sum(1 for p in self.placements if p.macs_unknown)
+
+    @property
     def mla_mac_fraction(self) -> float:
         """Share of MACs on the MLA; for MAC-free models, the share of non-folded nodes."""
         total = self.total_macs
@@ -202,6 +210,7 @@ class CoverageReport:
             "macs_total": self.total_macs,
             "macs": {p: self.macs_on(p) for p in PROCESSORS},
             "mla_mac_fraction": round(self.mla_mac_fraction, 6),
+            "macs_unknown_nodes": self.macs_unknown_nodes,
             "dynamic_inputs": self.dynamic_inputs,
             "segments": [s.to_dict() for s in self.segments],
             "blockers": [
@@ -359,7 +368,8 @@ def analyze_coverage(
         if foldable[idx]:
             placements.append(NodePlacement(idx, name, op_type, "APU", (), True))
             continue
-        macs = node_macs(view, idx)
+        counted = node_macs_or_unknown(view, idx)
+        macs = counted or 0
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
         if domain not in ("", "ai.onnx"):
             reason = Reason(
@@ -406,6 +416,7 @@ def analyze_coverage(
                 pin is not None,
                 macs,
                 precisions,
+                macs_unknown=counted is None,
             )
         )
     segments = _segment(view, placements, frozen_constants, order)

@@ -23,10 +23,17 @@ def _prod(dims) -> int | None:
 
 
 def node_macs(view: GraphView, idx: int) -> int:
+    """MACs of a node; 0 for ops without matrix work and where shapes are unknown."""
+    return node_macs_or_unknown(view, idx) or 0
+
+
+def node_macs_or_unknown(view: GraphView, idx: int) -> int | None:
+    """MACs of a node; None for a matrix op whose shapes are not known (dynamic dims), which
+    a MAC share must not silently count as 0."""
     op = view.op_types[idx]
     if op not in _MAC_OPS:
         return 0
-    return _MAC_OPS[op](view, idx) or 0
+    return _MAC_OPS[op](view, idx)
 
 
 def _conv(view: GraphView, idx: int) -> int | None:
@@ -60,6 +67,9 @@ def _matmul(view: GraphView, idx: int) -> int | None:
     if not a or y is None:
         return None
     k = a[-1]
+    if not isinstance(k, int) and len(node.input) > 1:
+        b = view.tensor(node.input[1]).shape  # the reduced axis is also b's second-to-last
+        k = (b[-2] if len(b) > 1 else b[0]) if b else k
     out = _prod(y)
     return None if out is None or not isinstance(k, int) else out * k
 

@@ -108,6 +108,45 @@ def test_dynamic_shape_blocks_with_a_hint():
     assert "--input-shape" in report.placements[0].reasons[0].message
 
 
+def _conv_matmul(batch: int | str) -> onnx.ModelProto:
+    """Conv (4×4 kernel over 8 channels) then MatMul by a (16, 5) weight, batch `batch`."""
+    w = numpy_helper.from_array(np.ones((8, 3, 4, 4), np.float32), "w")
+    m = numpy_helper.from_array(np.ones((16, 5), np.float32), "m")
+    return _model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("MatMul", ["c", "m"], ["y"], name="matmul"),
+        ],
+        [_vi("x", [batch, 3, 19, 19])],
+        [_vi("y", None)],
+        [w, m],
+    )
+
+
+def test_matrix_ops_with_dynamic_shapes_are_counted_as_unknown_macs():
+    static = _coverage(_conv_matmul(1))
+    assert static.macs_unknown_nodes == 0
+    assert static.total_macs == 8 * 16 * 16 * (3 * 4 * 4) + 8 * 16 * 5 * 16
+    dynamic = _coverage(_conv_matmul("n"))
+    assert dynamic.macs_unknown_nodes == 2
+    assert dynamic.total_macs == 0
+    assert dynamic.to_dict()["macs_unknown_nodes"] == 2
+
+
+def test_matmul_takes_its_depth_from_the_weight_when_the_input_leaves_it_open():
+    """Inference can leave a reshaped activation's last dim symbolic (bert's attention output)
+    while the weight fixes it."""
+    weight = numpy_helper.from_array(np.ones((6, 3), np.float32), "w")
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
+        [_vi("x", [1, 4, "k"])],
+        [_vi("y", [1, 4, 3])],
+        [weight],
+    )
+    report = _coverage(model)
+    assert report.macs_unknown_nodes == 0 and report.total_macs == 1 * 4 * 3 * 6
+
+
 def test_int64_data_is_not_placed_on_the_mla():
     model = _model(
         [helper.make_node("Add", ["a", "b"], ["y"], name="add")],
@@ -224,6 +263,7 @@ def test_report_json_has_the_documented_keys(yolo_head):
         "mla_segments",
         "single_elf",
         "mla_mac_fraction",
+        "macs_unknown_nodes",
         "segments",
         "blockers",
     ):

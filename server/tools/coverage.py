@@ -64,6 +64,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             single_elf=cov.single_elf,
             macs_total=data["macs_total"],
             mla_mac_fraction=data["mla_mac_fraction"],
+            macs_unknown_nodes=data["macs_unknown_nodes"],
             dynamic_inputs=data["dynamic_inputs"],
             segments=segments(cov),
             blocker_groups=blocker_groups(cov, group_nodes),

@@ -91,4 +91,11 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
         if report.single_elf
         else f"[bold yellow]{report.mla_segments} MLA segments[/] → {report.mla_segments} .elf files"
     )
-    console.print(f"\n{verdict}; MLA share of MACs {100 * report.mla_mac_fraction:.1f}%")
+    share = f"MLA share of MACs {100 * report.mla_mac_fraction:.1f}%"
+    if report.macs_unknown_nodes:
+        share = (
+            f"MLA share of the MACs that could be counted {100 * report.mla_mac_fraction:.1f}% "
+            f"([yellow]{report.macs_unknown_nodes} matrix ops have unknown shapes[/]: fix the "
+            "inputs with --input-shape)"
+        )
+    console.print(f"\n{verdict}; {share}")
