@@ -130,22 +130,10 @@ def lower_prelu(ctx: OpContext) -> Lowered:
     if slopes.size == 1:
         alpha = float(slopes[0])
         return lookup_lowering(ctx, lambda x: np.where(x >= 0, x, alpha * x))
-    x, x_scale, x_zero_point = ctx.activation_input(0)
-    if x.params.bits > 8:
-        raise NotLowerable("per-channel lookup tables need 8-bit inputs")
-    output = ctx.output(0)
     tables = [
-        build_lut(
-            lambda v, a=float(a): np.where(v >= 0, v, a * v),
-            x_scale,
-            x_zero_point,
-            x.params.dtype,
-            output.scalar_scale(),
-            output.scalar_zero_point(),
-            output.dtype,
-        )
-        for a in slopes
+        _table(ctx, lambda v, a=float(a): np.where(v >= 0, v, a * v), max_bits=8) for a in slopes
     ]
+    x = ctx.activation_input(0)[0]
     kernel = LookupKernel(np.stack(tables), np.dtype(x.params.dtype), trailing)
     return Lowered(kernel, (x.name,))
 
@@ -207,13 +195,13 @@ class LookupKernel:
         return apply_lut(self.table, x, self.input_dtype, self.axis(np.ndim(x)))
 
 
-def lookup_lowering(ctx: OpContext, function: RealFunction) -> Lowered:
-    """Tabulate `function` between the quantization of input 0 and of output 0."""
+def _table(ctx: OpContext, function: RealFunction, max_bits: int = 16) -> np.ndarray:
+    """`function` tabulated between the quantization of input 0 and of output 0."""
     x, x_scale, x_zero_point = ctx.activation_input(0)
+    if x.params.bits > max_bits:
+        raise NotLowerable(f"these lookup tables need inputs of at most {max_bits} bits")
     output = ctx.output(0)
-    if x.params.bits > 16:
-        raise NotLowerable("lookup tables need 8- or 16-bit inputs")
-    table = build_lut(
+    return build_lut(
         function,
         x_scale,
         x_zero_point,
@@ -222,6 +210,12 @@ def lookup_lowering(ctx: OpContext, function: RealFunction) -> Lowered:
         output.scalar_zero_point(),
         output.dtype,
     )
+
+
+def lookup_lowering(ctx: OpContext, function: RealFunction) -> Lowered:
+    """Tabulate `function` between the quantization of input 0 and of output 0."""
+    x = ctx.activation_input(0)[0]
+    table = _table(ctx, function)
     return Lowered(LookupKernel(table, np.dtype(x.params.dtype)), (x.name,))
 
 
