@@ -1,14 +1,19 @@
-"""Rule suggestions skip rules by `Rule.may_free`: the skip must never drop a suggestion.
+"""Rule suggestions skip rules by `Rule.may_free`, and anchors far from every blocker by
+`RuleContext.near_focus`: neither skip may drop or add a suggestion.
 
 Each rule's `suggest_for` (or `may_free` override) claims that its matches list blockers only
 when the model has a blocker it names. These tests run every rule on the example and real
-models, unfiltered, and check the claim and that `check`'s suggestions are unchanged by it.
+models, unfiltered and without a focus, and check the claim and that `check`'s suggestions are
+unchanged by both.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from surgery import examples
 from surgery.check import check_model
@@ -61,3 +66,24 @@ def test_pre_check_never_drops_a_suggestion(name, target):
     got = {b.name: b.suggested_rules for b in report.blockers if b.suggested_rules}
     names = {b.name for b in report.blockers}
     assert got == {b: rules for b, rules in expected.items() if b in names}
+
+
+def test_near_focus_is_every_node_within_reach_of_a_focus_blocker() -> None:
+    names = [f"relu{k}" for k in range(6)]
+    nodes = [
+        helper.make_node("Relu", [f"t{k}"], [f"t{k + 1}"], name=name)
+        for k, name in enumerate(names)
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 2, 2, 2])],
+        [helper.make_tensor_value_info("t6", TensorProto.FLOAT, [1, 2, 2, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ctx = RuleContext.build(model, "mlsoc")
+    assert ctx.near_focus(1) is None  # no focus: every anchor is wanted
+    focused = dataclasses.replace(ctx, focus=frozenset({"relu2"}))
+    assert focused.near_focus(0) == {2}
+    assert focused.near_focus(1) == {1, 2, 3}
+    assert focused.near_focus(10) == set(range(6))

@@ -70,6 +70,10 @@ class RuleContext:
     view: GraphView
     coverage: CoverageReport
     constants: frozenset[str]
+    focus: frozenset[str] | None = field(default=None, compare=False)
+    """Blocker names set by `surgery check`'s suggestions, which want only matches that list one
+    of them: a rule may then skip pattern anchors no such match can involve (`near_focus`).
+    None (`surgery fix`, `apply`, the MCP tools): every match is wanted."""
     probes: dict[tuple, Reason | None] = field(default_factory=dict, repr=False, compare=False)
     """Placement answers of one-node probes by signature (`replace_common.probe_node`): a
     model repeats the same patterns (57 SiLUs in a YOLO) and `surgery check` asks every rule,
@@ -99,6 +103,28 @@ class RuleContext:
 
     def placement(self, node_name: str):
         return self.coverage.by_name(node_name)
+
+    def near_focus(self, reach: int) -> frozenset[int] | None:
+        """Indices of the nodes within `reach` edges (either direction) of a focus blocker, or
+        None when there is no focus. A rule whose patterns span at most d edges may skip anchors
+        outside `near_focus(3 * d)`: such an anchor's match can neither contain a focus blocker
+        nor overlap (and so change) the match of an anchor that does."""
+        if self.focus is None:
+            return None
+        view = self.view
+        index = view.index_by_name
+        frontier = {index[name] for name in self.focus if name in index}
+        near = set(frontier)
+        for _ in range(reach):
+            step: set[int] = set()
+            for idx in frontier:
+                step.update(view.successors(idx))
+                step.update(view.producer[t] for t in view.node_inputs[idx] if t in view.producer)
+            frontier = step - near
+            if not frontier:
+                break
+            near |= frontier
+        return frozenset(near)
 
 
 class Rule:

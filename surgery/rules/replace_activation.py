@@ -28,6 +28,9 @@ from surgery.rules.replace_common import (
 
 SIXTH = 1.0 / 6.0
 _OPSET = {"HardSwish": 14, "Swish": 24, "HardSigmoid": 6, "Relu": 6, "Clip": 6}
+_PATTERN_EDGES = 3
+"""The longest path from an anchor back through its pattern: (x·Clip(x+3, 0, 6))/6 is
+Div ← Mul ← Clip ← Add. A new matcher that reaches further must raise it."""
 
 
 @dataclass
@@ -247,10 +250,13 @@ class NormaliseActivations(GraphRule):
             ("Swish", ("Mul",), _Finder.swish),
             ("Clip", ("Max", "Min"), _Finder.min_max),
         )
+        near = ctx.near_focus(3 * _PATTERN_EDGES)
         for op, ops, matcher in passes:
             if not self._allowed(ctx, pat, op, ops, matcher):
                 continue
             nodes = pat.nodes(*ops)
+            if near is not None:
+                nodes = [node for node in nodes if node in near]
             if op == "Clip":
                 nodes.reverse()  # outer Min/Max first, so Min(Max(x, 0), 6) is one Clip
             for node in nodes:

@@ -44,7 +44,7 @@ def suggest_rules(
     constants: frozenset[str],
 ) -> dict[str, list[str]]:
     """Blocker node name → names of rules with a match that removes that blocker."""
-    ctx = RuleContext(model, target, view, report, constants)
+    ctx = RuleContext(model, target, view, report, constants, focus=report.blocker_names)
     blockers = report.blockers
     rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(blockers)]
     suggestions: dict[str, list[str]] = {}
