@@ -97,16 +97,35 @@ class ReferenceComparison:
         }
 
 
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The reference executor on one feed: its outputs and every tensor it computed, frames
+    stacked on axis 0 (what `compare_with_reference` compares a run with)."""
+
+    outputs: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]
+
+
+def reference_run(
+    manifest: dict[str, Any], qdq_model: onnx.ModelProto, feed: dict[str, np.ndarray]
+) -> ReferenceRun:
+    """Run the reference once, to compare several compiles of the same model with it."""
+    return ReferenceRun(*_reference_run(manifest, qdq_model, feed, keep_intermediates=True))
+
+
 def compare_with_reference(
     manifest: dict[str, Any],
     qdq_model: onnx.ModelProto,
     feed: dict[str, np.ndarray],
     outputs: dict[str, np.ndarray],
     tensors: dict[str, np.ndarray],
+    *,
+    reference: ReferenceRun | None = None,
 ) -> ReferenceComparison:
     """Compare a run (`run_archive(..., keep_tensors=True)`: its outputs and tensors) with the
-    reference executor on the same feed."""
-    references, intermediates = _reference_run(manifest, qdq_model, feed, keep_intermediates=True)
+    reference executor on the same feed (`reference`, when already run on it)."""
+    reference = reference or reference_run(manifest, qdq_model, feed)
+    references, intermediates = reference.outputs, reference.tensors
     compared = {name: compare_output(value, references[name]) for name, value in outputs.items()}
     stages = []
     for plugin in manifest["plugins"]:
