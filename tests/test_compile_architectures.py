@@ -1,0 +1,40 @@
+"""Architectures beyond the shared models (tests/architectures.py) through the whole pipeline:
+fix → quantize → compile → emulator. The archive holds as many `.elf` files as `check` counts
+for the fixed model, and every MLA stage equals the integer reference bit for bit; outputs
+behind float host stages (the CRNN's LSTM) may differ only there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.archive import read_archive
+from compiler.compile import compile_model
+from compiler.quantize import quantize_model
+from compiler.runtime.compare import compare_with_reference
+from compiler.runtime.pipeline import run_archive
+from surgery.check import check_model
+from surgery.model import load_model
+from surgery.rules.fix import fix_model
+from surgery.verify import make_inputs
+from tests.architectures import ARCHITECTURES
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_architecture_compiles_to_checks_segments_and_runs_bit_exact(name: str, tmp_path) -> None:
+    fixed = fix_model(load_model(ARCHITECTURES[name]()), "mlsoc").model
+    segments = check_model(fixed, "mlsoc").mla_segments
+    calibration = [make_inputs(fixed, seed=seed) for seed in range(3)]
+    qdq = quantize_model(fixed, calibration, target="mlsoc").model
+    result = compile_model(qdq, tmp_path, model_name=name)
+    assert len(result.elf_files) == segments >= 1, result.notes
+    archive = read_archive(result.archive)
+    feed = make_inputs(fixed, seed=9)
+    outputs, stats = run_archive(archive, feed, keep_tensors=True)
+    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    assert comparison.mla_stages and comparison.mla_bit_exact, comparison.mla_stages
+    if not comparison.bit_exact:  # float host stages: ORT vs onnx.reference, last bits only
+        assert comparison.explanation() is not None
+        for name_, verdict in comparison.outputs.items():
+            assert verdict["max_abs_diff_vs_reference"] < 1e-4, (name_, verdict)
+    assert all(np.isfinite(value).all() for value in outputs.values())
