@@ -19,8 +19,8 @@ from surgery.check import check_model
 from surgery.targets import resolve_target
 
 KNOWN_GAPS = {
-    # Rewritten before lowering: the quantizer folds BatchNormalization into the conv before
-    # it and turns an n-ary Sum into Adds.
+    # Rewritten before lowering: the quantizer turns an n-ary Sum into Adds and folds a
+    # BatchNormalization into the conv before it (one with no conv before it is still a gap).
     "BatchNormalization",
     "Sum",
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
