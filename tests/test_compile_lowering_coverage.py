@@ -20,7 +20,7 @@ from surgery.targets import resolve_target
 
 KNOWN_GAPS = {
     # Rewritten before lowering: the quantizer turns an n-ary Sum into Adds and folds a
-    # BatchNormalization into the conv before it (one with no conv before it is still a gap).
+    # BatchNormalization into the conv before it, or else into a per-channel Mul and Add.
     "BatchNormalization",
     "Sum",
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
@@ -118,5 +118,41 @@ def test_inference_dropout_is_a_move_inside_its_segment(tmp_path) -> None:
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    assert check_model(model).mla_segments == 1
+    assert _compile_and_run(model, tmp_path) == (1, True)
+
+
+def test_a_batchnorm_after_a_residual_add_stays_in_its_segment(tmp_path) -> None:
+    """Pre-activation ResNet / DenseNet: BatchNormalization with no conv before it."""
+    rng = np.random.default_rng(0)
+    stats = [
+        numpy_helper.from_array(value.astype(np.float32), name)
+        for name, value in (
+            ("gamma", rng.uniform(0.5, 2, 4)),
+            ("beta", rng.normal(0, 1, 4)),
+            ("mean", rng.normal(0, 1, 4)),
+            ("var", rng.uniform(0.5, 2, 4)),
+        )
+    ]
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), name)
+        for name in ("w1", "w2")
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Add", ["a", "x"], ["residual"]),
+            helper.make_node(
+                "BatchNormalization", ["residual", "gamma", "beta", "mean", "var"], ["bn"]
+            ),
+            helper.make_node("Relu", ["bn"], ["p"]),
+            helper.make_node("Conv", ["p", "w2"], ["y"]),
+        ],
+        "preactivation",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [*stats, *weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     assert check_model(model).mla_segments == 1
     assert _compile_and_run(model, tmp_path) == (1, True)

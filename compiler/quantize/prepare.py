@@ -13,6 +13,8 @@
 - An n-ary Sum (older exports write residual adds so) becomes a chain of two-input Adds, the
   form the MLA lowers: target profiles place Sum on the MLA as an n-ary add, so without this
   a compile would split the segment `surgery check` counts at every Sum.
+- A BatchNormalization with no conv before it (after an Add or a Concat, or on the input)
+  becomes Mul and Add by per-channel constants, which the MLA runs as ELTWISE.
 - BatchNormalization after a Conv/ConvTranspose is folded into its weights and bias, as the MLA
   does, and so are per-channel Mul/Add/Sub/Div by constants (Paddle exports BN as such a chain).
   Quantizing the unfolded chain would round the conv output once per op and quantize a
@@ -89,6 +91,7 @@ def prepare_model(
     prepared.folded_constants = _constants_to_initializers(proto)
     prepared.folded_constants += _fold_constant_subgraphs(proto)
     prepared.folded_affine = _fold_affine(proto)
+    prepared.folded_affine += _batchnorms_as_affine(proto)
     _sums_as_adds(proto)
     if add_biases:
         prepared.added_biases = _add_zero_biases(proto)
@@ -405,6 +408,52 @@ def _fold_affine_pass(model: onnx.ModelProto) -> list[str]:
         folded.append(view.names[readers[0]])
     _remove_nodes(model, removed)
     return folded
+
+
+def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
+    """BatchNormalization(x) → x · scale + shift with per-channel constants, for the ones the
+    conv folding left (constant statistics, inference mode, known input rank); the Add keeps
+    the node's name and output."""
+    view = GraphView(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    fresh = FreshNames(model.graph)
+    rewritten: list[str] = []
+    nodes: list[onnx.NodeProto] = []
+    for idx, node in enumerate(view.nodes):
+        rank = view.tensor(node.input[0]).rank if node.input else None
+        gamma = inits.get(node.input[1]) if len(node.input) > 1 else None
+        affine = (
+            _affine_of(view, idx, node.input[0], inits, int(np.prod(gamma.dims)))
+            if node.op_type == "BatchNormalization" and gamma is not None and rank and rank >= 2
+            else None
+        )
+        if affine is None:
+            nodes.append(node)
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(gamma.data_type)
+        shape = (-1,) + (1,) * (rank - 2)
+        scale, shift = (fresh(f"{node.name}.{what}") for what in ("scale", "shift"))
+        for name, value in ((scale, affine[0]), (shift, affine[1])):
+            model.graph.initializer.append(
+                numpy_helper.from_array(value.astype(dtype).reshape(shape), name)
+            )
+        scaled = fresh(f"{node.name}_scaled")
+        nodes.append(
+            onnx.helper.make_node(
+                "Mul", [node.input[0], scale], [scaled], name=fresh(f"{node.name}_mul")
+            )
+        )
+        nodes.append(
+            onnx.helper.make_node("Add", [scaled, shift], [node.output[0]], name=node.name)
+        )
+        rewritten.append(view.names[idx])
+    if rewritten:
+        kept = [onnx.NodeProto() for _ in nodes]
+        for copy, original in zip(kept, nodes, strict=True):
+            copy.CopyFrom(original)
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return rewritten
 
 
 def _set_bias(
