@@ -14,6 +14,7 @@ from compiler.compile import compile_model
 from compiler.quantize import quantize_model
 from compiler.runtime.compare import reference_outputs
 from compiler.runtime.ops import LOWERINGS
+from compiler.runtime.ops.matmul import einsum_plan
 from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
 from surgery.targets import resolve_target
@@ -26,7 +27,6 @@ KNOWN_GAPS = {
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
     "ArgMax",
     "CumSum",
-    "Einsum",
     "GridSample",
     "InstanceNormalization",
     "LRN",
@@ -156,3 +156,52 @@ def test_a_batchnorm_after_a_residual_add_stays_in_its_segment(tmp_path) -> None
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     assert check_model(model).mla_segments == 1
     assert _compile_and_run(model, tmp_path) == (1, True)
+
+
+@pytest.mark.parametrize("equation", ["bhid,bhjd->bhij", "bhij,bhjd->bhdi"])
+def test_einsum_as_a_batched_matmul_stays_in_its_segment(equation: str, tmp_path) -> None:
+    """Attention written with einsum: two convs make (batch, heads, tokens, dims) operands."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (2, 2, 1, 1)).astype(np.float32), name)
+        for name in ("wq", "wk", "wo")
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "wq"], ["q"]),
+            helper.make_node("Conv", ["x", "wk"], ["k"]),
+            helper.make_node("Einsum", ["q", "k"], ["att"], equation=equation),
+            helper.make_node("Conv", ["att", "wo"], ["y"]),
+        ],
+        "einsum_attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert check_model(model).mla_segments == 1
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, (1, 2, 8, 8)).astype(np.float32)} for _ in range(4)]
+    qdq = quantize_model(model, samples, target="mlsoc").model
+    result = compile_model(qdq, tmp_path, model_name="einsum")
+    assert len(result.elf_files) == 1, result.notes
+    archive = read_archive(result.archive)
+    outputs, _ = run_archive(archive, samples[0])
+    expected = reference_outputs(archive.manifest, qdq, samples[0])
+    assert np.array_equal(outputs["y"], expected["y"])
+
+
+@pytest.mark.parametrize(
+    ("equation", "plan"),
+    [
+        ("bhid,bhjd->bhij", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3))),
+        ("ik,kj->ji", ((0, 1), (0, 1), (1, 0))),
+        ("bij,bjk->bik", ((0, 1, 2), (0, 1, 2), (0, 1, 2))),
+        ("bij,jk->bik", None),  # a batch index missing from B
+        ("ii,ij->ij", None),  # a repeated index
+        ("bhid,bhjd->bhj", None),  # a row index summed away
+    ],
+)
+def test_einsum_plans(equation: str, plan) -> None:
+    found = einsum_plan(equation)
+    assert (found.a, found.b, found.output) == plan if plan else found is None

@@ -56,7 +56,7 @@ from compiler.runtime.ops.conv import ConvKernel, ConvTransposeKernel
 from compiler.runtime.ops.elementwise import QUOTIENT_BITS, AddKernel, DivKernel, MulKernel
 from compiler.runtime.ops.geometry import resolve_pads
 from compiler.runtime.ops.lut import LookupKernel
-from compiler.runtime.ops.matmul import MatMulKernel
+from compiler.runtime.ops.matmul import EinsumKernel, MatMulKernel
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
 from compiler.runtime.ops.normalization import OUTPUT_FRACTION_BITS, LayerNormKernel
 from compiler.runtime.ops.pool import (
@@ -363,26 +363,48 @@ def _swap_last(tensor: Tensor) -> Tensor:
 
 
 def emit_matmul(e: Emission) -> list[Instruction]:
-    kernel: MatMulKernel = e.kernel
+    return _matmul(e, e.kernel, *e.inputs, e.values[1], e.output)
+
+
+def emit_einsum(e: Emission) -> list[Instruction]:
+    """The MATMUL of permuted views: operands read as (batch…, M, K) and (batch…, K, N), the
+    product written through the view of the output that has the product's axis order."""
+    kernel: EinsumKernel = e.kernel
     a, b = e.inputs
+    value = e.values[1]
+    if value is None:
+        b = b.transpose(kernel.plan.b)
+    else:
+        value = np.transpose(value, kernel.plan.b)
+    out = e.output.transpose(list(np.argsort(kernel.plan.output)))
+    return _matmul(e, kernel.matmul, a.transpose(kernel.plan.a), b, value, out)
+
+
+def _matmul(
+    e: Emission,
+    kernel: MatMulKernel,
+    a: Tensor,
+    b: Tensor,
+    b_value: np.ndarray | None,
+    out: Tensor,
+) -> list[Instruction]:
     if kernel.trans_a:
         a = _swap_last(a)
     zero_b = np.asarray(kernel.b_zero_point, dtype=np.int64)
-    if e.values[1] is not None:
-        value = np.asarray(e.values[1], dtype=np.int64)
+    if b_value is not None:
+        value = np.asarray(b_value, dtype=np.int64)
         if kernel.trans_b:
             value = np.swapaxes(value, -1, -2)
         if zero_b.ndim:
             b = e.constants.add(value - zero_b)
             zero_b = np.int64(0)
         else:
-            b = e.constants.add(value, np.dtype(e.values[1].dtype))
+            b = e.constants.add(np.ascontiguousarray(value), np.dtype(b_value.dtype))
     else:
         if zero_b.ndim:
             raise CompileError(f"{e.layer.name}: per-column zero point on a run-time operand")
         if kernel.trans_b:
             b = _swap_last(b)
-    out = e.output
     per_column = np.asarray(kernel.stage.multiplier).size > 1
     columns = out.shape[-1] if out.shape else 1
     return [
@@ -878,6 +900,7 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     ConvKernel: emit_conv,
     ConvTransposeKernel: emit_conv_transpose,
     MatMulKernel: emit_matmul,
+    EinsumKernel: emit_einsum,
     AddKernel: emit_eltwise,
     MulKernel: emit_eltwise,
     DivKernel: emit_eltwise,

@@ -5,6 +5,8 @@ y   = clamp(requantize(acc, alpha * s_A * s_B[n] / s_y) + z_y)
 
 B may be per-axis quantized along its output-column axis (the last axis of MatMul's B; axis 1,
 or 0 with transB, for Gemm). A MatMul followed by an Add of a constant (its bias) fuses.
+An Einsum that is a batched matrix product (e.g. "bhid,bhjd->bhij") is the same MatMul on
+permuted operands, its product permuted to the equation's output order.
 """
 
 from __future__ import annotations
@@ -89,4 +91,64 @@ def lower_gemm(ctx: OpContext) -> Lowered:
     return Lowered(kernel, (a.name, b.name))
 
 
-LOWERINGS = {"MatMul": lower_matmul, "Gemm": lower_gemm}
+@dataclass(frozen=True)
+class EinsumPlan:
+    """An Einsum as a batched matrix product: A and B permuted to (batch…, M, K) and
+    (batch…, K, N); the product (batch…, M, N) permuted by `output` to the equation's order."""
+
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    output: tuple[int, ...]
+
+
+def einsum_plan(equation: str) -> EinsumPlan | None:
+    """The plan of a two-operand Einsum in which every index is a batch index (in both operands
+    and the output) or one of exactly one row (A and output), one column (B and output) and one
+    contracted (A and B) index; None for any other equation."""
+    eq = equation.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return None
+    lhs, out = eq.split("->")
+    operands = lhs.split(",")
+    if len(operands) != 2 or any(len(set(t)) != len(t) for t in (*operands, out)):
+        return None
+    ta, tb = operands
+    batch = [i for i in out if i in ta and i in tb]
+    rows = [i for i in ta if i in out and i not in tb]
+    columns = [i for i in tb if i in out and i not in ta]
+    contracted = [i for i in ta if i in tb and i not in out]
+    if not (len(rows) == len(columns) == len(contracted) == 1):
+        return None
+    if len(batch) + 2 != len(ta) or len(batch) + 2 != len(tb) or len(batch) + 2 != len(out):
+        return None
+    product = [*batch, *rows, *columns]
+    return EinsumPlan(
+        a=tuple(ta.index(i) for i in (*batch, *rows, *contracted)),
+        b=tuple(tb.index(i) for i in (*batch, *contracted, *columns)),
+        output=tuple(product.index(i) for i in out),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class EinsumKernel:
+    """Einsum (attention's QK^T and PV written as equations) as a permuted MatMul."""
+
+    matmul: MatMulKernel
+    plan: EinsumPlan
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        product = self.matmul(np.transpose(a, self.plan.a), np.transpose(b, self.plan.b))
+        return np.transpose(product, self.plan.output)
+
+
+def lower_einsum(ctx: OpContext) -> Lowered:
+    plan = einsum_plan(str(ctx.attr("equation", "")))
+    if plan is None:
+        raise NotLowerable(f"Einsum {ctx.attr('equation')!r} is not a batched matrix product")
+    if not ctx.quant(1).params.per_tensor:
+        raise NotLowerable("Einsum operands must be quantized per tensor")
+    lowered = lower_matmul(ctx)
+    return Lowered(EinsumKernel(lowered.kernel, plan), lowered.inputs)
+
+
+LOWERINGS = {"MatMul": lower_matmul, "Gemm": lower_gemm, "Einsum": lower_einsum}
