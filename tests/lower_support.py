@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.compile import compile_model
 from compiler.costmodel import MlaHardware
 from compiler.lower.layout import plan_layouts
 from compiler.lower.partition import Stage, partition_model, tensor_types
@@ -30,6 +31,19 @@ def example_qdq(name: str) -> bytes:
     rng = np.random.default_rng(0)
     data = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
     return quantize_model(model, data, target="mlsoc").model.SerializeToString()
+
+
+def compile_configured(model, out, name: str, strategy: str, order: str, batch: int, tessellate):
+    """`compile_model` in one configuration of the compiler issue's acceptance matrix."""
+    return compile_model(
+        model,
+        out,
+        model_name=name,
+        batch_size=batch,
+        memory_plan_strategy=strategy,
+        compute_order=order,
+        tessellate_parameters=tessellate,
+    )
 
 
 def load_example(name: str) -> onnx.ModelProto:

@@ -17,7 +17,7 @@ from compiler.lower.errors import CompileError
 from compiler.lower.memory import STRATEGIES
 from compiler.lower.tessellate import TensorDRAMLayout, TensorTessellateParameters
 from compiler.runtime.pipeline import run_archive
-from tests.lower_support import input_frames, load_example, reference_outputs
+from tests.lower_support import compile_configured, input_frames, load_example, reference_outputs
 
 ORDERS = ("WidthFirst", "DepthFirst")
 FULL = list(itertools.product(STRATEGIES, ORDERS, (1, 3), (None, "default")))
@@ -30,15 +30,7 @@ FRAMES = 4
 
 def _check(name: str, strategy: str, order: str, batch: int, tessellate, tmp_path) -> None:
     model = load_example(name)
-    result = compile_model(
-        model,
-        tmp_path,
-        model_name=name,
-        batch_size=batch,
-        memory_plan_strategy=strategy,
-        compute_order=order,
-        tessellate_parameters=tessellate,
-    )
+    result = compile_configured(model, tmp_path, name, strategy, order, batch, tessellate)
     assert result.actual_batch_size == batch
     feeds = input_frames(model, FRAMES)
     outputs, stats = run_archive(result.archive, feeds, keep_tensors=True)

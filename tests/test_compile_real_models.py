@@ -23,7 +23,7 @@ from surgery.model import load_model
 from surgery.rules.fix import fix_model
 from surgery.verify import make_inputs
 from tests.conftest import RUN_INPUTS, shared_model
-from tests.lower_support import reference_outputs
+from tests.lower_support import compile_configured, reference_outputs
 from tests.test_compile_pipeline import ORDERS, assert_mla_stages_bit_exact
 
 pytestmark = pytest.mark.slow
@@ -103,15 +103,7 @@ def test_issue_models_are_bit_exact_under_every_plan_order_batch_and_layout(
     """The compiler issue's acceptance: each memory strategy and compute order, batch 1 and 2,
     CVU or MLA-side tessellation; two frames each, compared with one reference run."""
     name, qdq, feeds, reference = issue_model
-    result = compile_model(
-        qdq,
-        tmp_path,
-        model_name=name,
-        batch_size=batch,
-        memory_plan_strategy=strategy,
-        compute_order=order,
-        tessellate_parameters=tessellate,
-    )
+    result = compile_configured(qdq, tmp_path, name, strategy, order, batch, tessellate)
     archive = read_archive(result.archive)
     outputs, stats = run_archive(archive, feeds, keep_tensors=True)
     if "run" not in reference:  # one reference run serves every configuration of the model
