@@ -44,7 +44,7 @@ def _analyse(
     freed when it returns, before the collector resumes: the collection that follows then
     only walks the report, not every object of the analysis."""
     loaded, view = open_model(model, input_shapes)
-    if is_qdq(loaded, view):  # count the segments of the float model it quantizes, as compile does
+    if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         loaded, view = open_model(float_view(loaded))
     return analyze_coverage(loaded, target, op_target=op_target, view=view, suggest=suggest)
 

@@ -22,11 +22,6 @@ def _prod(dims) -> int | None:
     return n
 
 
-def node_macs(view: GraphView, idx: int) -> int:
-    """MACs of a node; 0 for ops without matrix work and where shapes are unknown."""
-    return node_macs_or_unknown(view, idx) or 0
-
-
 def node_macs_or_unknown(view: GraphView, idx: int) -> int | None:
     """MACs of a node; None for a matrix op whose shapes are not known (dynamic dims), which
     a MAC share must not silently count as 0."""

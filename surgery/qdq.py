@@ -41,21 +41,9 @@ def _widens_back(node: onnx.NodeProto, narrowing: onnx.NodeProto) -> bool:
     return _cast_to(node) == onnx.TensorProto.FLOAT
 
 
-def is_qdq(model: onnx.ModelProto, view: GraphView | None = None) -> bool:
-    """Whether the model quantizes run-time tensors (a QuantizeLinear fed by a non-constant).
-
-    With the model's `view`, node fields are not read from the protobuf again.
-    """
-    if view is not None:
-        return _is_qdq_view(view)
-    constants = {init.name for init in model.graph.initializer}
-    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
-    return any(
-        n.op_type == _QUANTIZE and n.input and n.input[0] not in constants for n in model.graph.node
-    )
-
-
-def _is_qdq_view(view: GraphView) -> bool:
+def is_qdq(view: GraphView) -> bool:
+    """Whether the viewed model quantizes run-time tensors (a QuantizeLinear fed by a
+    non-constant)."""
     op_types = view.op_types
     if _QUANTIZE not in op_types:
         return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -64,3 +65,11 @@ def save(tmp_path):
         return save_model(model, tmp_path / name)
 
     return _save
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[np.ndarray]:
+    """Six seeded standard-normal (1, 3, 8, 8) inputs: calibration data for the small
+    quantizer test nets (hybrid, analysis, sensitivity)."""
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(6)]

@@ -39,12 +39,6 @@ def conv_net() -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def samples() -> list[np.ndarray]:
-    rng = np.random.default_rng(1)
-    return [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(6)]
-
-
-@pytest.fixture(scope="module")
 def quantized(samples):
     return quantize_model(conv_net(), samples)
 

@@ -44,12 +44,6 @@ def collapsing_head() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-@pytest.fixture(scope="module")
-def samples() -> list[np.ndarray]:
-    rng = np.random.default_rng(1)
-    return [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(6)]
-
-
 def test_int8_collapses_the_small_half(samples) -> None:
     q = quantize_model(collapsing_head(), samples)
     result = analyze_quantization_error(collapsing_head(), q.model, samples)

@@ -23,13 +23,7 @@ from surgery.rules.registry import all_rules
 from surgery.rules.suggest import rule_matches
 from tests.conftest import RUN_INPUTS, SHARED_MODELS
 
-EXAMPLES = {
-    "plain_cnn": examples.plain_cnn,
-    "yolo_head": examples.yolo_head,
-    "yolov5_head": examples.yolov5_head,
-    "transformer_block": examples.transformer_block,
-    "cnn_with_topk": examples.cnn_with_topk,
-}
+EXAMPLES = examples.EXAMPLES
 REAL = sorted(p.stem for p in SHARED_MODELS.glob("*.onnx"))
 
 
@@ -39,9 +33,9 @@ def _model(name: str) -> tuple[onnx.ModelProto | str, dict | None]:
     return str(SHARED_MODELS / f"{name}.onnx"), RUN_INPUTS.get(name)
 
 
-def _unfiltered_suggestions(source, target: str, shapes) -> dict[str, list[str]]:
-    """Blocker → rules, asking every rule (what `check` suggested before the pre-check)."""
-    report = check_model(source, target, input_shapes=shapes, suggest=False)
+def _unfiltered_suggestions(source, target: str, shapes, report) -> dict[str, list[str]]:
+    """Blocker → rules, asking every rule without a focus (what `check` suggested before the
+    pre-check); `report` is check's own, whose blockers the context must see too."""
     model, view = open_model(source, shapes)
     ctx = RuleContext.build(model, target, view)
     assert [b.name for b in ctx.coverage.blockers] == [b.name for b in report.blockers]
@@ -61,8 +55,8 @@ def _unfiltered_suggestions(source, target: str, shapes) -> dict[str, list[str]]
 @pytest.mark.parametrize("name", [*EXAMPLES, *REAL])
 def test_pre_check_never_drops_a_suggestion(name, target):
     source, shapes = _model(name)
-    expected = _unfiltered_suggestions(source, target, shapes)
     report = check_model(source, target, input_shapes=shapes)
+    expected = _unfiltered_suggestions(source, target, shapes, report)
     got = {b.name: b.suggested_rules for b in report.blockers if b.suggested_rules}
     names = {b.name for b in report.blockers}
     assert got == {b: rules for b, rules in expected.items() if b in names}

@@ -119,7 +119,7 @@ class RuleContext:
             step: set[int] = set()
             for idx in frontier:
                 step.update(view.successors(idx))
-                step.update(view.producer[t] for t in view.node_inputs[idx] if t in view.producer)
+                step.update(view.predecessors(idx))
             frontier = step - near
             if not frontier:
                 break

@@ -40,12 +40,10 @@ region is only proposed when it removes more blockers than the reshapes its edge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 import onnx_graphsurgeon as gs
 
-from surgery.coverage import NodePlacement
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import nodes_by_name
 from surgery.rules.rank4_lift import Lifter, LiftError, Policy, ncl_policy, rows_policy
@@ -62,10 +60,9 @@ class _LiftRule(Rule):
     kind: ClassVar[str]
     policy: ClassVar[Policy]
 
-    def may_free(self, blockers: Sequence[NodePlacement]) -> bool:
-        """Regions are grown from blockers whose op the lift supports (`rank4_ops.SUPPORT`)
-        and list only such blockers, so without one there is nothing to find."""
-        return any(b.op_type in SUPPORT for b in blockers)
+    suggest_for = frozenset(SUPPORT)
+    """Regions are grown from blockers whose op the lift supports (`rank4_ops.SUPPORT`) and
+    list only such blockers, so without one there is nothing to find."""
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         return [
