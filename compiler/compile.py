@@ -155,7 +155,7 @@ def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[st
     the returned note says so."""
     notes = []
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
-        segments = check_model(model, target).mla_segments
+        segments = check_model(model, target, suggest=False).mla_segments
         if segments:
             raise CompileError(
                 f"{label} is not a quantized (QDQ) model: it has no QuantizeLinear/"

@@ -382,6 +382,18 @@ def _restore_weights(hidden: list[HiddenWeight], into: onnx.ModelProto | None = 
         target.raw_data = data
 
 
+def raise_ir_version(model: onnx.ModelProto) -> None:
+    """Raise the IR version to the lowest its default-domain opset allows: ONNX's version
+    converter and rules that raise the opset keep the old IR (an IR-3 model at opset 13 then
+    fails the checker). Opsets this onnx does not know leave the IR version as it is."""
+    default = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    try:
+        needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", default)])
+    except (KeyError, ValueError):
+        return
+    model.ir_version = max(model.ir_version, needed)
+
+
 def model_nbytes(model: onnx.ModelProto) -> int:
     """Approximate serialized size without serialising (works above the 2 GB limit)."""
     total = 0

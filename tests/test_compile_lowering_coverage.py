@@ -199,6 +199,7 @@ def test_einsum_as_a_batched_matmul_stays_in_its_segment(equation: str, tmp_path
         ("bij,bjk->bik", ((0, 1, 2), (0, 1, 2), (0, 1, 2))),
         ("bij,jk->bik", None),  # a batch index missing from B
         ("ii,ij->ij", None),  # a repeated index
+        ("ij,jk->ik->x", None),  # not an equation
         ("bhid,bhjd->bhj", None),  # a row index summed away
     ],
 )

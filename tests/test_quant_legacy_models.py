@@ -93,3 +93,11 @@ def test_legacy_model_compiles_to_the_segments_check_counts_and_runs_bit_exact(
     outputs, _ = run_archive(archive, feed)
     expected = reference_outputs(archive.manifest, quantized, feed)
     assert np.array_equal(outputs["y"], expected["y"])
+
+
+def test_an_opset_upgrade_with_a_custom_domain_keeps_a_valid_ir_version() -> None:
+    """find_min_ir_version_for rejects custom domains; only the default opset decides."""
+    model = _legacy_residual_model()
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    prepared = prepare_model(model).model
+    assert prepared.ir_version >= 7

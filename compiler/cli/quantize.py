@@ -245,21 +245,16 @@ def quantize_command(
     hybrid: dict[str, Any] | None = None
     with _progress("calibrating", as_json) as progress:
         if auto_hybrid is not None or target_sqnr is not None:
-            try:
-                result = run_auto_hybrid(
-                    net.model,
-                    calib_data,
-                    params,
-                    target=net.target,
-                    cos_thresh=auto_hybrid,
-                    metric=hybrid_metric,  # type: ignore[arg-type]
-                    target_sqnr_db=target_sqnr,
-                    progress=progress,
-                )
-            except (
-                ValueError
-            ) as exc:  # the settings auto_hybrid refuses (--auto-hybrid, --target-sqnr)
-                raise SurgeryError(str(exc)) from None
+            result = run_auto_hybrid(
+                net.model,
+                calib_data,
+                params,
+                target=net.target,
+                cos_thresh=auto_hybrid,
+                metric=hybrid_metric,  # type: ignore[arg-type]
+                target_sqnr_db=target_sqnr,
+                progress=progress,
+            )
             hybrid = result.to_dict()
             from compiler.api import Model
 

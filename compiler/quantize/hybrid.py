@@ -53,6 +53,7 @@ from compiler.quantize.analysis import (
     run_outputs,
 )
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
+from compiler.quantize.errors import QuantizationError
 from compiler.quantize.quantizer import QuantizedModel, quantize_model
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from compiler.quantize.sensitivity import OutputSensitivity, output_sensitivity
@@ -177,17 +178,17 @@ def auto_hybrid(
     then not used (see the module docstring).
     """
     if max_rounds < 1:
-        raise ValueError(f"max_rounds={max_rounds}: must be at least 1")
+        raise QuantizationError(f"max_rounds={max_rounds}: must be at least 1")
     if metric not in ("single", "entire"):
-        raise ValueError(f"metric={metric!r}: expected 'single' or 'entire'")
+        raise QuantizationError(f"metric={metric!r}: expected 'single' or 'entire'")
     if target_sqnr_db is not None and not target_sqnr_db > 0:
-        raise ValueError(f"target_sqnr_db={target_sqnr_db}: must be a positive SQNR in dB")
+        raise QuantizationError(f"target_sqnr_db={target_sqnr_db}: must be a positive SQNR in dB")
     rknn_cos = getattr(params, "auto_hybrid_cos_thresh", None)
     rknn_euc = getattr(params, "auto_hybrid_euc_thresh", None)
     cos = cos_thresh if cos_thresh is not None else rknn_cos or DEFAULT_COS_THRESH
     euc = euc_thresh if euc_thresh is not None else rknn_euc
     if not 0.0 < cos <= 1.0:
-        raise ValueError(f"cos_thresh={cos}: must be in (0, 1]")
+        raise QuantizationError(f"cos_thresh={cos}: must be in (0, 1]")
     if target is None:
         target = getattr(params, "target", None) or "mlsoc"
     if op_target is None and hasattr(params, "placement_pins"):

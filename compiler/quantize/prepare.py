@@ -35,7 +35,7 @@ from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from surgery.coverage import NON_FOLDABLE_OPS
 from surgery.graph import GraphView, node_label
-from surgery.model import infer_model_shapes, load_model, toposort_nodes
+from surgery.model import infer_model_shapes, load_model, raise_ir_version, toposort_nodes
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
@@ -137,11 +137,7 @@ def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
             f"version converter failed: {str(exc).splitlines()[0][:200]}",
             hint="convert the model to a newer opset when exporting it",
         ) from None
-    # The converter keeps the IR version; an IR-3 file (initializers listed as inputs) at
-    # opset 13 would then fail the checker once the quantizer adds its scale initializers.
-    converted.ir_version = max(
-        converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import))
-    )
+    raise_ir_version(converted)
     infer_model_shapes(converted)
     return converted
 

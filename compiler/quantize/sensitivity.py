@@ -155,7 +155,7 @@ def _blocks(n: int, blocks: int | None) -> list[range]:
     if blocks is None or blocks >= n:
         return [range(k, k + 1) for k in range(n)]
     if blocks < 1:
-        raise ValueError(f"blocks={blocks}: must be at least 1")
+        raise QuantizationError(f"blocks={blocks}: must be at least 1")
     cuts = np.linspace(0, n, blocks + 1).round().astype(int)
     return [range(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 

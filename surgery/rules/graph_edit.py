@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from surgery.graph import GraphView
+from surgery.model import raise_ir_version
 
 G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
 
@@ -79,13 +80,7 @@ def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
         (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0
     )
     if default_version > default.get("", default.get("ai.onnx", 0)):
-        try:  # a rule that raised the opset must raise the IR version with it
-            needed = onnx.helper.find_min_ir_version_for(
-                [onnx.helper.make_opsetid("", default_version)]
-            )
-            model.ir_version = max(model.ir_version, needed)
-        except (KeyError, ValueError):
-            pass
+        raise_ir_version(model)  # a rule that raised the opset must raise the IR version too
     del model.graph.value_info[:]  # stale after edits; the engine re-infers
     if model.ir_version < 4:
         _list_initializers_as_inputs(model)

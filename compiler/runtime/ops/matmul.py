@@ -106,7 +106,7 @@ def einsum_plan(equation: str) -> EinsumPlan | None:
     and the output) or one of exactly one row (A and output), one column (B and output) and one
     contracted (A and B) index; None for any other equation."""
     eq = equation.replace(" ", "")
-    if "..." in eq or "->" not in eq:
+    if "..." in eq or eq.count("->") != 1:
         return None
     lhs, out = eq.split("->")
     operands = lhs.split(",")
