@@ -68,3 +68,10 @@ class VerifyError(SurgeryError):
     """The models cannot be compared (no common outputs, inputs that do not match, …)."""
 
     code = "verify_error"
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type name when it has none), for wrapping
+    a library's error into one of ours."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:limit]

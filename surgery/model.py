@@ -23,6 +23,7 @@ from surgery.errors import (
     ShapeError,
     SurgeryError,
     UnknownDomainError,
+    first_line,
 )
 from surgery.graph import GraphView
 
@@ -66,7 +67,7 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise ModelFormatError(f"{path}: not a valid ONNX protobuf ({_first_line(exc)})") from None
+        raise ModelFormatError(f"{path}: not a valid ONNX protobuf ({first_line(exc)})") from None
     except OSError as exc:
         raise ModelNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if model.graph is None or (not model.graph.node and not model.graph.output):
@@ -77,7 +78,7 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError) as exc:
             raise ModelFormatError(
-                f"{path}: external data cannot be loaded: {_first_line(exc)}"
+                f"{path}: external data cannot be loaded: {first_line(exc)}"
             ) from None
     return model
 
@@ -279,7 +280,7 @@ def infer_model_shapes(
             model, check_type=False, strict_mode=False, data_prop=True
         )
     except Exception as exc:  # onnx raises several unrelated types here
-        raise ShapeError(f"{label}: shape inference failed: {_first_line(exc)}") from None
+        raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
     finally:
         _restore_weights(hidden)
     del model.graph.value_info[:]
@@ -317,7 +318,7 @@ def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx
         )
     except Exception as exc:  # onnx raises several unrelated types here
         _restore_weights(hidden)
-        raise ShapeError(f"{label}: shape inference failed: {_first_line(exc)}") from None
+        raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
     _restore_weights(hidden, inferred)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}
@@ -493,11 +494,6 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
 
 def _name(node: onnx.NodeProto, idx: int) -> str:
     return node.name or f"{node.op_type}_{idx}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 __all__ = [

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from surgery.errors import ShapeError, SurgeryError, VerifyError
+from surgery.errors import ShapeError, SurgeryError, VerifyError, first_line
 from surgery.model import (
     PROTOBUF_LIMIT,
     load_model,
@@ -169,7 +169,7 @@ def load_inputs(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.n
         with np.load(path, allow_pickle=False) as data:
             return {k: np.asarray(data[k]) for k in data.files}
     except (OSError, ValueError) as exc:
-        raise VerifyError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
+        raise VerifyError(f"{path}: not a readable .npz file ({first_line(exc)})") from None
 
 
 def _shaped_inputs(
@@ -337,15 +337,10 @@ def _quiet_run() -> ort.RunOptions:
 
 
 def _ort_message(exc: BaseException) -> str:
-    line = _first_line(exc)
+    line = first_line(exc)
     if line.startswith(_ORT_PREFIX):
         line = line[len(_ORT_PREFIX) :].split(" : ", 1)[-1]
     return line
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 # --------------------------------------------------------------------------- comparing

@@ -46,6 +46,7 @@ from compiler.runtime.program import (
 )
 from compiler.runtime.qparams import QuantParams
 from surgery.coverage import CoverageReport, analyze_coverage
+from surgery.errors import first_line
 from surgery.qdq import float_view
 from surgery.targets import Target, resolve_target
 
@@ -455,7 +456,7 @@ def _executed_types(partition: Partition, unknown: list[str]) -> dict[str, Tenso
     try:
         executor.run(inputs)
     except Exception as error:  # noqa: BLE001 - any op may reject placeholder zeros
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        reason = first_line(error, 200)
         raise CompileError(
             f"cannot tell the shape of {', '.join(unknown[:5])}: shape inference leaves "
             f"{'it' if len(unknown) == 1 else 'them'} unknown, and running the model on zero "

@@ -120,11 +120,8 @@ def _initializers_not_inputs(model: onnx.ModelProto) -> None:
     weights = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in weights]
     if len(inputs) < len(model.graph.input):
-        kept = [onnx.ValueInfoProto() for _ in inputs]
-        for copy, original in zip(kept, inputs, strict=True):
-            copy.CopyFrom(original)
         del model.graph.input[:]
-        model.graph.input.extend(kept)
+        model.graph.input.extend(inputs)
         model.ir_version = max(model.ir_version, 4)
 
 
@@ -416,13 +413,12 @@ def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
     rewritten: list[str] = []
     nodes: list[onnx.NodeProto] = []
     for idx, node in enumerate(view.nodes):
-        rank = view.tensor(node.input[0]).rank if node.input else None
-        gamma = inits.get(node.input[1]) if len(node.input) > 1 else None
-        affine = (
-            _affine_of(view, idx, node.input[0], inits, int(np.prod(gamma.dims)))
-            if node.op_type == "BatchNormalization" and gamma is not None and rank and rank >= 2
-            else None
-        )
+        affine = None
+        if node.op_type == "BatchNormalization" and len(node.input) > 1:
+            rank = view.tensor(node.input[0]).rank
+            gamma = inits.get(node.input[1])
+            if gamma is not None and rank is not None and rank >= 2:
+                affine = _affine_of(view, idx, node.input[0], inits, int(np.prod(gamma.dims)))
         if affine is None:
             nodes.append(node)
             continue
@@ -444,11 +440,8 @@ def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
         )
         rewritten.append(view.names[idx])
     if rewritten:
-        kept = [onnx.NodeProto() for _ in nodes]
-        for copy, original in zip(kept, nodes, strict=True):
-            copy.CopyFrom(original)
         del model.graph.node[:]
-        model.graph.node.extend(kept)
+        model.graph.node.extend(nodes)
     return rewritten
 
 
@@ -500,9 +493,7 @@ def _sums_as_adds(model: onnx.ModelProto) -> None:
     for node in graph.node:
         inputs = list(node.input)
         if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or len(inputs) < 2:
-            kept = onnx.NodeProto()
-            kept.CopyFrom(node)
-            nodes.append(kept)
+            nodes.append(node)
             continue
         partial = inputs[0]
         for k, operand in enumerate(inputs[1:], start=1):

@@ -40,12 +40,12 @@ from compiler.quantize.analysis import (
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
+from compiler.quantize.plan import FUSED_ACTIVATIONS
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 
 __all__ = ["OutputSensitivity", "UnitSensitivity", "output_sensitivity"]
 
 MASK_INPUT = "__unit_switches"
-_FUSABLE = frozenset({"Relu", "Clip"})
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,9 @@ def _constant_owners(
                 break
             after = readers.get(tensor, [])
             tensor = (
-                after[0].output[0] if len(after) == 1 and after[0].op_type in _FUSABLE else None
+                after[0].output[0]
+                if len(after) == 1 and after[0].op_type in FUSED_ACTIVATIONS
+                else None
             )
         if tensor is not None and tensor in unit_of:
             owners[node.name] = unit_of[tensor]

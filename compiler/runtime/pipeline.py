@@ -23,7 +23,6 @@ ONNX stages their measured wall time.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
@@ -44,6 +43,7 @@ from compiler.lower.tessellate import detessellate, physical_shape, tessellate, 
 from compiler.runtime.emulator import Emulator
 from compiler.runtime.errors import ExecutionError
 from compiler.runtime.reference import IntegerExecutor
+from surgery.errors import first_line
 from surgery.targets import resolve_target
 
 Buffers = dict[tuple[str, str], np.ndarray]
@@ -158,7 +158,7 @@ def run_archive(
         archive = read_archive(archive)
     document = archive.manifest
     if hardware is None:
-        hardware = _target_hardware(document["target"])
+        hardware = MlaHardware.from_profile(resolve_target(document["target"]).profile.hardware)
     cvu = cvu or CvuModel()
     batch = archive.actual_batch_size
     frames = _frames_of(document["input_nodes"], inputs)
@@ -194,13 +194,6 @@ def run_archive(
             tensors.setdefault(name, np.concatenate(parts, axis=0))
     pipeline = PipelineStats(stats, len(frames), batch, time.perf_counter() - started, tensors)
     return outputs, pipeline
-
-
-@functools.lru_cache(maxsize=64)
-def _target_hardware(target: str) -> MlaHardware:
-    """The MLA of a target profile (immutable; resolving the profile costs more than a small
-    pipeline stage)."""
-    return MlaHardware.from_profile(resolve_target(target).profile.hardware)
 
 
 # --- inputs and layouts -------------------------------------------------------------------------------
@@ -384,10 +377,9 @@ def _run_onnxruntime(archive, plugin, frames: list[Buffers], stage: StageStats, 
         try:
             results = session.run(outputs, {name: frame[(name, "NCHW")] for name in names})
         except Exception as error:  # noqa: BLE001 - ORT raises one class per status code
-            message = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ExecutionError(
                 f"stage {plugin['name']!r} ({plugin['processor']}, ONNX Runtime) rejected "
-                f"its inputs: {message}"
+                f"its inputs: {first_line(error)}"
             ) from None
         stage.run_seconds += time.perf_counter() - clock
         for name, value in zip(outputs, results, strict=True):
