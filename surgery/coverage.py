@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 import onnx
@@ -101,10 +101,6 @@ class CoverageReport:
     placements: list[NodePlacement]
     segments: list[Segment]
     dynamic_inputs: dict[str, list]
-    _derived: tuple[list[NodePlacement], int, list[NodePlacement], frozenset[str], int] | None = (
-        field(default=None, init=False, repr=False, compare=False)
-    )
-    """(placements list, its length, blockers, their names, total MACs), built on first use."""
 
     @property
     def nodes_total(self) -> int:
@@ -125,9 +121,9 @@ class CoverageReport:
             if p.processor == processor and (include_foldable or not p.foldable)
         )
 
-    @property
+    @cached_property
     def total_macs(self) -> int:
-        return self._summary()[4]
+        return sum(p.macs for p in self.placements)
 
     def macs_on(self, processor: str) -> int:
         return sum(p.macs for p in self.placements if p.processor == processor)
@@ -147,33 +143,21 @@ class CoverageReport:
         live = [p for p in self.placements if not p.foldable]
         return sum(p.processor == "MLA" for p in live) / len(live) if live else 0.0
 
-    def _summary(self) -> tuple[list[NodePlacement], int, list[NodePlacement], frozenset[str], int]:
-        """Blockers and total MACs, computed once per placements list: rules ask for them
-        dozens of times per `check`. Placements are frozen, so only a replaced or grown list
-        makes the summary stale."""
-        placements = self.placements
-        derived = self._derived
-        if derived is None or derived[0] is not placements or derived[1] != len(placements):
-            blockers = [p for p in placements if p.is_blocker]
-            derived = (
-                placements,
-                len(placements),
-                blockers,
-                frozenset(p.name for p in blockers),
-                sum(p.macs for p in placements),
-            )
-            self._derived = derived
-        return derived
+    @cached_property
+    def _blockers(self) -> tuple[NodePlacement, ...]:
+        """Computed once: rules ask for the blockers dozens of times per `check`. A report's
+        placements are not changed after it is built."""
+        return tuple(p for p in self.placements if p.is_blocker)
 
     @property
     def blockers(self) -> list[NodePlacement]:
         """Placements that stop the model from being one MLA segment, in graph order."""
-        return list(self._summary()[2])
+        return list(self._blockers)
 
-    @property
+    @cached_property
     def blocker_names(self) -> frozenset[str]:
         """Names of the blockers (a set, for the rules' membership tests)."""
-        return self._summary()[3]
+        return frozenset(p.name for p in self._blockers)
 
     def blocker_groups(self) -> list[dict[str, Any]]:
         """Blockers grouped by their first reason (the one that decided against the MLA)."""

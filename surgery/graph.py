@@ -139,6 +139,11 @@ def attribute_values(node: onnx.NodeProto) -> dict[str, object]:
     return {a.name: attribute_value(a) for a in node.attribute}
 
 
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain ("" or "ai.onnx") opset; 1 when it declares none."""
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A stable display name: the node's own name, or `<OpType>_<index>` when it has none."""
     return node.name or f"{node.op_type}_{index}"

@@ -25,7 +25,7 @@ from surgery.errors import (
     UnknownDomainError,
     first_line,
 )
-from surgery.graph import GraphView
+from surgery.graph import GraphView, default_opset
 
 PROTOBUF_LIMIT = 2**31 - 1
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
@@ -387,9 +387,9 @@ def raise_ir_version(model: onnx.ModelProto) -> None:
     """Raise the IR version to the lowest its default-domain opset allows: ONNX's version
     converter and rules that raise the opset keep the old IR (an IR-3 model at opset 13 then
     fails the checker). Opsets this onnx does not know leave the IR version as it is."""
-    default = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = onnx.helper.make_opsetid("", default_opset(model))
     try:
-        needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", default)])
+        needed = onnx.helper.find_min_ir_version_for([opset])
     except (KeyError, ValueError):
         return
     model.ir_version = max(model.ir_version, needed)

@@ -34,7 +34,7 @@ from onnx import numpy_helper, version_converter
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from surgery.coverage import NON_FOLDABLE_OPS
-from surgery.graph import GraphView, node_label
+from surgery.graph import GraphView, default_opset, node_label
 from surgery.model import infer_model_shapes, load_model, raise_ir_version, toposort_nodes
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
@@ -68,8 +68,7 @@ class PreparedModel:
         }
 
 
-def model_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+model_opset = default_opset
 
 
 def prepare_model(

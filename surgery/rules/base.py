@@ -25,7 +25,7 @@ from surgery.coverage import (
     constant_tensors,
     topo_order,
 )
-from surgery.graph import GraphView
+from surgery.graph import GraphView, default_opset
 from surgery.targets import Reason, Target, resolve_target
 
 Exactness = Literal["exact", "approximate"]
@@ -96,10 +96,7 @@ class RuleContext:
     @cached_property
     def opset(self) -> int:
         """The model's default-domain opset (1 when it declares none); rules ask per node."""
-        for o in self.model.opset_import:
-            if o.domain in ("", "ai.onnx"):
-                return int(o.version)
-        return 1
+        return default_opset(self.model)
 
     def placement(self, node_name: str):
         return self.coverage.by_name(node_name)

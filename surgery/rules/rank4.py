@@ -47,7 +47,7 @@ import onnx_graphsurgeon as gs
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import nodes_by_name
 from surgery.rules.rank4_lift import Lifter, LiftError, Policy, ncl_policy, rows_policy
-from surgery.rules.rank4_ops import SUPPORT, opset_of
+from surgery.rules.rank4_ops import SUPPORT
 from surgery.rules.rank4_regions import regions
 from surgery.rules.registry import register
 
@@ -75,7 +75,7 @@ class _LiftRule(Rule):
         by_name = nodes_by_name(graph)
         region = [by_name[n] for n in match.nodes]
         policy = type(self).policy
-        Lifter(graph, ctx.view, region, policy, opset_of(ctx.model)).run()
+        Lifter(graph, ctx.view, region, policy, ctx.opset).run()
 
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext

@@ -23,10 +23,9 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from surgery.graph import FLOAT_TYPES, GraphView, attribute_values
+from surgery.graph import FLOAT_TYPES, GraphView, attribute_values, default_opset
 from surgery.rules import rank4_layout as L
 from surgery.rules.rank4_layout import Layout, Shape
 from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant, static_dims
@@ -709,5 +708,4 @@ def lift_per_channel(lf: Lifter, node: gs.Node) -> None:
     lf.set(out, y, L.ncl(rank))
 
 
-def opset_of(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+opset_of = default_opset

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from surgery.coverage import topo_order
 from surgery.graph import GraphView
 from surgery.rules.base import RuleContext
-from surgery.rules.rank4_ops import SUPPORT, NodeInfo, opset_of
+from surgery.rules.rank4_ops import SUPPORT, NodeInfo
 from surgery.targets import NodeContext
 
 _EXIT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
@@ -85,7 +85,7 @@ def regions(ctx: RuleContext) -> list[Region]:
 def _find_regions(ctx: RuleContext) -> list[Region]:
     view = ctx.view
     order = topo_order(view)
-    opset = opset_of(ctx.model)
+    opset = ctx.opset
     infos: dict[int, NodeInfo] = {}
     # Only blockers are candidates: testing them first skips most of the graph.
     blocked = {p.index for p in ctx.coverage.blockers}

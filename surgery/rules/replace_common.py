@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 from onnx import helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
-from surgery.graph import GraphView, TensorInfo, attribute_values
+from surgery.graph import GraphView, TensorInfo, attribute_values, default_opset
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import import_graph, nodes_by_name
@@ -231,12 +231,7 @@ def net_freed(
 
 
 def model_opset(ctx: RuleContext | onnx.ModelProto) -> int:
-    if isinstance(ctx, RuleContext):
-        return ctx.opset
-    for o in ctx.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return int(o.version)
-    return 1
+    return ctx.opset if isinstance(ctx, RuleContext) else default_opset(ctx)
 
 
 # --------------------------------------------------------------------------- opset upgrades
@@ -428,7 +423,7 @@ def constant_array(ctx: RuleContext, tensor: str, max_elements: int = _LARGE) ->
     size = view.tensor(tensor).num_elements
     if tensor in view.initializers or (size or _LARGE) > max_elements:
         return None  # larger than asked for (or of unknown size when a small value is wanted)
-    return _evaluate(view, tensor, model_opset(ctx.model), max_elements)
+    return _evaluate(view, tensor, ctx.opset, max_elements)
 
 
 _MAX_EVALUATED_NODES = 256
