@@ -274,15 +274,8 @@ def infer_model_shapes(
     Large weights are hidden from the C++ inferencer while it runs: they never affect shapes,
     serialising them dominates the time, and it keeps models over 2 GB inferrable.
     """
-    hidden = _hide_large_weights(model, view)
-    try:
-        inferred = shape_inference.infer_shapes(
-            model, check_type=False, strict_mode=False, data_prop=True
-        )
-    except Exception as exc:  # onnx raises several unrelated types here
-        raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
-    finally:
-        _restore_weights(hidden)
+    inferred, hidden = _run_inferencer(model, label, view)
+    _restore_weights(hidden)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     by_name = {o.name: o for o in inferred.graph.output}
@@ -292,7 +285,25 @@ def infer_model_shapes(
             out.type.CopyFrom(new.type)
 
 
+def _run_inferencer(
+    model: onnx.ModelProto, label: str, view: GraphView | None
+) -> tuple[onnx.ModelProto, list[HiddenWeight]]:
+    """The C++ inferencer's output for `model` with its large weights hidden, and those weights
+    (still hidden from `model`: the caller restores them where it needs them). On failure the
+    weights are back in place and the error is a ShapeError."""
+    hidden = _hide_large_weights(model, view)
+    try:
+        inferred = shape_inference.infer_shapes(
+            model, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as exc:  # onnx raises several unrelated types here
+        _restore_weights(hidden)
+        raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
+    return inferred, hidden
+
+
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_STANDARD_ONLY = frozenset({"", "ai.onnx"})
 
 
 def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx.ModelProto:
@@ -311,14 +322,7 @@ def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx
     ):
         infer_model_shapes(model, label, view)
         return model
-    hidden = _hide_large_weights(model, view)
-    try:
-        inferred = shape_inference.infer_shapes(
-            model, check_type=False, strict_mode=False, data_prop=True
-        )
-    except Exception as exc:  # onnx raises several unrelated types here
-        _restore_weights(hidden)
-        raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
+    inferred, hidden = _run_inferencer(model, label, view)
     _restore_weights(hidden, inferred)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}
@@ -330,8 +334,6 @@ def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx
             out.type.CopyFrom(new.type)
     return inferred
 
-
-_STANDARD_ONLY = frozenset({"", "ai.onnx"})
 
 HiddenWeight = tuple[onnx.TensorProto, bytes, int, int]
 """A weight hidden from the inferencer: the tensor, its bytes and where it lives — (-1, k) for
