@@ -259,17 +259,22 @@ def _tensor_dims(model: onnx.ModelProto, name: str, depth: int = 0) -> list[int]
 # --------------------------------------------------------------------------- running
 
 
-def ort_session(model: onnx.ModelProto, *, label: str = "model") -> ort.InferenceSession:
+def ort_session(
+    model: onnx.ModelProto, *, label: str = "model", config: Mapping[str, str] | None = None
+) -> ort.InferenceSession:
     """A CPU ONNX Runtime session for `model`; failures become a `VerifyError` naming `label`.
 
     Models above protobuf's 2 GB limit cannot be serialised to bytes, so those are written to
-    a temporary directory with external data and opened by path.
+    a temporary directory with external data and opened by path. `config` adds session config
+    entries (e.g. threads that sleep instead of spinning between runs).
     """
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # Simulate Q/DQ in float (the QDQ reference semantics) instead of fusing them into ORT's
     # int8 kernels, which round differently; float models are unaffected.
     options.add_session_config_entry("session.disable_quant_qdq", "1")
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     data: bytes | None = None
     if model_nbytes(model) < PROTOBUF_LIMIT - 64 * 2**20:
         try:

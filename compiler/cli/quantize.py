@@ -117,6 +117,8 @@ def _split(dataset: Any, holdout: int) -> tuple[Any, Any]:
 
 def output_errors(float_out: dict[str, np.ndarray], quant_out: dict[str, np.ndarray]) -> dict:
     """Per output over all held-out samples: SQNR (dB) and cosine from summed products."""
+    from compiler.quantize.analysis import sqnr_db
+
     result: dict[str, dict[str, float | None]] = {}
     for name, ref in float_out.items():
         r = ref.astype(np.float64).ravel()
@@ -124,7 +126,7 @@ def output_errors(float_out: dict[str, np.ndarray], quant_out: dict[str, np.ndar
         noise = float(np.square(r - q).sum())
         signal = float(np.square(r).sum())
         norm = math.sqrt(signal * float(np.square(q).sum()))
-        sqnr = None if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+        sqnr = None if noise == 0 else sqnr_db(signal, noise)
         cosine = (1.0 if noise == 0 else 0.0) if norm == 0 else float(r @ q) / norm
         result[name] = {"sqnr_db": sqnr, "cosine": cosine}
     return result

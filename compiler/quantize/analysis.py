@@ -73,8 +73,13 @@ class QuantizedTensor:
     axis: int = 0
 
 
+def sqnr_db(signal: float, noise: float) -> float:
+    """10·log10(signal / noise) in dB for sums of squares; inf when there is no noise."""
+    return math.inf if noise <= 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+
+
 @dataclass
-class _Sums:
+class ErrorSums:
     dot: float = 0.0
     ref: float = 0.0
     test: float = 0.0
@@ -97,7 +102,7 @@ class _Sums:
         self.cos_min = min(self.cos_min, _cosine(dot, rr, tt))
 
     def metrics(self) -> ErrorMetrics:
-        sqnr = math.inf if self.diff == 0 else 10 * math.log10(max(self.ref, 1e-300) / self.diff)
+        sqnr = sqnr_db(self.ref, self.diff)
         return ErrorMetrics(
             cosine=_cosine(self.dot, self.ref, self.test),
             euclidean=self.euclid / max(self.samples, 1),
@@ -383,11 +388,11 @@ def analyze_quantization_error(
     entire_sess = reference_session(with_outputs(qdq_model, entire_names))
     single_names = list(dict.fromkeys(p.dequantized for p in pairs))
     single_sess = reference_session(with_outputs(single_model, single_names))
-    entire = {p.dequantized: _Sums() for p in pairs}
-    single = {p.dequantized: _Sums() for p in pairs}
-    entire_parts = {p.dequantized: {n: _Sums() for n, _ in p.parts} for p in pairs}
-    single_parts = {p.dequantized: {n: _Sums() for n, _ in p.parts} for p in pairs}
-    outputs = {o: _Sums() for o in compared_outputs}
+    entire = {p.dequantized: ErrorSums() for p in pairs}
+    single = {p.dequantized: ErrorSums() for p in pairs}
+    entire_parts = {p.dequantized: {n: ErrorSums() for n, _ in p.parts} for p in pairs}
+    single_parts = {p.dequantized: {n: ErrorSums() for n, _ in p.parts} for p in pairs}
+    outputs = {o: ErrorSums() for o in compared_outputs}
     passes = SamplePasses(data)
     total = passes.total if limit is None else min(limit, passes.total or limit)
     done = 0

@@ -29,7 +29,6 @@ from compiler.quantize.samples import SamplePasses, as_feed, input_signature
 from compiler.runtime.parallel import usable_cpus
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
-from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.verify import ort_session
 
 __all__ = [
@@ -64,21 +63,9 @@ def float_session(model: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSe
 
     Its intra-op threads sleep instead of spinning between runs: during calibration the observer
     thread needs the cores ONNX Runtime's idle workers would otherwise spin on."""
-    exposed = with_outputs(model, outputs)
-    if model_nbytes(exposed) >= PROTOBUF_LIMIT - 64 * 2**20:
-        return reference_session(exposed)  # opened from external data; spinning stays on
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.disable_quant_qdq", "1")  # as reference_session
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    try:
-        return ort.InferenceSession(
-            exposed.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-    except Exception as exc:  # ORT raises its own exception types
-        raise QuantizationError(
-            f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}"
-        ) from None
+    return reference_session(
+        with_outputs(model, outputs), config={"session.intra_op.allow_spinning": "0"}
+    )
 
 
 def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
@@ -93,7 +80,9 @@ def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProt
     return exposed
 
 
-def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
+def reference_session(
+    model: onnx.ModelProto, *, config: Mapping[str, str] | None = None
+) -> ort.InferenceSession:
     """A CPU session that simulates Q/DQ in float instead of fusing them into int8 kernels.
 
     ONNX Runtime's default optimizations turn DQ → Conv → Q into QLinearConv; its x86 int8
@@ -101,7 +90,7 @@ def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
     not the reference the integer executor and the emulator are held to.
     """
     try:
-        return ort_session(model, label="ONNX Runtime")
+        return ort_session(model, label="ONNX Runtime", config=config)
     except SurgeryError as exc:
         raise QuantizationError(exc.message) from None
 

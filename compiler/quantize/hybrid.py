@@ -47,10 +47,11 @@ from compiler.defines import (
 from compiler.quantize.analysis import (
     AnalysisResult,
     ErrorMetrics,
+    ErrorSums,
     LayerError,
-    _Sums,
     analyze_quantization_error,
     run_outputs,
+    sqnr_db,
 )
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
@@ -346,7 +347,7 @@ def output_errors(
     float_sess = reference_session(with_outputs(float_model, outputs))
     quant_sess = reference_session(qdq_model)
     signature = input_signature(float_model)
-    sums = {name: _Sums() for name in outputs}
+    sums = {name: ErrorSums() for name in outputs}
     done = 0
     for sample in islice(SamplePasses(data).new_pass(), limit):
         feed = as_feed(sample, signature, done)
@@ -358,10 +359,6 @@ def output_errors(
     signal = sum(s.ref for s in sums.values())
     noise = sum(s.diff for s in sums.values())
     return {k: v.metrics() for k, v in sums.items()}, signal, noise, done
-
-
-def _db(signal: float, noise: float) -> float:
-    return math.inf if noise <= 0 else 10 * math.log10(max(signal, 1e-300) / noise)
 
 
 @dataclass
@@ -387,7 +384,7 @@ class _TargetSearch:
         done: set[str] = set()
         rounds = 0
         for round_no in range(1, max_rounds + 1):
-            if _db(signal, noise) >= target:
+            if sqnr_db(signal, noise) >= target:
                 break
             if sensitivity is None:
                 sensitivity = output_sensitivity(
@@ -407,7 +404,7 @@ class _TargetSearch:
             outputs, signal, noise, samples = self._measure(current)
             raised += fresh
             rounds = round_no
-        reached = _db(signal, noise)
+        reached = sqnr_db(signal, noise)
         settings = {
             "target_sqnr_db": target,
             "output_sqnr_db": round(reached, 3) if math.isfinite(reached) else None,
@@ -461,7 +458,7 @@ class _TargetSearch:
             share += unit.noise / left
             if share >= wanted:
                 break
-        model_db = _db(signal, noise)
+        model_db = sqnr_db(signal, noise)
         fresh: list[RaisedLayer] = []
         for unit, per_tensor in picked:
             reason = (

@@ -36,6 +36,7 @@ from compiler.quantize.analysis import (
     QuantizedTensor,
     find_quantized_tensors,
     run_outputs,
+    sqnr_db,
 )
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
@@ -72,21 +73,17 @@ class OutputSensitivity:
 
     @property
     def total_sqnr_db(self) -> float:
-        return _sqnr(self.signal, self.total_noise)
+        return sqnr_db(self.signal, self.total_noise)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "samples": self.samples,
             "total_sqnr_db": _finite(self.total_sqnr_db),
-            "sum_of_units_sqnr_db": _finite(_sqnr(self.signal, sum(u.noise for u in self.units))),
+            "sum_of_units_sqnr_db": _finite(sqnr_db(self.signal, sum(u.noise for u in self.units))),
             "units": [
                 {"tensors": list(u.tensors), "sqnr_db": _finite(u.sqnr_db)} for u in self.units
             ],
         }
-
-
-def _sqnr(signal: float, noise: float) -> float:
-    return math.inf if noise <= 0 else 10 * math.log10(max(signal, 1e-300) / noise)
 
 
 def _finite(value: float) -> float | None:
@@ -142,7 +139,7 @@ def output_sensitivity(
         UnitSensitivity(
             tuple(dict.fromkeys(pairs[i].tensor for i in group)),
             float(noise[k]),
-            _sqnr(signal, float(noise[k])),
+            sqnr_db(signal, float(noise[k])),
         )
         for k, group in enumerate(groups)
     ]
