@@ -33,7 +33,6 @@ import ctypes
 import functools
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from compiler.costmodel import (
 )
 from compiler.intmath import dtype_range
 from compiler.isa import Instruction, IsaError, MlaProgram, Space, Tensor, decode
+from compiler.runtime.cache import LruCache
 from compiler.runtime.emulator_ops import EXECUTORS, EmulatorError
 from compiler.runtime.parallel import for_each, worker_count
 
@@ -362,8 +362,7 @@ class _Decoded:
         return self.instructions
 
 
-_DECODED: OrderedDict[bytes, _Decoded] = OrderedDict()
-_DECODED_LOCK = threading.Lock()
+_DECODED: LruCache[_Decoded] = LruCache()
 
 
 def _decoded_elf(source: str | Path | bytes | bytearray) -> _Decoded:
@@ -371,17 +370,7 @@ def _decoded_elf(source: str | Path | bytes | bytearray) -> _Decoded:
     from compiler.elf import read_elf
 
     data = bytes(source) if isinstance(source, bytes | bytearray) else Path(source).read_bytes()
-    with _DECODED_LOCK:
-        decoded = _DECODED.get(data)
-        if decoded is not None:
-            _DECODED.move_to_end(data)
-            return decoded
-    decoded = _Decoded(read_elf(data))
-    with _DECODED_LOCK:
-        _DECODED[data] = decoded
-        while len(_DECODED) > DECODED_PROGRAMS:
-            _DECODED.popitem(last=False)
-    return decoded
+    return _DECODED.get(data, lambda: _Decoded(read_elf(data)), DECODED_PROGRAMS)
 
 
 class Emulator:

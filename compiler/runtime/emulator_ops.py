@@ -35,7 +35,6 @@ import functools
 import math
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -77,6 +76,7 @@ from compiler.isa import (
     Store,
     Tensor,
 )
+from compiler.runtime.cache import LruCache
 from compiler.runtime.ops.normalization import NORMALISED_BITS
 from compiler.runtime.ops.resize import WEIGHT_ONE
 from compiler.runtime.ops.softmax import PROBABILITY_BITS, RECIPROCAL_BITS
@@ -290,25 +290,12 @@ costs about one direct evaluation per entry; a gather, a fraction of one)."""
 TABLES_KEPT = 1024
 """Tables of `_tabulated` kept between instructions and runs (least recently used first out)."""
 
-_TABLES: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-_TABLES_LOCK = threading.Lock()
+_TABLES: LruCache[np.ndarray] = LruCache()
 
 
 def _kept(key: Hashable | None, build: Callable[[], np.ndarray]) -> np.ndarray:
     """build(), or the table kept under `key` (`TABLES_KEPT`); never kept without a key."""
-    if key is None:
-        return build()
-    with _TABLES_LOCK:
-        table = _TABLES.get(key)
-        if table is not None:
-            _TABLES.move_to_end(key)
-            return table
-    table = build()
-    with _TABLES_LOCK:
-        _TABLES[key] = table
-        while len(_TABLES) > TABLES_KEPT:
-            _TABLES.popitem(last=False)
-    return table
+    return build() if key is None else _TABLES.get(key, build, TABLES_KEPT)
 
 
 def _tabulated(

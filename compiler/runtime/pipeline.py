@@ -24,9 +24,7 @@ ONNX stages their measured wall time.
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +38,7 @@ from compiler.costmodel import MlaHardware
 from compiler.intmath import dequantize_linear, quantize_linear_fast
 from compiler.lower.errors import ArchiveError
 from compiler.lower.tessellate import detessellate, physical_shape, tessellate, tile_count
+from compiler.runtime.cache import LruCache
 from compiler.runtime.emulator import Emulator
 from compiler.runtime.errors import ExecutionError
 from compiler.runtime.reference import IntegerExecutor
@@ -316,26 +315,14 @@ LOADED_STAGES = 32
 """ONNX stages whose loaded form (`IntegerExecutor`, ONNX Runtime session) `run_archive` keeps,
 by content, between calls (least recently used first out)."""
 
-_LOADED: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
-_LOADED_LOCK = threading.Lock()
+_LOADED: LruCache[Any] = LruCache()
 
 
 def _loaded(kind: str, data: bytes, load: Callable[[bytes], Any]) -> Any:
     """load(data), once per process for these exact bytes: a runtime loads a model's stages once
     and runs them on every frame, and building an executor or a session costs more than running
     a small stage. Both are reusable and thread-safe for runs (neither keeps per-run state)."""
-    key = (kind, data)
-    with _LOADED_LOCK:
-        loaded = _LOADED.get(key)
-        if loaded is not None:
-            _LOADED.move_to_end(key)
-            return loaded
-    loaded = load(data)
-    with _LOADED_LOCK:
-        _LOADED[key] = loaded
-        while len(_LOADED) > LOADED_STAGES:
-            _LOADED.popitem(last=False)
-    return loaded
+    return _LOADED.get((kind, data), lambda: load(data), LOADED_STAGES)
 
 
 def _integer_executor(data: bytes) -> IntegerExecutor:
