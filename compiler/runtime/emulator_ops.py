@@ -1510,8 +1510,15 @@ def execute_pool(instruction: Pool, memory: MemoryPort) -> None:
         if count.max() >= min(multipliers.size, shifts.size):
             raise EmulatorError(f"POOL count tables stop before count {int(count.max())}")
         stage = instruction.requant
-        scaled = requantize(total, multipliers[count], shifts[count], stage.mode)
-        result = np.clip(scaled + stage.zero_point, stage.low, stage.high)
+        result = requantize_clamp(
+            total,
+            multipliers[count],
+            shifts[count],
+            stage.mode,
+            stage.zero_point,
+            stage.low,
+            stage.high,
+        )
     memory.write(instruction.output, result)
 
 

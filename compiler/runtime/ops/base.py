@@ -20,7 +20,7 @@ from compiler.intmath import (
     RequantizationMode,
     quantize_constant,
     quantize_multiplier,
-    requantize,
+    requantize_clamp,
     round_half_even,
 )
 from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
@@ -144,8 +144,9 @@ class OutputStage:
         return cls(multiplier, shift, output.scalar_zero_point(), low, high, output.dtype, mode)
 
     def __call__(self, acc: np.ndarray) -> np.ndarray:
-        scaled = requantize(acc, self.multiplier, self.shift, self.mode)
-        return np.clip(scaled + self.zero_point, self.low, self.high).astype(self.dtype)
+        return requantize_clamp(
+            acc, self.multiplier, self.shift, self.mode, self.zero_point, self.low, self.high
+        ).astype(self.dtype)
 
 
 def clamp_bounds(output: QuantParams, activation: tuple[float, float] | None) -> tuple[int, int]:

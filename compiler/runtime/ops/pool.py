@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.intmath import RequantizationMode, quantize_multiplier, requantize
+from compiler.intmath import RequantizationMode, quantize_multiplier, requantize_clamp
 from compiler.runtime.ops.base import Lowered, OpContext, Rescale
 from compiler.runtime.ops.geometry import pad_spatial, resolve_pads, spatial_attributes, windows
 from compiler.runtime.qparams import NotLowerable
@@ -86,8 +86,9 @@ class AverageStage:
     def __call__(self, total: np.ndarray, count: np.ndarray | int) -> np.ndarray:
         real = self.input_scale / (self.output_scale * np.asarray(count, dtype=np.float64))
         multiplier, shift = quantize_multiplier(real)
-        scaled = requantize(total, multiplier, shift, self.mode)
-        return np.clip(scaled + self.zero_point, self.low, self.high).astype(self.dtype)
+        return requantize_clamp(
+            total, multiplier, shift, self.mode, self.zero_point, self.low, self.high
+        ).astype(self.dtype)
 
 
 def average_stage(ctx: OpContext, input_scale: float) -> AverageStage:
