@@ -191,11 +191,15 @@ class GraphView:
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
         g = model.graph
-        nodes: list[onnx.NodeProto] = list(g.node)
-        self.nodes = nodes
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
         self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in g.output]
+        self._index_nodes(list(g.node))
+        self.reload_value_info()
+
+    def _index_nodes(self, nodes: list[onnx.NodeProto]) -> None:
+        """The per-node fields, producers and consumers of `nodes` (the graph's, in order)."""
+        self.nodes = nodes
         # One comprehension per field: each protobuf field is read once, in C-speed loops.
         op_types = [n.op_type for n in nodes]
         self.op_types = op_types
@@ -207,7 +211,6 @@ class GraphView:
         self.node_outputs = node_outputs
         self.producer = {out: idx for idx, outs in enumerate(node_outputs) for out in outs if out}
         self.consumers = _consumers(node_inputs)
-        self.reload_value_info()
 
     def rebind(self, model: onnx.ModelProto) -> None:
         """Point the view at `model`, a copy of the viewed model with the same nodes in the

@@ -23,7 +23,7 @@ from tests.architectures import ARCHITECTURES
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_architecture_compiles_to_checks_segments_and_runs_bit_exact(name: str, tmp_path) -> None:
     fixed = fix_model(load_model(ARCHITECTURES[name]()), "mlsoc").model
-    segments = check_model(fixed, "mlsoc").mla_segments
+    segments = check_model(fixed, "mlsoc", suggest=False).mla_segments
     calibration = [make_inputs(fixed, seed=seed) for seed in range(3)]
     qdq = quantize_model(fixed, calibration, target="mlsoc").model
     result = compile_model(qdq, tmp_path, model_name=name)

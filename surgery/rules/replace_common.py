@@ -133,17 +133,10 @@ class _ProbeView(GraphView):
         graph_outputs: list[str],
     ) -> None:
         self.model = onnx.ModelProto(opset_import=[helper.make_opsetid("", opset)])
-        self.nodes = [node]
         self.initializers = {}
         self.graph_inputs = graph_inputs
         self.graph_outputs = graph_outputs
-        self.op_types = [node.op_type]
-        self.names = [node.name or f"{node.op_type}_0"]
-        self.domains = [node.domain]
-        self.node_inputs = [tuple(node.input)]
-        self.node_outputs = [tuple(node.output)]
-        self.producer = {out: 0 for out in node.output if out}
-        self.consumers = {name: [0] for name in node.input if name}
+        self._index_nodes([node])
         self.reload_value_info()
         self._specs = specs
 
