@@ -40,6 +40,7 @@ from compiler.quantize.calibrate import Progress, reference_session, with_output
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
+from surgery.errors import first_line
 
 __all__ = [
     "AnalysisResult",
@@ -463,6 +464,4 @@ def run_outputs(session: Any, names: list[str], feed: Mapping[str, np.ndarray], 
     try:
         return session.run(names, dict(feed))
     except Exception as exc:  # ORT raises its own exception types
-        raise QuantizationError(
-            f"sample {index}: ONNX Runtime failed: {str(exc).splitlines()[0][:300]}"
-        ) from None
+        raise QuantizationError(f"sample {index}: ONNX Runtime failed: {first_line(exc)}") from None

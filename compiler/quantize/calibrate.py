@@ -27,7 +27,7 @@ from compiler.quantize.errors import CalibrationDataError, QuantizationError
 from compiler.quantize.observers import Observer
 from compiler.quantize.samples import SamplePasses, as_feed, input_signature
 from compiler.runtime.parallel import usable_cpus
-from surgery.errors import SurgeryError
+from surgery.errors import SurgeryError, first_line
 from surgery.graph import GraphView
 from surgery.verify import ort_session
 
@@ -154,7 +154,7 @@ def _run(
         return [np.asarray(v) for v in session.run(names, dict(feed))]
     except Exception as exc:  # ORT raises its own exception types
         raise CalibrationDataError(
-            f"calibration sample {index}: ONNX Runtime failed: {str(exc).splitlines()[0][:300]}"
+            f"calibration sample {index}: ONNX Runtime failed: {first_line(exc)}"
         ) from None
 
 

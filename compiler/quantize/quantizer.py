@@ -38,6 +38,7 @@ from compiler.quantize.qparams import ActivationQParams, activation_qparams
 from compiler.quantize.ranges import make_observer, select_range
 from compiler.quantize.samples import CalibrationData, SamplePasses
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
+from surgery.errors import first_line
 from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.targets import Target, resolve_target
 
@@ -291,5 +292,5 @@ def _check(model: onnx.ModelProto) -> None:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise QuantizationError(
-            f"the QDQ model fails onnx.checker (a quantizer bug): {str(exc).splitlines()[0][:300]}"
+            f"the QDQ model fails onnx.checker (a quantizer bug): {first_line(exc)}"
         ) from None
