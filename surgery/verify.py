@@ -168,7 +168,7 @@ def load_inputs(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.n
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: np.asarray(data[k]) for k in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise VerifyError(f"{path}: not a readable .npz file ({first_line(exc)})") from None
 
 

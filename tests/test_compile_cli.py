@@ -114,3 +114,12 @@ def test_errors_exit_two(tmp_path, compiled) -> None:
     assert _run("archive", tmp_path / "missing_mpk.tar.gz").exit_code == 2
     no_model = _run("run", data["archive"], "--compare-reference", "--model", tmp_path / "x.onnx")
     assert no_model.exit_code == 2
+
+
+def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
+    _, data = compiled
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    result = _run("run", data["archive"], "--inputs", empty)
+    assert result.exit_code == 2
+    assert "not a readable .npz" in result.output

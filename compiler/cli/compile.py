@@ -263,7 +263,7 @@ def _load_inputs(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path) as data:
             return {key: data[key] for key in data.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise SurgeryError(f"{path}: not a readable .npz ({error})") from None
 
 

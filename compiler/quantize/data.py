@@ -143,7 +143,7 @@ class CalibrationDataset:
         if path.suffix.lower() == ".npy":
             try:
                 return np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, EOFError) as exc:
                 raise CalibrationDataError(f"{path}: not a readable .npy file ({exc})") from None
         reader = self._readers.get(name)
         if reader is None:
@@ -157,7 +157,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: np.asarray(data[k]) for k in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise CalibrationDataError(f"{path}: not a readable .npz file ({exc})") from None
 
 

@@ -81,7 +81,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: np.asarray(data[key]) for key in data.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise InvalidArgumentError(f"{path}: not a readable .npz ({error})") from None
 
 
