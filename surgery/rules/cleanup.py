@@ -15,10 +15,17 @@ import onnx_graphsurgeon as gs
 from pydantic import Field
 
 from surgery.coverage import NodePlacement, analyze_coverage
-from surgery.model import infer_model_shapes, read_model, set_input_shapes
+from surgery.errors import SurgeryError
+from surgery.graph import shape_from_type
+from surgery.model import infer_model_shapes, load_model, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
-from surgery.rules.graph_edit import bypass_node, nodes_by_name, quiet_graphsurgeon
+from surgery.rules.graph_edit import (
+    bypass_node,
+    export_graph,
+    nodes_by_name,
+    quiet_graphsurgeon,
+)
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -31,6 +38,8 @@ from surgery.rules.replace_common import (
 )
 
 _NEEDS_VALUE = {"non_constant_input", "axis_unknown"}
+_MAX_FOLD_ROUNDS = 8
+"""Fold → re-infer rounds; each round resolves one more level of shape arithmetic."""
 
 
 @register
@@ -69,9 +78,13 @@ class FoldConstants(Rule):
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
     ) -> list[Match]:
-        with quiet_graphsurgeon():
-            graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
-            graph.cleanup()
+        for _ in range(_MAX_FOLD_ROUNDS):
+            count = len(graph.nodes)
+            with quiet_graphsurgeon():
+                graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
+                graph.cleanup()
+            if len(graph.nodes) == count or not _refresh_shapes(graph, ctx.model):
+                break
         for node in list(graph.nodes):
             if node.op == "Constant" and "value" in node.attrs:
                 out = node.outputs[0]
@@ -82,6 +95,37 @@ class FoldConstants(Rule):
                             consumer.inputs[k] = const
                 node.outputs.clear()
         return matches
+
+
+def _refresh_shapes(graph: gs.Graph, like: onnx.ModelProto) -> bool:
+    """Give the graph's unshaped tensors the shapes inference now finds; whether any changed.
+
+    A folded Reshape target makes its output's shape known only after re-inference, and only
+    then can the Shape nodes that read that output fold in turn (a transformer's
+    `Reshape(x, Concat(Shape(y)[:2], -1))` chains several such steps), as onnxsim iterates.
+    """
+    try:
+        inferred = load_model(export_graph(graph.copy(), like))
+    except SurgeryError:
+        return False
+    tensors = graph.tensors()
+    changed = False
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        tensor = tensors.get(info.name)
+        if not isinstance(tensor, gs.Variable) or _static(tensor.shape):
+            continue
+        elem, shape = shape_from_type(info.type)
+        if shape is None or (tensor.shape is not None and _static(tensor.shape) >= _static(shape)):
+            continue
+        tensor.shape = [d if isinstance(d, int) else None for d in shape]
+        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else tensor.dtype
+        changed = True
+    return changed
+
+
+def _static(shape: Sequence[int | str | None] | None) -> bool:
+    """Whether every dimension of a (graphsurgeon or inferred) shape is a number."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 _NO_OP = {"Identity", "Dropout"}

@@ -94,12 +94,17 @@ def fix_model(
     on_step: StepCallback | None = None,
     on_rewrite: Callable[[RewriteResult], None] | None = None,
     inputs: Mapping[str, Any] | None = None,
+    look_ahead: bool = True,
 ) -> FixResult:
     """Loop check → best rule → apply → verify → recheck until one MLA segment or no progress.
 
     `on_step` gets each accepted step's summary (for progress), `on_rewrite` the step itself
-    (e.g. to store every step as a workspace version).
+    (e.g. to store every step as a workspace version). A cleanup that makes coverage worse
+    is kept when fixing on from it (`look_ahead`) ends better than the model before it: folding
+    a transformer's shape arithmetic first turns unknown ranks into rank-3 blockers, which only
+    the rank-4 rules then remove.
     """
+    options = _FixOptions(allow_approximate, tuple(skip), inputs)
     tgt = resolve_target(target)
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
@@ -139,6 +144,13 @@ def fix_model(
                 rule.category == "cleanup"
                 and _score(step.coverage_after)[:2] > _score(ctx.coverage)[:2]
             ):
+                branch = (
+                    _fix_onwards(step, tgt, max_steps - len(result.steps) - 1, options)
+                    if look_ahead
+                    else None
+                )
+                if branch is not None and _score(branch[0].coverage_after) < _score(ctx.coverage):
+                    return _adopt(result, step, *branch, on_step, on_rewrite)
                 result.rejected.append({"rule": rule.name, "reason": "made coverage worse"})
                 tried.add(rule.name)
                 continue
@@ -163,6 +175,59 @@ def fix_model(
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
         result.notes.append(_explain_stop(ctx.coverage))
+    return result
+
+
+@dataclass(frozen=True)
+class _FixOptions:
+    """The caller's choices a look-ahead branch inherits."""
+
+    allow_approximate: bool
+    skip: tuple[str, ...]
+    inputs: Mapping[str, Any] | None
+
+
+def _fix_onwards(
+    step: RewriteResult, target: Target, max_steps: int, options: _FixOptions
+) -> tuple[FixResult, list[RewriteResult]] | None:
+    """Fix on from a step's model without looking further ahead: the branch's result and its
+    steps (replayed through the callbacks only if the branch is adopted)."""
+    if max_steps <= 0:
+        return None
+    rewrites: list[RewriteResult] = []
+    branch = fix_model(
+        step.model,
+        target,
+        max_steps=max_steps,
+        allow_approximate=options.allow_approximate,
+        skip=options.skip,
+        on_rewrite=rewrites.append,
+        inputs=options.inputs,
+        look_ahead=False,
+    )
+    return branch, rewrites
+
+
+def _adopt(
+    result: FixResult,
+    step: RewriteResult,
+    branch: FixResult,
+    rewrites: list[RewriteResult],
+    on_step: StepCallback | None,
+    on_rewrite: Callable[[RewriteResult], None] | None,
+) -> FixResult:
+    """Continue `result` with a cleanup step and the branch that fixed on from it."""
+    for rewrite in (step, *rewrites):
+        _record(result, rewrite, on_step, on_rewrite)
+    result.steps[-len(rewrites) - 1]["look_ahead"] = (
+        f"made coverage worse by itself; kept because the {len(rewrites)} step(s) after it "
+        f"reach {branch.coverage_after.mla_segments} MLA segment(s) and "
+        f"{len(branch.coverage_after.blockers)} blocker(s)"
+    )
+    result.rejected.extend(branch.rejected)
+    result.notes.extend(branch.notes)
+    result.model = branch.model
+    result.coverage_after = branch.coverage_after
     return result
 
 

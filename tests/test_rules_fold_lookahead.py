@@ -1,0 +1,87 @@
+"""fold-constants folds shape arithmetic until inference knows every shape, and `surgery fix`
+keeps a cleanup that makes coverage worse by itself when fixing on from it ends better."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery.graph import GraphView
+from surgery.model import load_model
+from surgery.rules.engine import apply_rule
+from surgery.rules.fix import fix_model
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))
+
+
+def _flatten_like_paddle(x: str, out: str, tail: list[int]) -> list[onnx.NodeProto]:
+    """Reshape(x, Concat(Shape(x)[0:2], tail)) with Constant-node operands, as paddle2onnx
+    writes flatten: ONNX's data propagation leaves the result's rank unknown."""
+    return [
+        helper.make_node("Shape", [x], [f"{out}_shape"]),
+        helper.make_node("Slice", [f"{out}_shape", "zero", "two", "zero"], [f"{out}_lead"]),
+        _constant(f"{out}_tail", np.array(tail, np.int64)),
+        helper.make_node("Concat", [f"{out}_lead", f"{out}_tail"], [f"{out}_target"], axis=0),
+        helper.make_node("Reshape", [x, f"{out}_target"], [out]),
+    ]
+
+
+def _tokens_model() -> onnx.ModelProto:
+    """Conv → flatten to tokens [1, 8, 16] → Transpose → MatMul → Transpose → back to
+    [1, 8, 16, 1] → Conv, every reshape target computed from Shape."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 8)).astype(np.float32), "wm"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        _constant("zero", np.array([0], np.int64)),
+        _constant("two", np.array([2], np.int64)),
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        *_flatten_like_paddle("a", "tokens", [-1]),
+        helper.make_node("Transpose", ["tokens"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["t", "wm"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]),
+        *_flatten_like_paddle("mt", "map", [-1, 1]),
+        helper.make_node("Conv", ["map", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tokens",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+def test_shape_inference_alone_leaves_the_token_ranks_unknown() -> None:
+    view = GraphView(load_model(_tokens_model()))
+    assert view.tensor("tokens").shape is None
+    assert view.tensor("map").shape is None
+
+
+def test_fold_constants_folds_shape_arithmetic_that_needs_reinference() -> None:
+    folded = apply_rule(load_model(_tokens_model()), "fold-constants", "mlsoc").model
+    view = GraphView(folded)
+    assert "Shape" not in view.op_types
+    assert view.tensor("map").shape == (1, 8, 16, 1)
+    assert view.tensor("y").shape == (1, 4, 16, 1)
+
+
+def test_fix_keeps_a_fold_that_pays_off_in_later_steps() -> None:
+    result = fix_model(load_model(_tokens_model()), "mlsoc")
+    fold = next(s for s in result.steps if s["rule"] == "fold-constants")
+    assert "look_ahead" in fold
+    assert result.coverage_after.mla_segments == 1
+    assert not result.coverage_after.blockers
+
+
+def test_fix_without_look_ahead_stops_at_the_unknown_ranks() -> None:
+    result = fix_model(load_model(_tokens_model()), "mlsoc", look_ahead=False)
+    assert "fold-constants" not in [s["rule"] for s in result.steps]
+    assert result.coverage_after.blockers
