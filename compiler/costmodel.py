@@ -31,6 +31,7 @@ from compiler.isa import (
     Instruction,
     LayerNorm,
     Load,
+    Lrn,
     Lut,
     MatMul,
     Move,
@@ -125,14 +126,25 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-_VECTOR_PASSES = {EltwiseOp.ADD: 3, EltwiseOp.SUB: 3, EltwiseOp.MUL: 1, EltwiseOp.DIV: 4}
-"""Vector-unit passes per output element: Add/Sub requantize three times, Div divides."""
+_VECTOR_PASSES = {
+    EltwiseOp.ADD: 3,
+    EltwiseOp.SUB: 3,
+    EltwiseOp.MUL: 1,
+    EltwiseOp.DIV: 4,
+    EltwiseOp.MAX: 3,
+    EltwiseOp.MIN: 3,
+}
+"""Vector-unit passes per output element: Add/Sub/Max/Min requantize three times (both
+operands, then the result), Div divides."""
 
 SOFTMAX_PASSES = 4
 """max, table + sum, reciprocal-multiply, requantize."""
 
 LAYERNORM_PASSES = 6
 """two moment sums, centring, rsqrt-multiply, two requantizations."""
+
+LRN_EXTRA_PASSES = 3
+"""LRN: `size` window adds, plus squaring, the table lookup and the multiply-requantize."""
 
 
 def _traffic(instruction: Instruction) -> tuple[int, int]:
@@ -195,6 +207,9 @@ def _compute_cycles(instruction: Instruction, hw: MlaHardware) -> tuple[int, int
         return _ceil(instruction.input.size * SOFTMAX_PASSES, lanes), 0
     if isinstance(instruction, LayerNorm):
         return _ceil(instruction.input.size * LAYERNORM_PASSES, lanes), 0
+    if isinstance(instruction, Lrn):
+        passes = instruction.size + LRN_EXTRA_PASSES
+        return _ceil(instruction.input.size * passes, lanes), 0
     if isinstance(instruction, Move) and instruction.requant is not None:
         return _ceil(instruction.dst.size, lanes), 0
     return 0, 0

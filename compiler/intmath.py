@@ -13,6 +13,7 @@ results are int64 unless the function says otherwise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -487,7 +488,7 @@ def _code_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-# --- integer normalisation helpers (Softmax, LayerNormalization) --------------------------------
+# --- integer normalisation helpers (Softmax, LayerNorm, InstanceNorm, LRN) -----------------------
 
 RSQRT_ITERATIONS = 5
 """Newton steps of `reciprocal_sqrt`; enough for a Q30 result from the chord initial guess."""
@@ -525,6 +526,94 @@ def reciprocal_sqrt(v: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         m_y_squared = rounding_right_shift(m * y_squared, 30)
         y = rounding_right_shift(y * (3 * one - m_y_squared), 31)
     return y, 45 + k
+
+
+NORMALISED_BITS = 16
+"""Fractional bits of the normalised value `normalise` returns (Q16)."""
+
+
+def normalisation_epsilon(epsilon: float, count: int, input_scale: float) -> int:
+    """eps as an integer term of V = N * s2 - s1**2 (which is N**2 * variance / s_in**2):
+    max(1, round_half_up(eps * N**2 / s_in**2)), at least 1 so that V > 0 for constant data.
+    Computed at build time, so the program and the reference hold the same integer."""
+    return max(1, int(round_half_up(epsilon * count**2 / input_scale**2)))
+
+
+def normalise(x: npt.ArrayLike, axes: tuple[int, ...], epsilon_term: int) -> np.ndarray:
+    """(x - mean) / sqrt(variance + eps) over `axes` of centred codes, in Q16, from exact moments.
+
+    With N elements per group: s1 = sum(x), s2 = sum(x**2), V = N * s2 - s1**2 + epsilon_term,
+    (r, k) = reciprocal_sqrt(V), z = round_half_up((N * x - s1) * r / 2**(k - 16)). The one
+    definition that LayerNormalization, InstanceNormalization and the LAYERNORM instruction use.
+    Bounds: |x| * N < 2**32 keeps every product inside int64.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    count = math.prod(x.shape[a] for a in axes)
+    s1 = x.sum(axis=axes, keepdims=True)
+    s2 = (x * x).sum(axis=axes, keepdims=True)
+    reciprocal, shift = reciprocal_sqrt(count * s2 - s1 * s1 + epsilon_term)
+    return rounding_right_shift((count * x - s1) * reciprocal, shift - NORMALISED_BITS)
+
+
+def channel_window(size: int) -> tuple[int, int]:
+    """(channels before, channels after) the centre of an LRN window of `size` channels:
+    floor((size - 1) / 2) and ceil((size - 1) / 2), as ONNX defines it."""
+    before = (size - 1) // 2
+    return before, size - 1 - before
+
+
+def lrn_accumulator(
+    centred: npt.ArrayLike, size: int, index_shift: int, table: npt.ArrayLike
+) -> np.ndarray:
+    """x * table[i]: the accumulator of integer LRN (channels on axis 1), before its output stage.
+
+    s = the sum of x**2 over the window of `size` channels around each channel (channels
+    outside the tensor add nothing), i = round_half_up(s / 2**index_shift), an index past the
+    end of `table` reads its last entry. The table holds the factor 1 / (bias + k * s)**beta in
+    fixed point, computed at build time; every product is exact in int64.
+    """
+    x = np.asarray(centred, dtype=np.int64)
+    squares = x * x
+    before, after = channel_window(size)
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (before, after)
+    padded = np.pad(squares, widths)
+    channels = x.shape[1]
+    sums = sum(padded[:, k : k + channels] for k in range(size))
+    table = np.asarray(table, dtype=np.int64).reshape(-1)
+    index = np.minimum(rounding_right_shift(sums, index_shift), table.size - 1)
+    return x * table[index]
+
+
+# --- elementwise and index helpers (Add, Sub, Max, Min, ArgMax) ----------------------------------
+
+
+def rescale_operand(
+    centred: npt.ArrayLike,
+    left_shift: int,
+    multiplier: npt.ArrayLike,
+    shift: npt.ArrayLike,
+    mode: RequantizationMode,
+) -> np.ndarray:
+    """requantize(x << left_shift, M, n): one operand of a two-input op at a common fine scale.
+
+    Add, Sub, Max and Min bring both centred operands to the scale 2 * max(s_a, s_b) / 2**L
+    with their own multipliers (TFLite's formulation), so that the left shift L keeps the
+    rounding far below one output step before they are combined.
+    """
+    return requantize(np.asarray(centred, dtype=np.int64) << left_shift, multiplier, shift, mode)
+
+
+def argmax_codes(codes: npt.ArrayLike, axis: int, *, select_last: bool = False) -> np.ndarray:
+    """Index (int64, keepdims) of the largest code along `axis`: the first one, or the last one
+    with `select_last`. Dequantization with a positive per-tensor scale is increasing, so this
+    is ArgMax of the real values; ties are ties of codes."""
+    codes = np.asarray(codes)
+    axis %= codes.ndim
+    if not select_last:
+        return np.argmax(codes, axis=axis, keepdims=True).astype(np.int64)
+    reversed_index = np.argmax(np.flip(codes, axis=axis), axis=axis, keepdims=True)
+    return (codes.shape[axis] - 1 - reversed_index).astype(np.int64)
 
 
 # --- quantize / dequantize (ONNX QuantizeLinear / DequantizeLinear) ------------------------------

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 
-ISA_VERSION = 1
+ISA_VERSION = 2
 """Bumped whenever the binary encoding or the meaning of a field changes."""
 
 TEXT_MAGIC = b"MLAT"
@@ -123,6 +123,7 @@ class Opcode(IntEnum):
     RESIZE = 0x24
     SOFTMAX = 0x30
     LAYERNORM = 0x31
+    LRN = 0x32
 
 
 class EltwiseOp(IntEnum):
@@ -130,6 +131,8 @@ class EltwiseOp(IntEnum):
     SUB = 1
     MUL = 2
     DIV = 3
+    MAX = 4
+    MIN = 5
 
 
 class PoolOp(IntEnum):
@@ -141,6 +144,8 @@ class ReduceOp(IntEnum):
     SUM = 0
     MAX = 1
     MIN = 2
+    ARGMAX = 3
+    ARGMAX_LAST = 4
 
 
 class ResizeMode(IntEnum):
@@ -592,9 +597,10 @@ class MatMul(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class Eltwise(Instruction):
-    """Binary Add / Sub / Mul / Div with numpy broadcasting (TFLite integer formulation).
+    """Binary Add / Sub / Mul / Div / Max / Min with numpy broadcasting (TFLite formulation).
 
     ADD/SUB: a' = rq((a - za) << left_shift, a_multiplier, a_shift), b' likewise, acc = a' +- b'.
+    MAX/MIN: a', b' as for ADD, acc = max(a', b') / min(a', b').
     MUL: acc = (a - za) * (b - zb).
     DIV: acc = round_half_up(((a - za) << left_shift) / (b - zb)), x / 0 -> sign(x) * INT32_MAX.
     Then `requant`. The a/b multipliers use `requant.mode`.
@@ -657,8 +663,9 @@ class Reduce(Instruction):
 
     SUM: acc = sum (x - input_zero_point), then `requant` (ReduceMean folds 1/count into it).
     MAX/MIN: integer extremum, then the optional rescale requant(ext - input_zero_point).
-    The result (keepdims shape) is written to `output` in C order, so `output` may drop the
-    reduced axes.
+    ARGMAX / ARGMAX_LAST: over exactly one axis, the index of the first / last largest code,
+    written as int32 or int64 (no requant). The result (keepdims shape) is written to `output`
+    in C order, so `output` may drop the reduced axes.
     """
 
     OPCODE: ClassVar[Opcode] = Opcode.REDUCE
@@ -732,6 +739,25 @@ class LayerNorm(Instruction):
     epsilon_term: int = _int(1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Lrn(Instruction):
+    """Integer LRN across channels (axis 1): acc = x * table[i] with x = input - input_zero_point,
+    i = round_half_up(S / 2**index_shift) (capped at the table's last entry), S the sum of x**2
+    over the `size` channels around each channel; then `requant`. `table` (int32) holds the
+    factor 1 / (bias + alpha / size * s_in**2 * i * 2**index_shift)**beta in fixed point
+    (`compiler.runtime.ops.normalization.lrn_factors`; `compiler.intmath.lrn_accumulator`).
+    """
+
+    OPCODE: ClassVar[Opcode] = Opcode.LRN
+    input: Tensor = _tensor()
+    table: Tensor = _tensor()
+    output: Tensor = _tensor()
+    requant: Requant = _requant()
+    input_zero_point: int = _int(0)
+    size: int = _int()
+    index_shift: int = _int(0)
+
+
 INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
     cls.OPCODE: cls
     for cls in (
@@ -749,6 +775,7 @@ INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
         Resize,
         Softmax,
         LayerNorm,
+        Lrn,
     )
 }
 

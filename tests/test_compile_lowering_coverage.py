@@ -25,13 +25,7 @@ KNOWN_GAPS = {
     "BatchNormalization",
     "Sum",
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
-    "ArgMax",
-    "CumSum",
     "GridSample",
-    "InstanceNormalization",
-    "LRN",
-    "Max",
-    "Min",
     "QuickGelu",
     "RMSNormalization",
 }
@@ -66,18 +60,40 @@ def _conv_op_conv(op: str, operand: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _compile_and_run(model: onnx.ModelProto, tmp_path):
+def _compile_and_run(model: onnx.ModelProto, tmp_path, target: str = "mlsoc"):
     """(number of .elf files, outputs bit-exact with the reference), calibrated and run on
     seeded normal samples of the model's input "x"."""
+    result, exact = _compile_and_compare(model, tmp_path, target)
+    return len(result.elf_files), exact
+
+
+def _compile_and_compare(model: onnx.ModelProto, tmp_path, target: str = "mlsoc"):
+    """(the CompileResult, whether output "y" is bit-exact with the reference) for `target`."""
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     rng = np.random.default_rng(1)
     samples = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)]
-    qdq = quantize_model(model, samples, target="mlsoc").model
-    result = compile_model(qdq, tmp_path, model_name="op")
+    qdq = quantize_model(model, samples, target=target).model
+    result = compile_model(qdq, tmp_path, target=target, model_name="op")
     archive = read_archive(result.archive)
     outputs, _ = run_archive(archive, samples[0])
     expected = reference_outputs(archive.manifest, qdq, samples[0])
-    return len(result.elf_files), np.array_equal(outputs["y"], expected["y"])
+    exact = outputs["y"].dtype == expected["y"].dtype and np.array_equal(
+        outputs["y"], expected["y"]
+    )
+    return result, exact
+
+
+def _runs_on_the_mla(model: onnx.ModelProto, tmp_path, target: str) -> None:
+    """check puts every node on the MLA in one segment, compile writes one .elf and runs no
+    node on a host processor (no `onnx` stage), and the output is bit-exact with the reference
+    executor."""
+    report = check_model(model, target=target)
+    assert {p.processor for p in report.placements} == {"MLA"}, report.placements
+    assert report.mla_segments == 1
+    result, exact = _compile_and_compare(model, tmp_path, target)
+    assert [s["kernel"] for s in result.stages if s["kernel"] in ("mla", "onnx")] == ["mla"]
+    assert len(result.elf_files) == 1
+    assert exact
 
 
 @pytest.mark.parametrize("exponent", [2.0, 3.0])
@@ -200,3 +216,163 @@ def test_einsum_as_a_batched_matmul_stays_in_its_segment(equation: str, tmp_path
 def test_einsum_plans(equation: str, plan) -> None:
     found = einsum_plan(equation)
     assert (found.a, found.b, found.output) == plan if plan else found is None
+
+
+def _two_convs_op_conv(op: str, constant: np.ndarray | None) -> onnx.ModelProto:
+    """Conv, Conv → op(a, b[, constant]) → Conv: operands at three different scales."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), name)
+        for name in ("w1", "w2", "w3")
+    ]
+    operands = ["a", "b"]
+    if constant is not None:
+        inits.append(numpy_helper.from_array(constant.astype(np.float32), "c"))
+        operands.append("c")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Conv", ["x", "w2"], ["b"]),
+            helper.make_node(op, operands, ["p"]),
+            helper.make_node("Conv", ["p", "w3"], ["y"]),
+        ],
+        "two_convs_op_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _conv_around(
+    op: str, constants: dict[str, np.ndarray], *, weight_std: float = 0.5, **attributes
+) -> onnx.ModelProto:
+    """Conv → op(a, *constants) → Conv on (1, 4, 8, 8)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, weight_std, (4, 4, 1, 1)).astype(np.float32), name)
+        for name in ("w1", "w2")
+    ]
+    inits += [numpy_helper.from_array(value, name) for name, value in constants.items()]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node(op, ["a", *constants], ["p"], **attributes),
+            helper.make_node("Conv", ["p", "w2"], ["y"]),
+        ],
+        f"conv_{op.lower()}_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _conv_instance_norm_conv() -> onnx.ModelProto:
+    gamma = np.array([1.5, -0.5, 0.8, 0.0], np.float32)
+    beta = np.array([0.1, -0.3, 0.0, 0.4], np.float32)
+    return _conv_around("InstanceNormalization", {"gamma": gamma, "beta": beta})
+
+
+def _conv_lrn_conv(**attributes) -> onnx.ModelProto:
+    """Large activations (weights of std 2) so that the squares matter against the bias."""
+    return _conv_around("LRN", {}, weight_std=2.0, **attributes)
+
+
+def _conv_cumsum_conv(axis: int, **attributes) -> onnx.ModelProto:
+    return _conv_around("CumSum", {"axis": np.array(axis, np.int64)}, **attributes)
+
+
+def _conv_argmax(**attributes) -> onnx.ModelProto:
+    """Conv → ArgMax: a segmentation head's class map (int64 indices) as the graph output."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["a"]),
+            helper.make_node("ArgMax", ["a"], ["y"], **attributes),
+        ],
+        "conv_argmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_max_min_with_a_constant_stay_in_their_segment(op: str, tmp_path) -> None:
+    """Conv → Max(a, 0.1) → Conv (a ReLU with a floor, written as Max) on rk3588."""
+    _runs_on_the_mla(_conv_op_conv(op, np.array(0.1)), tmp_path, "rk3588")
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("constant", [None, np.full((4, 1, 1), -0.2)])
+def test_max_min_of_several_tensors_stay_in_their_segment(op: str, constant, tmp_path) -> None:
+    """Two or three operands with their own scales, folded pairwise in one layer."""
+    _runs_on_the_mla(_two_convs_op_conv(op, constant), tmp_path, "rk3588")
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "modalix", "rk3588"])
+def test_instance_normalization_stays_in_its_segment(target: str, tmp_path) -> None:
+    _runs_on_the_mla(_conv_instance_norm_conv(), tmp_path, target)
+
+
+@pytest.mark.parametrize(
+    ("target", "attributes"),
+    [
+        ("mlsoc", {"axis": 1}),
+        ("mlsoc", {"axis": 1, "select_last_index": 1}),
+        ("modalix", {"axis": 1}),
+        ("rk3588", {"axis": 2}),
+        ("rk3588", {"axis": -1, "select_last_index": 1}),
+    ],
+)
+def test_argmax_runs_on_the_mla_and_writes_int64_indices(target: str, attributes, tmp_path):
+    """keepdims=0 gives a rank-3 map, which both targets keep off the MLA (check agrees)."""
+    _runs_on_the_mla(_conv_argmax(**attributes), tmp_path, target)
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "modalix"])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"size": 3, "alpha": 1e-2, "beta": 0.75, "bias": 1.0},
+        {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 2.0},  # AlexNet
+    ],
+)
+def test_lrn_stays_in_its_segment(target: str, attributes: dict, tmp_path) -> None:
+    """AlexNet / GoogLeNet normalise their early feature maps across channels (int8)."""
+    _runs_on_the_mla(_conv_lrn_conv(**attributes), tmp_path, target)
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "modalix"])
+@pytest.mark.parametrize(
+    ("axis", "attributes"), [(3, {}), (1, {"exclusive": 1}), (-2, {"exclusive": 1})]
+)
+def test_cumsum_is_a_matmul_inside_its_segment(target: str, axis: int, attributes, tmp_path):
+    _runs_on_the_mla(_conv_cumsum_conv(axis, **attributes), tmp_path, target)
+
+
+@pytest.mark.parametrize(
+    ("model", "target"),
+    [
+        (_two_convs_op_conv("Max", np.full((4, 1, 1), -0.2)), "rk3588"),
+        (_conv_instance_norm_conv(), "mlsoc"),
+        (_conv_argmax(axis=1, select_last_index=1), "mlsoc"),
+        (_conv_lrn_conv(size=3), "mlsoc"),
+        (_conv_cumsum_conv(2), "mlsoc"),
+    ],
+    ids=["max", "instance_norm", "argmax", "lrn", "cumsum"],
+)
+def test_a_batch_of_two_runs_every_frame_bit_exact(model, target: str, tmp_path) -> None:
+    """Batched emission (one instruction over both frames where axis 0 allows it)."""
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    qdq = quantize_model(model, samples, target=target).model
+    result = compile_model(qdq, tmp_path, target=target, batch_size=2, model_name="op")
+    assert (result.actual_batch_size, len(result.elf_files)) == (2, 1)
+    archive = read_archive(result.archive)
+    outputs, _ = run_archive(archive, {"x": np.concatenate([s["x"] for s in samples[:2]])})
+    expected = [reference_outputs(archive.manifest, qdq, s)["y"] for s in samples[:2]]
+    np.testing.assert_array_equal(outputs["y"], np.concatenate(expected))

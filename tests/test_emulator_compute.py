@@ -46,6 +46,7 @@ from compiler.runtime.ops.elementwise import (
     QUOTIENT_BITS,
     AddKernel,
     DivKernel,
+    ExtremumKernel,
     MulKernel,
 )
 from compiler.runtime.ops.geometry import resolve_pads
@@ -350,7 +351,7 @@ def test_eltwise_matches_reference(
     output = qparams(float(rng.uniform(0.01, 0.2)), _zero_point(rng, out_dtype), out_dtype)
     activation = _activation(rng)
     left_shift, a_pair, b_pair = 0, (0, 0), (0, 0)
-    if op in (EltwiseOp.ADD, EltwiseOp.SUB):
+    if op in (EltwiseOp.ADD, EltwiseOp.SUB, EltwiseOp.MAX, EltwiseOp.MIN):
         left_shift = LEFT_SHIFT_16BIT if "int16" in dtypes else LEFT_SHIFT_8BIT
         twice = 2.0 * max(sa, sb)
         a_pair, b_pair = quantize_multiplier(sa / twice), quantize_multiplier(sb / twice)
@@ -358,6 +359,8 @@ def test_eltwise_matches_reference(
             twice / (2.0**left_shift * output.scalar_scale()), output, mode, activation
         )
         kernel = AddKernel(za, zb, left_shift, a_pair, b_pair, op == EltwiseOp.SUB, mode, stage)
+        if op in (EltwiseOp.MAX, EltwiseOp.MIN):
+            kernel = ExtremumKernel(op == EltwiseOp.MAX, (kernel,))
     elif op == EltwiseOp.MUL:
         stage = OutputStage.build(sa * sb / output.scalar_scale(), output, mode, activation)
         kernel = MulKernel(za, zb, stage)

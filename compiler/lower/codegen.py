@@ -7,9 +7,10 @@ descriptor at the address the memory plan gave it. Data movement (Transpose, Sli
 DepthToSpace, Tile, Pad, …) becomes strided MOVEs: the layout is in the descriptors.
 
 Batches: a layer whose instruction treats axis 0 as independent samples (Conv, pools, tables,
-elementwise, Resize, Softmax and LayerNorm off axis 0, MatMul on rank >= 3) is emitted once over
-all frames, so its weights are fetched once per batch; any other layer is emitted once per
-frame on that frame's view. Frames of one tensor are consecutive (see `layout`).
+elementwise, LRN; Resize, Softmax, LayerNorm, ArgMax and CumSum off axis 0; MatMul on rank >= 3)
+is emitted once over all frames, so its weights are fetched once per batch; any other layer is
+emitted once per frame on that frame's view. Frames of one tensor are consecutive (see
+`layout`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from functools import partial
 
 import numpy as np
 
-from compiler.intmath import INT32_MAX, INT32_MIN, quantize_multiplier, round_half_up
+from compiler.intmath import (
+    INT32_MAX,
+    INT32_MIN,
+    normalisation_epsilon,
+    quantize_multiplier,
+)
 from compiler.isa import (
     ConstantPool,
     Conv,
@@ -33,6 +39,7 @@ from compiler.isa import (
     LayerNorm,
     Layout,
     Load,
+    Lrn,
     Lut,
     MatMul,
     Move,
@@ -53,12 +60,18 @@ from compiler.lower.errors import CompileError
 from compiler.lower.fusion import VIEW_OPS, Layer
 from compiler.runtime.ops.base import OutputStage, Rescale
 from compiler.runtime.ops.conv import ConvKernel, ConvTransposeKernel
-from compiler.runtime.ops.elementwise import QUOTIENT_BITS, AddKernel, DivKernel, MulKernel
+from compiler.runtime.ops.elementwise import (
+    QUOTIENT_BITS,
+    AddKernel,
+    DivKernel,
+    ExtremumKernel,
+    MulKernel,
+)
 from compiler.runtime.ops.geometry import resolve_pads
 from compiler.runtime.ops.lut import LookupKernel
-from compiler.runtime.ops.matmul import EinsumKernel, MatMulKernel
+from compiler.runtime.ops.matmul import CumSumKernel, EinsumKernel, MatMulKernel, prefix_matrix
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
-from compiler.runtime.ops.normalization import OUTPUT_FRACTION_BITS, LayerNormKernel
+from compiler.runtime.ops.normalization import OUTPUT_FRACTION_BITS, LayerNormKernel, LrnKernel
 from compiler.runtime.ops.pool import (
     AveragePoolKernel,
     AverageStage,
@@ -66,7 +79,7 @@ from compiler.runtime.ops.pool import (
     GlobalMaxPoolKernel,
     MaxPoolKernel,
 )
-from compiler.runtime.ops.reduce import ReduceExtremumKernel, ReduceSumKernel
+from compiler.runtime.ops.reduce import ArgMaxKernel, ReduceExtremumKernel, ReduceSumKernel
 from compiler.runtime.ops.resize import (
     ResizeKernel,
     input_coordinates,
@@ -380,6 +393,26 @@ def emit_einsum(e: Emission) -> list[Instruction]:
     return _matmul(e, kernel.matmul, a.transpose(kernel.plan.a), b, value, out)
 
 
+def emit_cumsum(e: Emission) -> list[Instruction]:
+    """CumSum: a MATMUL of the input (the summed axis moved last, a view) with the constant
+    `prefix_matrix`, written through the same view of the output."""
+    kernel: CumSumKernel = e.kernel
+    x, y = e.inputs[0], e.output
+    axis = kernel.axis % x.ndim
+    perm = [a for a in range(x.ndim) if a != axis] + [axis]
+    matrix = prefix_matrix(x.shape[axis], exclusive=kernel.exclusive, reverse=kernel.reverse)
+    return [
+        MatMul(
+            layer=e.index,
+            a=x.transpose(perm),
+            b=e.constants.add(matrix, np.dtype(np.int8)),
+            output=y.transpose(perm),
+            requant=requant_of(kernel.stage, e.constants),
+            a_zero_point=kernel.input_zero_point,
+        )
+    ]
+
+
 def _matmul(
     e: Emission,
     kernel: MatMulKernel,
@@ -423,6 +456,20 @@ def _matmul(
     ]
 
 
+def _common_scale(kernel: AddKernel) -> dict[str, int]:
+    """The ELTWISE fields of an Add-style operand rescale."""
+    (a_m, a_s), (b_m, b_s) = kernel.a_multiplier, kernel.b_multiplier
+    return {
+        "a_zero_point": kernel.a_zero_point,
+        "b_zero_point": kernel.b_zero_point,
+        "left_shift": kernel.left_shift,
+        "a_multiplier": int(a_m),
+        "a_shift": int(a_s),
+        "b_multiplier": int(b_m),
+        "b_shift": int(b_s),
+    }
+
+
 def emit_eltwise(e: Emission) -> list[Instruction]:
     kernel = e.kernel
     out = e.output
@@ -431,22 +478,35 @@ def emit_eltwise(e: Emission) -> list[Instruction]:
     common = {"layer": e.index, "a": a, "b": b, "output": out, "requant": requant}
     zero_points = {"a_zero_point": kernel.a_zero_point, "b_zero_point": kernel.b_zero_point}
     if isinstance(kernel, AddKernel):
-        (a_m, a_s), (b_m, b_s) = kernel.a_multiplier, kernel.b_multiplier
-        return [
-            Eltwise(
-                op=EltwiseOp.SUB if kernel.subtract else EltwiseOp.ADD,
-                left_shift=kernel.left_shift,
-                a_multiplier=int(a_m),
-                a_shift=int(a_s),
-                b_multiplier=int(b_m),
-                b_shift=int(b_s),
-                **zero_points,
-                **common,
-            )
-        ]
+        op = EltwiseOp.SUB if kernel.subtract else EltwiseOp.ADD
+        return [Eltwise(op=op, **_common_scale(kernel), **common)]
     if isinstance(kernel, MulKernel):
         return [Eltwise(op=EltwiseOp.MUL, **zero_points, **common)]
     return [Eltwise(op=EltwiseOp.DIV, left_shift=QUOTIENT_BITS, **zero_points, **common)]
+
+
+def emit_extremum(e: Emission) -> list[Instruction]:
+    """Max / Min: one ELTWISE per pair, folding every further input into the output in place
+    (each instruction reads an element of the output before it writes it)."""
+    kernel: ExtremumKernel = e.kernel
+    out = e.output
+    op = EltwiseOp.MAX if kernel.maximum else EltwiseOp.MIN
+    operands = [t.broadcast_to(out.shape) for t in e.inputs]
+    instructions: list[Instruction] = []
+    for index, pair in enumerate(kernel.pairs):
+        a = operands[0] if index == 0 else out
+        instructions.append(
+            Eltwise(
+                layer=e.index,
+                op=op,
+                a=a,
+                b=operands[index + 1],
+                output=out,
+                requant=requant_of(pair.stage, e.constants),
+                **_common_scale(pair),
+            )
+        )
+    return instructions
 
 
 def emit_lut(e: Emission) -> list[Instruction]:
@@ -593,6 +653,22 @@ def emit_reduce(e: Emission) -> list[Instruction]:
     ]
 
 
+def emit_argmax(e: Emission) -> list[Instruction]:
+    """ArgMax: REDUCE ARGMAX (first index) or ARGMAX_LAST (select_last_index) over one axis,
+    the indices written in the output tensor's type (int64, as ONNX gives them)."""
+    kernel: ArgMaxKernel = e.kernel
+    axis = kernel.axis % len(e.frame_shapes[0])
+    return [
+        Reduce(
+            layer=e.index,
+            op=ReduceOp.ARGMAX_LAST if kernel.select_last else ReduceOp.ARGMAX,
+            input=e.inputs[0],
+            output=e.output,
+            axes=_axes_mask((axis,)),
+        )
+    ]
+
+
 def resized_axes(kernel: ResizeKernel, shape: tuple[int, ...]) -> list[tuple[int, int, int, float]]:
     """(axis, in size, out size, scale) of every axis a Resize changes, for a frame's shape."""
     return kernel._geometry(tuple(shape))
@@ -659,26 +735,29 @@ def emit_softmax(e: Emission) -> list[Instruction]:
 
 
 def emit_layernorm(e: Emission) -> list[Instruction]:
+    """LAYERNORM from axis on; per-element tables at the normalised shape, per-channel ones
+    (InstanceNormalization) at (C, 1, ..., 1)."""
     kernel: LayerNormKernel = e.kernel
     shape = e.frame_shapes[0]
     axis = kernel.axis % len(shape)
     normalised = tuple(shape[axis:])
-    count = math.prod(normalised)
-    epsilon = max(1, int(round_half_up(kernel.epsilon * count**2 / kernel.input_scale**2)))
+    epsilon = normalisation_epsilon(kernel.epsilon, math.prod(normalised), kernel.input_scale)
     unit, unit_shift = quantize_multiplier(2.0**-OUTPUT_FRACTION_BITS)
+    signs, multipliers, shifts, offsets = kernel.parameters(len(shape))
 
     def table(values: np.ndarray, dtype: np.dtype | None = None) -> Tensor:
-        return e.constants.add(np.broadcast_to(np.asarray(values), normalised), dtype)
+        if not kernel.per_channel:
+            values = np.broadcast_to(values, normalised)
+        return e.constants.add(values, dtype)
 
-    offsets = np.asarray(kernel.offset, dtype=np.int64)
     return [
         LayerNorm(
             layer=e.index,
             input=e.inputs[0],
             output=e.output,
-            signs=table(kernel.sign, np.dtype(np.int8)),
-            multipliers=table(kernel.multiplier, np.dtype(np.int32)),
-            shifts=table(kernel.shift, np.dtype(np.int32)),
+            signs=table(signs, np.dtype(np.int8)),
+            multipliers=table(multipliers, np.dtype(np.int32)),
+            shifts=table(shifts, np.dtype(np.int32)),
             offsets=table(offsets, max(narrowest(offsets), np.dtype(np.int32))),
             requant=Requant(
                 int(unit), int(unit_shift), kernel.zero_point, kernel.low, kernel.high, kernel.mode
@@ -686,6 +765,22 @@ def emit_layernorm(e: Emission) -> list[Instruction]:
             input_zero_point=kernel.input_zero_point,
             axis=axis,
             epsilon_term=epsilon,
+        )
+    ]
+
+
+def emit_lrn(e: Emission) -> list[Instruction]:
+    kernel: LrnKernel = e.kernel
+    return [
+        Lrn(
+            layer=e.index,
+            input=e.inputs[0],
+            table=e.constants.add(kernel.table, np.dtype(np.int32)),
+            output=e.output,
+            requant=requant_of(kernel.stage, e.constants),
+            input_zero_point=kernel.input_zero_point,
+            size=kernel.size,
+            index_shift=kernel.index_shift,
         )
     ]
 
@@ -901,9 +996,11 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     ConvTransposeKernel: emit_conv_transpose,
     MatMulKernel: emit_matmul,
     EinsumKernel: emit_einsum,
+    CumSumKernel: emit_cumsum,
     AddKernel: emit_eltwise,
     MulKernel: emit_eltwise,
     DivKernel: emit_eltwise,
+    ExtremumKernel: emit_extremum,
     LookupKernel: emit_lut,
     MaxPoolKernel: emit_max_pool,
     AveragePoolKernel: emit_average_pool,
@@ -911,9 +1008,11 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     GlobalMaxPoolKernel: emit_global_pool,
     ReduceSumKernel: emit_reduce,
     ReduceExtremumKernel: emit_reduce,
+    ArgMaxKernel: emit_argmax,
     ResizeKernel: emit_resize,
     SoftmaxKernel: emit_softmax,
     LayerNormKernel: emit_layernorm,
+    LrnKernel: emit_lrn,
     MoveKernel: emit_movement,
     ConcatKernel: emit_movement,
     SplitKernel: emit_movement,
@@ -931,6 +1030,8 @@ _PER_SAMPLE = (
     AddKernel,
     MulKernel,
     DivKernel,
+    ExtremumKernel,
+    LrnKernel,
 )
 
 
@@ -960,6 +1061,8 @@ def batches_over_axis0(layer: Layer, frame_shapes: Sequence[tuple[int, ...]]) ->
         return kernel.axis % len(shape) != 0
     if isinstance(kernel, ReduceSumKernel | ReduceExtremumKernel):
         return 0 not in kernel.reduction.resolve(len(shape))
+    if isinstance(kernel, ArgMaxKernel | CumSumKernel):
+        return kernel.axis % len(shape) != 0
     if isinstance(kernel, MatMulKernel):
         return not kernel.trans_a and len(shape) >= 2
     return False

@@ -3,8 +3,9 @@
 These are written from docs/mla-isa.md and docs/integer-semantics.md, independently of the
 reference kernels in `compiler.runtime.ops` (none of them is called), so the two cross-check each
 other. The integer arithmetic that the spec defines (requantization, rounding shifts,
-tables, rsqrt) is imported from `compiler.intmath`; the fixed-point widths of Softmax, LayerNorm
-and Resize are imported from the reference ops that define them.
+tables, the common-scale operands of ADD / SUB / MAX / MIN, the normalisation of LAYERNORM,
+the LRN accumulator, ARGMAX) is imported from `compiler.intmath`; the fixed-point widths of Softmax and Resize are
+imported from the reference ops that define them.
 
 Speed without changing a bit (the emulator runs whole networks):
 
@@ -45,11 +46,14 @@ from compiler.intmath import (
     INT32_MAX,
     FusedOutputStage,
     apply_lut,
+    argmax_codes,
     divide_round_half_up,
     dtype_range,
-    reciprocal_sqrt,
+    lrn_accumulator,
+    normalise,
     requantize,
     requantize_clamp,
+    rescale_operand,
     rounding_right_shift,
 )
 from compiler.isa import (
@@ -61,6 +65,7 @@ from compiler.isa import (
     Instruction,
     LayerNorm,
     Load,
+    Lrn,
     Lut,
     MatMul,
     Move,
@@ -77,7 +82,6 @@ from compiler.isa import (
     Tensor,
 )
 from compiler.runtime.cache import LruCache
-from compiler.runtime.ops.normalization import NORMALISED_BITS
 from compiler.runtime.ops.resize import WEIGHT_ONE
 from compiler.runtime.ops.softmax import PROBABILITY_BITS, RECIPROCAL_BITS
 from compiler.runtime.parallel import for_each, worker_count
@@ -1302,13 +1306,22 @@ def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.where(denominator == 0, np.sign(numerator) * INT32_MAX, quotient)
 
 
+_COMMON_SCALE: dict[EltwiseOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    EltwiseOp.ADD: np.add,
+    EltwiseOp.SUB: np.subtract,
+    EltwiseOp.MAX: np.maximum,
+    EltwiseOp.MIN: np.minimum,
+}
+"""The ELTWISE ops that combine both operands at their common scale (`rescale_operand`)."""
+
+
 def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The accumulator of ELTWISE from centred int64 operands of the same shape."""
     op, mode, shift = instruction.op, instruction.requant.mode, instruction.left_shift
-    if op in (EltwiseOp.ADD, EltwiseOp.SUB):
-        scaled_a = requantize(a << shift, instruction.a_multiplier, instruction.a_shift, mode)
-        scaled_b = requantize(b << shift, instruction.b_multiplier, instruction.b_shift, mode)
-        return scaled_a + scaled_b if op == EltwiseOp.ADD else scaled_a - scaled_b
+    if op in _COMMON_SCALE:
+        scaled_a = rescale_operand(a, shift, instruction.a_multiplier, instruction.a_shift, mode)
+        scaled_b = rescale_operand(b, shift, instruction.b_multiplier, instruction.b_shift, mode)
+        return _COMMON_SCALE[op](scaled_a, scaled_b)
     if op == EltwiseOp.MUL:
         return a * b
     return _divide(a << shift, b)
@@ -1527,6 +1540,9 @@ def execute_reduce(instruction: Reduce, memory: MemoryPort) -> None:
     if instruction.axes <= 0 or instruction.axes >> ndim:
         raise EmulatorError(f"REDUCE axes mask {instruction.axes:#b} for a rank-{ndim} input")
     axes = tuple(a for a in range(ndim) if instruction.axes >> a & 1)
+    if instruction.op in (ReduceOp.ARGMAX, ReduceOp.ARGMAX_LAST):
+        _execute_argmax(instruction, memory, axes)
+        return
     if instruction.op == ReduceOp.SUM:
         if instruction.requant is None:
             raise EmulatorError("a summing REDUCE needs its output stage")
@@ -1544,6 +1560,23 @@ def execute_reduce(instruction: Reduce, memory: MemoryPort) -> None:
             )
         else:
             _same_dtype("a MAX/MIN REDUCE", instruction.input, instruction.output)
+    if result.size != instruction.output.size:
+        raise EmulatorError(
+            f"REDUCE gives {result.shape}; the output {instruction.output.shape} differs in size"
+        )
+    memory.write(instruction.output, result.reshape(instruction.output.shape))
+
+
+def _execute_argmax(instruction: Reduce, memory: MemoryPort, axes: tuple[int, ...]) -> None:
+    """REDUCE ARGMAX / ARGMAX_LAST: one axis, raw codes, int32 or int64 indices, no stage."""
+    if len(axes) != 1:
+        raise EmulatorError(f"an ARGMAX REDUCE takes one axis, not {len(axes)}")
+    if instruction.requant is not None:
+        raise EmulatorError("an ARGMAX REDUCE has no output stage")
+    if instruction.output.dtype.numpy not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise EmulatorError(f"ARGMAX writes int32 or int64, not {instruction.output.dtype.name}")
+    select_last = instruction.op == ReduceOp.ARGMAX_LAST
+    result = argmax_codes(memory.read(instruction.input), axes[0], select_last=select_last)
     if result.size != instruction.output.size:
         raise EmulatorError(
             f"REDUCE gives {result.shape}; the output {instruction.output.shape} differs in size"
@@ -1607,23 +1640,21 @@ def execute_softmax(instruction: Softmax, memory: MemoryPort) -> None:
 
 
 def execute_layernorm(instruction: LayerNorm, memory: MemoryPort) -> None:
-    _expect_shape("the LAYERNORM output", instruction.output.shape, instruction.input.shape)
-    axis = instruction.axis % instruction.input.ndim
-    normalised_shape = instruction.input.shape[axis:]
-    axes = tuple(range(axis, instruction.input.ndim))
-    count = int(np.prod(normalised_shape))
+    """Normalise over the axes from `axis` on (`compiler.intmath.normalise`), then the
+    per-element or per-channel tables, which broadcast against the input."""
+    shape = instruction.input.shape
+    _expect_shape("the LAYERNORM output", instruction.output.shape, shape)
+    axes = tuple(range(instruction.axis % len(shape), len(shape)))
     params = {}
     for name in ("signs", "multipliers", "shifts", "offsets"):
         tensor = getattr(instruction, name)
-        _expect_shape(f"LAYERNORM {name}", tensor.shape[-len(axes) :], normalised_shape)
+        if _broadcast_shape(tensor.shape, shape) != shape:
+            raise EmulatorError(f"LAYERNORM {name} {tensor.shape} do not broadcast to {shape}")
         params[name] = memory.read(tensor).astype(np.int64)
     if instruction.epsilon_term < 1:
         raise EmulatorError("LAYERNORM epsilon_term must be at least 1")
     x = _centred(memory, instruction.input, instruction.input_zero_point)
-    s1 = x.sum(axis=axes, keepdims=True)
-    s2 = (x * x).sum(axis=axes, keepdims=True)
-    reciprocal, shift = reciprocal_sqrt(count * s2 - s1 * s1 + instruction.epsilon_term)
-    normalised = rounding_right_shift((count * x - s1) * reciprocal, shift - NORMALISED_BITS)
+    normalised = normalise(x, axes, instruction.epsilon_term)
     fine = requantize(
         params["signs"] * normalised,
         params["multipliers"],
@@ -1632,6 +1663,31 @@ def execute_layernorm(instruction: LayerNorm, memory: MemoryPort) -> None:
     )
     result = output_stage(memory, fine + params["offsets"], instruction.requant)
     memory.write(instruction.output, result)
+
+
+def execute_lrn(instruction: Lrn, memory: MemoryPort) -> None:
+    """LRN across axis 1: `compiler.intmath.lrn_accumulator`, then the output stage."""
+    shape = instruction.input.shape
+    _expect_shape("the LRN output", instruction.output.shape, shape)
+    if len(shape) < 2 or instruction.size < 1 or instruction.index_shift < 0:
+        raise EmulatorError(
+            f"LRN of a rank-{len(shape)} input with size {instruction.size} and index shift "
+            f"{instruction.index_shift}: it needs rank >= 2, size >= 1 and a shift >= 0"
+        )
+    if instruction.input.itemsize > 1 or instruction.table.size < 1:
+        raise EmulatorError("LRN takes 8-bit data and a non-empty factor table")
+    table = memory.read(instruction.table).astype(np.int64).reshape(-1)
+    x = _centred(memory, instruction.input, instruction.input_zero_point)
+    acc = lrn_accumulator(x, instruction.size, instruction.index_shift, table)
+    memory.write(instruction.output, output_stage(memory, acc, instruction.requant))
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy's broadcast of `shapes`, or None where they do not broadcast."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
 
 
 EXECUTORS: dict[type[Instruction], Callable[..., None]] = {
@@ -1649,5 +1705,6 @@ EXECUTORS: dict[type[Instruction], Callable[..., None]] = {
     Resize: execute_resize,
     Softmax: execute_softmax,
     LayerNorm: execute_layernorm,
+    Lrn: execute_lrn,
 }
 """Instruction type -> function(instruction, memory) that executes it."""

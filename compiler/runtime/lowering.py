@@ -7,6 +7,7 @@ those DQ inputs and Q outputs. `build_program` finds these patterns:
 * anchor op -> Q                                  one integer step
 * Conv/ConvTranspose/MatMul/Gemm/Add/Sub/Mul/Div -> Relu|Clip -> Q   activation as a clamp
 * MatMul -> Add(constant) [-> Relu|Clip] -> Q     bias fused into the accumulator
+* ArgMax                                          int64 indices, no Q (INDEX_OUTPUTS)
 * Mul(x, Sigmoid(x) | HardSigmoid(x)) -> Q        one lookup table of x * gate(x)
 * DQ -> Q                                         a requantization (Rescale)
 
@@ -27,7 +28,14 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler.intmath import INTEGER_DTYPES, RequantizationMode, quantize_linear
 from compiler.runtime.errors import QdqModelError, UnsupportedQuantizedOpError
-from compiler.runtime.ops import FUSES_ACTIVATION, FUSES_BIAS, LOWERINGS, Lowered, OpContext
+from compiler.runtime.ops import (
+    FUSES_ACTIVATION,
+    FUSES_BIAS,
+    INDEX_OUTPUTS,
+    LOWERINGS,
+    Lowered,
+    OpContext,
+)
 from compiler.runtime.ops.lut import lower_gated
 from compiler.runtime.ops.movement import lower_requantize
 from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
@@ -271,6 +279,10 @@ def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) 
     for name in node.output:
         if not name or (name not in graph.consumers and name not in graph.output_names):
             output_names.append("")
+            output_params.append(None)
+            continue
+        if node.op_type in INDEX_OUTPUTS:
+            output_names.append(name)
             output_params.append(None)
             continue
         tail = name

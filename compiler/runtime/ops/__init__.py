@@ -2,7 +2,7 @@
 
 `LOWERINGS` maps an ONNX op type (default domain) to the function that turns an `OpContext`
 into a `Lowered` kernel. `FUSES_ACTIVATION` lists the ops whose following Relu/Clip folds into
-their output clamp.
+their output clamp, `INDEX_OUTPUTS` the ops whose output is unquantized indices.
 """
 
 from __future__ import annotations
@@ -39,7 +39,17 @@ FUSES_ACTIVATION = frozenset(
 )
 """Ops with an output stage that can clamp: Relu/Clip between them and the QuantizeLinear fuse."""
 
+INDEX_OUTPUTS = frozenset({"ArgMax"})
+"""Ops whose output is integer indices, not a quantized value: no QuantizeLinear follows them."""
+
 FUSES_BIAS = frozenset({"MatMul"})
 """Ops without a bias input whose following Add of a constant folds into the accumulator."""
 
-__all__ = ["FUSES_ACTIVATION", "FUSES_BIAS", "LOWERINGS", "Lowered", "OpContext"]
+__all__ = [
+    "FUSES_ACTIVATION",
+    "FUSES_BIAS",
+    "INDEX_OUTPUTS",
+    "LOWERINGS",
+    "Lowered",
+    "OpContext",
+]

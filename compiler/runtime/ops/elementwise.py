@@ -8,6 +8,14 @@ own multipliers, added (or subtracted), and the sum requantized to the output:
   b' = requantize((b - z_b) << L, s_b / (2 max(s_a, s_b)))
   y  = clamp(requantize(a' +- b', 2 max(s_a, s_b) / (2**L s_y)) + z_y)
 
+Max and Min (any number of inputs) take the same path as Add with the extremum in place of the
+sum: a' and b' as above, y = clamp(requantize(max(a', b'), 2 max(s_a, s_b) / (2**L s_y)) + z_y).
+Both operands are rounded at the common scale with L bits of headroom before they are compared,
+so the order of two reals is kept unless they lie within 2**-L of a step, and operands that
+share the output's scale and zero point come out unchanged (the codes' own max). More than two
+inputs fold left to right, each partial result at the output's quantization: requantizing is
+monotone, so max(Q(u), Q(v)) = Q(max(u, v)) and folding adds no error of its own.
+
 Mul multiplies the centred inputs and requantizes the product by s_a * s_b / s_y.
 
 Div computes the quotient of the centred inputs in fixed point with 16 fractional bits,
@@ -28,9 +36,11 @@ from compiler.intmath import (
     RequantizationMode,
     divide_round_half_up,
     quantize_multiplier,
-    requantize,
+    rescale_operand,
 )
 from compiler.runtime.ops.base import Lowered, OpContext, OutputStage
+from compiler.runtime.ops.movement import lower_requantize
+from compiler.runtime.qparams import QuantParams
 
 LEFT_SHIFT_8BIT = 20
 LEFT_SHIFT_16BIT = 15
@@ -51,33 +61,80 @@ class AddKernel:
     stage: OutputStage
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        shifted_a = (a.astype(np.int64) - self.a_zero_point) << self.left_shift
-        shifted_b = (b.astype(np.int64) - self.b_zero_point) << self.left_shift
-        scaled_a = requantize(shifted_a, *self.a_multiplier, self.mode)
-        scaled_b = requantize(shifted_b, *self.b_multiplier, self.mode)
+        centred_a = a.astype(np.int64) - self.a_zero_point
+        centred_b = b.astype(np.int64) - self.b_zero_point
+        scaled_a = rescale_operand(centred_a, self.left_shift, *self.a_multiplier, self.mode)
+        scaled_b = rescale_operand(centred_b, self.left_shift, *self.b_multiplier, self.mode)
         total = scaled_a - scaled_b if self.subtract else scaled_a + scaled_b
         return self.stage(total)
 
 
-def lower_add(ctx: OpContext) -> Lowered:
-    a, a_scale, a_zero_point = ctx.activation_input(0)
-    b, b_scale, b_zero_point = ctx.activation_input(1)
-    output = ctx.output(0)
-    wide = max(a.params.bits, b.params.bits) > 8
+def _common_scale_kernel(
+    a: QuantParams,
+    b: QuantParams,
+    output: QuantParams,
+    ctx: OpContext,
+    activation: tuple[float, float] | None = None,
+) -> AddKernel:
+    """The operand rescales and output stage of Add / Sub / Max / Min of `a` and `b`."""
+    a_scale, b_scale = a.scalar_scale(), b.scalar_scale()
+    wide = max(a.bits, b.bits) > 8
     left_shift = LEFT_SHIFT_16BIT if wide else LEFT_SHIFT_8BIT
     twice_max = 2.0 * max(a_scale, b_scale)
     real_output = twice_max / (2.0**left_shift * output.scalar_scale())
-    kernel = AddKernel(
-        a_zero_point=a_zero_point,
-        b_zero_point=b_zero_point,
+    return AddKernel(
+        a_zero_point=a.scalar_zero_point(),
+        b_zero_point=b.scalar_zero_point(),
         left_shift=left_shift,
         a_multiplier=quantize_multiplier(a_scale / twice_max),
         b_multiplier=quantize_multiplier(b_scale / twice_max),
         subtract=ctx.op_type == "Sub",
         mode=ctx.mode,
-        stage=OutputStage.build(real_output, output, ctx.mode, ctx.activation),
+        stage=OutputStage.build(real_output, output, ctx.mode, activation),
     )
+
+
+def lower_add(ctx: OpContext) -> Lowered:
+    a, b = ctx.quant(0), ctx.quant(1)
+    kernel = _common_scale_kernel(a.params, b.params, ctx.output(0), ctx, ctx.activation)
     return Lowered(kernel, (a.name, b.name))
+
+
+@dataclass(frozen=True, eq=False)
+class ExtremumKernel:
+    """Integer Max / Min of n >= 2 inputs: `pairs[0]` combines inputs 0 and 1, `pairs[k]` the
+    partial result (at the output's quantization) and input k + 1, each as an Add whose sum is
+    replaced by the larger (smaller) operand."""
+
+    maximum: bool
+    pairs: tuple[AddKernel, ...]
+
+    def __call__(self, *operands: np.ndarray) -> np.ndarray:
+        result = operands[0]
+        for pair, operand in zip(self.pairs, operands[1:], strict=True):
+            result = self.combine(pair, result, operand)
+        return result
+
+    def combine(self, pair: AddKernel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """One pair: both centred operands at the common scale, then their extremum."""
+        centred_a = a.astype(np.int64) - pair.a_zero_point
+        centred_b = b.astype(np.int64) - pair.b_zero_point
+        scaled_a = rescale_operand(centred_a, pair.left_shift, *pair.a_multiplier, pair.mode)
+        scaled_b = rescale_operand(centred_b, pair.left_shift, *pair.b_multiplier, pair.mode)
+        extremum = np.maximum if self.maximum else np.minimum
+        return pair.stage(extremum(scaled_a, scaled_b))
+
+
+def lower_extremum(ctx: OpContext) -> Lowered:
+    """Max / Min: a single input is a requantization, more fold pairwise (module docstring)."""
+    operands = [ctx.activation_input(i)[0] for i in range(len(ctx.node.input))]
+    output = ctx.output(0)
+    if len(operands) == 1:
+        return lower_requantize(operands[0], output, ctx.mode)
+    pairs = [_common_scale_kernel(operands[0].params, operands[1].params, output, ctx)]
+    pairs += [_common_scale_kernel(output, o.params, output, ctx) for o in operands[2:]]
+    kernel = ExtremumKernel(ctx.op_type == "Max", tuple(pairs))
+    return Lowered(kernel, tuple(o.name for o in operands))
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,4 +191,11 @@ def lower_div(ctx: OpContext) -> Lowered:
     return Lowered(DivKernel(a_zero_point, b_zero_point, stage), (a.name, b.name))
 
 
-LOWERINGS = {"Add": lower_add, "Sub": lower_add, "Mul": lower_mul, "Div": lower_div}
+LOWERINGS = {
+    "Add": lower_add,
+    "Sub": lower_add,
+    "Mul": lower_mul,
+    "Div": lower_div,
+    "Max": lower_extremum,
+    "Min": lower_extremum,
+}

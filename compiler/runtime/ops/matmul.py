@@ -7,6 +7,10 @@ B may be per-axis quantized along its output-column axis (the last axis of MatMu
 or 0 with transB, for Gemm). A MatMul followed by an Add of a constant (its bias) fuses.
 An Einsum that is a batched matrix product (e.g. "bhid,bhjd->bhij") is the same MatMul on
 permuted operands, its product permuted to the equation's output order.
+
+CumSum along an axis of length L is the product of the centred codes (that axis moved last)
+with a constant L x L matrix of zeros and ones (`prefix_matrix`: T[j, i] = 1 where input j
+enters output i), requantized by s_in / s_out: exact prefix sums, one rounding.
 """
 
 from __future__ import annotations
@@ -151,4 +155,50 @@ def lower_einsum(ctx: OpContext) -> Lowered:
     return Lowered(EinsumKernel(lowered.kernel, plan), lowered.inputs)
 
 
-LOWERINGS = {"MatMul": lower_matmul, "Gemm": lower_gemm, "Einsum": lower_einsum}
+def prefix_matrix(length: int, *, exclusive: bool, reverse: bool) -> np.ndarray:
+    """T (int8, L x L) with x @ T = CumSum(x) along the last axis: T[j, i] = 1 where input j
+    enters output i (j <= i; j < i when exclusive; mirrored when reverse)."""
+    j, i = np.indices((length, length))
+    enters = (j >= i if reverse else j <= i) & (j != i if exclusive else True)
+    return enters.astype(np.int8)
+
+
+@dataclass(frozen=True, eq=False)
+class CumSumKernel:
+    """Integer CumSum: centred codes times `prefix_matrix` along `axis`, then the stage."""
+
+    axis: int
+    exclusive: bool
+    reverse: bool
+    input_zero_point: int
+    stage: OutputStage
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        axis = self.axis % x.ndim
+        centred = np.moveaxis(x.astype(np.int64) - self.input_zero_point, axis, -1)
+        matrix = prefix_matrix(x.shape[axis], exclusive=self.exclusive, reverse=self.reverse)
+        return np.moveaxis(self.stage(int_matmul(centred, matrix)), -1, axis)
+
+
+def lower_cumsum(ctx: OpContext) -> Lowered:
+    x, x_scale, x_zero_point = ctx.activation_input(0)
+    axis = ctx.ints(1)
+    if axis is None or len(axis) != 1:
+        raise NotLowerable("the CumSum axis must be a constant scalar")
+    output = ctx.output(0)
+    kernel = CumSumKernel(
+        axis=axis[0],
+        exclusive=bool(ctx.attr("exclusive", 0)),
+        reverse=bool(ctx.attr("reverse", 0)),
+        input_zero_point=x_zero_point,
+        stage=OutputStage.build(x_scale / output.scalar_scale(), output, ctx.mode),
+    )
+    return Lowered(kernel, (x.name,))
+
+
+LOWERINGS = {
+    "MatMul": lower_matmul,
+    "Gemm": lower_gemm,
+    "Einsum": lower_einsum,
+    "CumSum": lower_cumsum,
+}

@@ -1,7 +1,9 @@
-"""ReduceMean, ReduceSum, ReduceMax and ReduceMin over constant axes.
+"""ReduceMean, ReduceSum, ReduceMax, ReduceMin and ArgMax over constant axes.
 
 Mean and Sum add the centred codes in int64 and requantize by s_in / (s_out * count) (count = 1
-for Sum); Max and Min reduce the raw codes and rescale, which is exact.
+for Sum); Max and Min reduce the raw codes and rescale, which is exact. ArgMax compares the raw
+codes (dequantization with a positive per-tensor scale is increasing, so the largest code is
+the largest real) and returns int64 indices, an unquantized output as in the float model.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.intmath import argmax_codes
 from compiler.runtime.ops.base import Lowered, OpContext, Rescale
 from compiler.runtime.ops.pool import AverageStage, average_stage
+from compiler.runtime.qparams import NotLowerable
 
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
 """Opset from which `axes` is an input rather than an attribute (18 for the other reductions)."""
@@ -99,7 +103,33 @@ def lower_reduce_extremum(ctx: OpContext) -> Lowered:
     return Lowered(kernel, (x.name,))
 
 
+@dataclass(frozen=True, eq=False)
+class ArgMaxKernel:
+    """Index of the first (or, `select_last`, the last) largest code along `axis`, int64."""
+
+    axis: int
+    keepdims: bool
+    select_last: bool
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        indices = argmax_codes(x, self.axis, select_last=self.select_last)
+        return indices if self.keepdims else np.squeeze(indices, axis=self.axis % x.ndim)
+
+
+def lower_argmax(ctx: OpContext) -> Lowered:
+    x, scale, _ = ctx.activation_input(0)
+    if not scale > 0:
+        raise NotLowerable(f"ArgMax of codes needs a positive input scale, not {scale}")
+    kernel = ArgMaxKernel(
+        int(ctx.attr("axis", 0)),
+        bool(ctx.attr("keepdims", 1)),
+        bool(ctx.attr("select_last_index", 0)),
+    )
+    return Lowered(kernel, (x.name,))
+
+
 LOWERINGS = {
+    "ArgMax": lower_argmax,
     "ReduceMean": lower_reduce_sum,
     "ReduceSum": lower_reduce_sum,
     "ReduceMax": lower_reduce_extremum,
