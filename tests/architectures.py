@@ -1,8 +1,15 @@
-"""Small models of architecture families the shared models do not cover (no tests here): an
+"""Small models of architecture families the shared models do not cover (no tests here), each
+written the way its exporter emits it (torch.onnx opset 11–17, paddle2onnx, ultralytics): an
 OCR recogniser with an LSTM, an anchor-free detection head, a MobileNetV3 / EfficientNet block,
-a UNet, an SSD head, an MLP classifier with erf-GELU, a per-channel PReLU classifier and a
-two-input model with the less common data-movement ops. Built with onnx.helper and seeded
-weights, small enough to run the whole pipeline in a second or two."""
+a UNet, an SSD head, an MLP classifier with erf-GELU, a per-channel PReLU classifier, a two-input
+model with the less common data-movement ops; ViT/DeiT and DETR encoders with LayerNorm spelled
+out (opset < 17), ConvNeXt with channels-first and channels-last LayerNorm, EfficientNet SE with
+SiLU, a ShuffleNetV2 channel shuffle, YOLOv7 / YOLOX / YOLOv8-seg / YOLOv8-pose heads, an FCOS
+head, a PaddleOCR SVTR recogniser and DBNet head, ResNet and DenseNet at opset 11 with unfused
+BatchNorm, a GoogLeNet-style block with LRN and ArgMax, a BERT encoder with an attention mask and a Swin
+block with shifted windows. Built with onnx.helper and seeded weights, small enough to run the
+whole pipeline in a second or two.
+"""
 
 from __future__ import annotations
 
@@ -61,18 +68,81 @@ class Builder:
             return self.node("Mul", [y, gate], f"{name}_silu")
         return y
 
+    def nodes_out(
+        self, op: str, inputs: Sequence[str], outputs: Sequence[str], **attrs
+    ) -> list[str]:
+        """A node with several outputs (Split), named after its first."""
+        node = helper.make_node(op, list(inputs), list(outputs), name=outputs[0], **attrs)
+        self.nodes.append(node)
+        return list(outputs)
+
+    def slice(self, name: str, x: str, start: int, end: int, axis: int) -> str:
+        """x[start:end] on one axis, with the constant inputs of opset ≥ 10."""
+        bounds = (("from", start), ("to", end), ("on", axis))
+        names = [self.const(f"{name}_{label}", np.array([v])) for label, v in bounds]
+        return self.node("Slice", [x, *names], name)
+
+    def linear(self, name: str, x: str, cin: int, cout: int) -> str:
+        """nn.Linear on a rank ≥ 3 input as torch exports it: MatMul, then Add of the bias."""
+        y = self.node("MatMul", [x, self.weight(f"{name}_w", cin, cout)], f"{name}_mm")
+        return self.node("Add", [y, self.weight(f"{name}_b", cout)], f"{name}_out")
+
+    def gelu(self, name: str, x: str) -> str:
+        """nn.GELU(): x·(1 + erf(x/√2))·0.5."""
+        root2 = self.const(f"{name}_sqrt2", np.array(np.sqrt(2.0), np.float32))
+        erf = self.node("Erf", [self.node("Div", [x, root2], f"{name}_div")], f"{name}_erf")
+        one = self.const(f"{name}_one", np.array(1.0, np.float32))
+        gate = self.node("Mul", [x, self.node("Add", [erf, one], f"{name}_erf1")], f"{name}_xe")
+        half = self.const(f"{name}_half", np.array(0.5, np.float32))
+        return self.node("Mul", [gate, half], f"{name}_out")
+
+    def layer_norm(self, name: str, x: str, c: int, eps: float = 1e-6) -> str:
+        """nn.LayerNorm(c) as torch.onnx (opset ≤ 16) and paddle2onnx write it: ReduceMean, Sub,
+        Pow 2, ReduceMean, Add ε, Sqrt, Div, Mul γ, Add β."""
+        mean = self.node("ReduceMean", [x], f"{name}_mean", axes=[-1], keepdims=1)
+        d = self.node("Sub", [x, mean], f"{name}_sub")
+        two = self.const(f"{name}_two", np.array(2.0, np.float32))
+        var = self.node(
+            "ReduceMean",
+            [self.node("Pow", [d, two], f"{name}_pow")],
+            f"{name}_var",
+            axes=[-1],
+            keepdims=1,
+        )
+        eps_ = self.const(f"{name}_eps", np.array(eps, np.float32))
+        std = self.node("Sqrt", [self.node("Add", [var, eps_], f"{name}_vareps")], f"{name}_std")
+        gamma = self.const(f"{name}_g", (1 + self.rng.normal(0, 0.1, c)).astype(np.float32))
+        scaled = self.node(
+            "Mul", [self.node("Div", [d, std], f"{name}_norm"), gamma], f"{name}_g_mul"
+        )
+        return self.node("Add", [scaled, self.weight(f"{name}_b", c)], f"{name}_out")
+
+    def batch_norm(self, name: str, x: str, c: int) -> str:
+        """An inference BatchNormalization with seeded statistics (left unfused by the export)."""
+        scale = self.const(f"{name}_scale", (1 + self.rng.normal(0, 0.1, c)).astype(np.float32))
+        var = self.const(f"{name}_var", self.rng.uniform(0.5, 1.5, c).astype(np.float32))
+        stats = [scale, self.weight(f"{name}_shift", c), self.weight(f"{name}_mean", c), var]
+        return self.node("BatchNormalization", [x, *stats], f"{name}_bn", epsilon=1e-5)
+
     def model(
         self,
         name: str,
         inputs: dict[str, list[int]],
         outputs: Sequence[str],
         opset: int = 13,
+        types: dict[str, int] | None = None,
     ) -> onnx.ModelProto:
+        """The model; `types` gives the element type of inputs and outputs that are not float."""
+        types = types or {}
+
+        def info(n: str, shape: list[int] | None) -> onnx.ValueInfoProto:
+            return helper.make_tensor_value_info(n, types.get(n, TensorProto.FLOAT), shape)
+
         graph = helper.make_graph(
             self.nodes,
             name,
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+            [info(n, s) for n, s in inputs.items()],
+            [info(n, None) for n in outputs],
             self.inits,
         )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -226,6 +296,648 @@ def two_inputs() -> onnx.ModelProto:
     return b.model("two_inputs", {"x1": [1, 3, 16, 16], "x2": [1, 3, 16, 16]}, [maps, "squared"])
 
 
+def _attention(b: Builder, name: str, x: str, tokens: int, c: int, heads: int) -> str:
+    """timm Attention: qkv Linear, Reshape(1, L, 3, heads, hd), Transpose(2,0,3,1,4), Gather of
+    q/k/v, q·kᵀ·scale, Softmax, ·v, Transpose back, Reshape(1, L, C), proj Linear."""
+    hd = c // heads
+    qkv = b.linear(f"{name}_qkv", x, c, 3 * c)
+    split = b.const(f"{name}_qkv_shape", np.array([1, tokens, 3, heads, hd]))
+    qkv = b.node(
+        "Transpose",
+        [b.node("Reshape", [qkv, split], f"{name}_qkv5")],
+        f"{name}_qkvT",
+        perm=[2, 0, 3, 1, 4],
+    )
+    q, k, v = (
+        b.node("Gather", [qkv, b.const(f"{name}_i{j}", np.array(j))], f"{name}_{t}", axis=0)
+        for j, t in enumerate("qkv")
+    )
+    scores = b.node(
+        "MatMul", [q, b.node("Transpose", [k], f"{name}_kT", perm=[0, 1, 3, 2])], f"{name}_scores"
+    )
+    scale = b.const(f"{name}_scale", np.array(hd**-0.5, np.float32))
+    probs = b.node(
+        "Softmax", [b.node("Mul", [scores, scale], f"{name}_scaled")], f"{name}_p", axis=-1
+    )
+    ctx = b.node(
+        "Transpose",
+        [b.node("MatMul", [probs, v], f"{name}_ctx")],
+        f"{name}_ctxT",
+        perm=[0, 2, 1, 3],
+    )
+    merge = b.const(f"{name}_merge", np.array([1, tokens, c]))
+    return b.linear(f"{name}_proj", b.node("Reshape", [ctx, merge], f"{name}_merged"), c, c)
+
+
+def vit_opset13() -> onnx.ModelProto:
+    """timm ViT/DeiT exported at opset 13: patch Conv, flatten(2).transpose(1,2), the class
+    token expanded through the Equal/Where/Expand shape arithmetic, Concat, position Add,
+    pre-norm blocks with LayerNorm spelled out, Gather of token 0, Gemm head."""
+    b, c = Builder(), 32
+    patch = [b.weight("patch_w", c, 3, 8, 8), b.weight("patch_b", c)]
+    x = b.node("Conv", ["x", *patch], "patch", kernel_shape=[8, 8], strides=[8, 8])
+    x = b.node("Reshape", [x, b.const("flat_shape", np.array([1, c, -1]))], "flat")
+    x = b.node("Transpose", [x], "tokens", perm=[0, 2, 1])
+    shape = b.const("cls_shape", np.array([1, -1, -1]))
+    keep = b.node("Equal", [shape, b.const("minus_one", np.array(-1))], "cls_keep")
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    ones = b.node("ConstantOfShape", [b.const("rank", np.array([3]))], "cls_ones", value=one)
+    full = b.node("Where", [keep, ones, shape], "cls_full")
+    cls = b.node("Expand", [b.weight("cls_token", 1, 1, c), full], "cls_expand")
+    x = b.node("Concat", [cls, x], "with_cls", axis=1)
+    x = b.node("Add", [x, b.weight("pos_embed", 1, 17, c)], "pos")
+    for k in range(2):
+        h = _attention(b, f"b{k}_attn", b.layer_norm(f"b{k}_ln1", x, c), 17, c, heads=2)
+        x = b.node("Add", [x, h], f"b{k}_res1")
+        h = b.linear(f"b{k}_fc1", b.layer_norm(f"b{k}_ln2", x, c), c, 2 * c)
+        x = b.node(
+            "Add", [x, b.linear(f"b{k}_fc2", b.gelu(f"b{k}_gelu", h), 2 * c, c)], f"b{k}_res2"
+        )
+    x = b.node(
+        "Gather", [b.layer_norm("norm", x, c), b.const("token0", np.array(0))], "cls_out", axis=1
+    )
+    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    return b.model("vit_opset13", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
+def detr_encoder() -> onnx.ModelProto:
+    """DETR: backbone, 1×1 input_proj, flatten(2).permute(2,0,1) to sequence-first (HW, N, C),
+    a post-norm encoder layer as nn.MultiheadAttention exports it (q = k = src + pos, v = src,
+    heads split by Reshape(HW, heads, hd) + Transpose, Gemm out-projection on (HW·N, C))."""
+    b, c, heads, hw = Builder(), 32, 4, 64
+    hd = c // heads
+    x = b.conv("bb2", b.conv("bb1", "x", 3, 16, stride=2), 16, 32, stride=2)
+    x = b.conv("proj", x, 32, c, kernel=1, act=None)
+    x = b.node("Reshape", [x, b.const("flat_shape", np.array([1, c, -1]))], "flat")
+    src = b.node("Transpose", [x], "src", perm=[2, 0, 1])
+    qk = b.node("Add", [src, b.weight("pos", hw, 1, c)], "qk_in")
+
+    def heads_of(t: str, name: str) -> str:
+        y = b.linear(name, t, c, c)
+        y = b.node(
+            "Reshape", [y, b.const(f"{name}_shape", np.array([hw, heads, hd]))], f"{name}_split"
+        )
+        return b.node("Transpose", [y], f"{name}_heads", perm=[1, 0, 2])
+
+    scale = b.const("scaling", np.array(hd**-0.5, np.float32))
+    q = b.node("Mul", [heads_of(qk, "q"), scale], "q_scaled")
+    k = b.node("Transpose", [heads_of(qk, "k")], "kT", perm=[0, 2, 1])
+    probs = b.node("Softmax", [b.node("MatMul", [q, k], "scores")], "probs", axis=-1)
+    o = b.node(
+        "Transpose", [b.node("MatMul", [probs, heads_of(src, "v")], "ctx")], "ctxT", perm=[1, 0, 2]
+    )
+    o = b.node("Reshape", [o, b.const("merge", np.array([hw, c]))], "merged")
+    o = b.node("Gemm", [o, b.weight("out_w", c, c), b.weight("out_b", c)], "out_proj", transB=1)
+    o = b.node("Reshape", [o, b.const("unmerge", np.array([hw, 1, c]))], "attn_out")
+    x = b.layer_norm("norm1", b.node("Add", [src, o], "res1"), c, eps=1e-5)
+    h = b.linear("ffn2", b.node("Relu", [b.linear("ffn1", x, c, 64)], "ffn_act"), 64, c)
+    x = b.layer_norm("norm2", b.node("Add", [x, h], "res2"), c, eps=1e-5)
+    b.node("Transpose", [x], "memory", perm=[1, 2, 0])
+    return b.model("detr_encoder", {"x": [1, 3, 32, 32]}, ["memory"], opset=13)
+
+
+def convnext() -> onnx.ModelProto:
+    """ConvNeXt (official repo, opset 17): the channels-first LayerNorm after the stem written
+    by hand (x.mean(1), (x−u).pow(2).mean(1), (x−u)/sqrt(s+ε), γ[:,None,None]·x + β), then a
+    block: depthwise 7×7, Transpose to NHWC, LayerNormalization, Linear, erf-GELU, Linear,
+    γ scale, Transpose back, residual; mean over H,W, LayerNormalization, Gemm head."""
+    b, c = Builder(), 16
+    stem = [b.weight("stem_w", c, 3, 4, 4), b.weight("stem_b", c)]
+    x = b.node("Conv", ["x", *stem], "stem", kernel_shape=[4, 4], strides=[4, 4])
+    u = b.node("ReduceMean", [x], "stem_ln_u", axes=[1], keepdims=1)
+    two = b.const("stem_ln_two", np.array(2.0, np.float32))
+    sq = b.node("Pow", [b.node("Sub", [x, u], "stem_ln_d1"), two], "stem_ln_sq")
+    var = b.node("ReduceMean", [sq], "stem_ln_s", axes=[1], keepdims=1)
+    eps = b.const("stem_ln_eps", np.array(1e-6, np.float32))
+    std = b.node("Sqrt", [b.node("Add", [var, eps], "stem_ln_se")], "stem_ln_std")
+    x = b.node("Div", [b.node("Sub", [x, u], "stem_ln_d2"), std], "stem_ln_n")
+    gamma = b.const("stem_ln_g", (1 + b.rng.normal(0, 0.1, (c, 1, 1))).astype(np.float32))
+    x = b.node(
+        "Add", [b.node("Mul", [gamma, x], "stem_ln_gx"), b.weight("stem_ln_b", c, 1, 1)], "stem_ln"
+    )
+    h = b.node(
+        "Transpose", [b.conv("dw", x, c, c, kernel=7, act=None, group=c)], "nhwc", perm=[0, 2, 3, 1]
+    )
+    ln = [b.const("ln_g", np.ones(c, np.float32)), b.weight("ln_b", c)]
+    h = b.node("LayerNormalization", [h, *ln], "ln", axis=-1, epsilon=1e-6)
+    h = b.linear("pw2", b.gelu("gelu", b.linear("pw1", h, c, 4 * c)), 4 * c, c)
+    h = b.node("Mul", [h, b.const("gamma", np.full(c, 0.5, np.float32))], "gamma_mul")
+    x = b.node("Add", [x, b.node("Transpose", [h], "nchw", perm=[0, 3, 1, 2])], "res")
+    x = b.node("ReduceMean", [x], "gap", axes=[-2, -1], keepdims=0)
+    head_ln = [b.const("head_ln_g", np.ones(c, np.float32)), b.weight("head_ln_b", c)]
+    x = b.node("LayerNormalization", [x, *head_ln], "head_ln", axis=-1, epsilon=1e-6)
+    b.node("Gemm", [x, b.weight("fc_w", 10, c), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("convnext", {"x": [1, 3, 32, 32]}, ["logits"], opset=17)
+
+
+def efficientnet_se() -> onnx.ModelProto:
+    """EfficientNet / YOLOv5: SiLU as x·Sigmoid(x), an MBConv block whose squeeze-excite pools
+    with ReduceMean(keepdims=1), residual Add, GAP → Flatten → Gemm."""
+    b = Builder()
+    x = b.conv("stem", "x", 3, 16, stride=2, act="silu")
+    h = b.conv(
+        "dw", b.conv("expand", x, 16, 32, kernel=1, act="silu"), 32, 32, act="silu", group=32
+    )
+    s = b.node("ReduceMean", [h], "se_mean", axes=[2, 3], keepdims=1)
+    s = b.conv(
+        "se_expand", b.conv("se_reduce", s, 32, 8, kernel=1, act="silu"), 8, 32, kernel=1, act=None
+    )
+    h = b.node("Mul", [h, b.node("Sigmoid", [s], "se_gate")], "se_out")
+    x = b.node("Add", [x, b.conv("project", h, 32, 16, kernel=1, act=None)], "res")
+    x = b.conv("head", x, 16, 32, kernel=1, act="silu")
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat")
+    b.node("Gemm", [x, b.weight("fc_w", 10, 32), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("efficientnet_se", {"x": [1, 3, 32, 32]}, ["logits"])
+
+
+def shufflenet_v2() -> onnx.ModelProto:
+    """ShuffleNetV2 units: Split in halves, a branch of pointwise/depthwise convs, Concat, and
+    the channel shuffle Reshape(1, 2, C/2, H, W) → Transpose(0,2,1,3,4) → Reshape(1, C, H, W)."""
+    b, c = Builder(), 16
+    x = b.node(
+        "MaxPool",
+        [b.conv("stem", "x", 3, c, stride=2)],
+        "pool",
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+    )
+    for k in range(2):
+        halves = b.const(f"halves{k}", np.array([c // 2, c // 2]))
+        a, br = b.nodes_out("Split", [x, halves], [f"split{k}_a", f"split{k}_b"], axis=1)
+        br = b.conv(
+            f"u{k}_dw",
+            b.conv(f"u{k}_pw1", br, c // 2, c // 2, kernel=1),
+            c // 2,
+            c // 2,
+            act=None,
+            group=c // 2,
+        )
+        x = b.node(
+            "Concat", [a, b.conv(f"u{k}_pw2", br, c // 2, c // 2, kernel=1)], f"cat{k}", axis=1
+        )
+        groups = b.const(f"shuffle{k}_groups", np.array([1, 2, c // 2, 8, 8]))
+        x = b.node(
+            "Transpose",
+            [b.node("Reshape", [x, groups], f"shuffle{k}_5d")],
+            f"shuffle{k}_t",
+            perm=[0, 2, 1, 3, 4],
+        )
+        x = b.node("Reshape", [x, b.const(f"shuffle{k}_4d", np.array([1, c, 8, 8]))], f"shuffle{k}")
+    x = b.node("ReduceMean", [x], "gap", axes=[2, 3], keepdims=0)
+    b.node("Gemm", [x, b.weight("fc_w", 10, c), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("shufflenet_v2", {"x": [1, 3, 32, 32]}, ["logits"])
+
+
+def yolov7_head() -> onnx.ModelProto:
+    """YOLOv7 export (opset 12): per scale Conv → Reshape(1,3,85,h,w) → Transpose(0,1,3,4,2) →
+    Sigmoid; xy = (2·y[...,0:2] − 0.5 + grid)·stride and wh = (2·y[...,2:4])²·anchor_grid on
+    last-axis Slices; Concat, Reshape(1,−1,85), Concat over scales."""
+    b, no = Builder(), 85
+    x = b.conv("stem", "images", 3, 16, stride=2, act="silu")
+    flat = []
+    for k, (stride, hw) in enumerate(((4, 16), (8, 8))):
+        x = b.conv(f"down{k}", x, 16, 16, stride=2, act="silu")
+        p = b.conv(f"det{k}", x, 16, 3 * no, kernel=1, act=None)
+        p = b.node(
+            "Reshape", [p, b.const(f"anchors5d{k}", np.array([1, 3, no, hw, hw]))], f"p5_{k}"
+        )
+        y = b.node("Sigmoid", [b.node("Transpose", [p], f"pt{k}", perm=[0, 1, 3, 4, 2])], f"sig{k}")
+        gy, gx = np.meshgrid(np.arange(hw), np.arange(hw), indexing="ij")
+        grid = np.broadcast_to(np.stack([gx, gy], -1) - 0.5, (1, 3, hw, hw, 2))
+        anchors = np.broadcast_to(b.rng.uniform(5, 50, (1, 3, 1, 1, 2)), (1, 3, hw, hw, 2))
+        two = b.const(f"two{k}", np.array(2.0, np.float32))
+        xy = b.node("Mul", [b.slice(f"xy{k}", y, 0, 2, 4), two], f"xy2_{k}")
+        xy = b.node("Add", [xy, b.const(f"grid{k}", grid.astype(np.float32))], f"xyg{k}")
+        xy = b.node("Mul", [xy, b.const(f"stride{k}", np.array(stride, np.float32))], f"xys{k}")
+        wh = b.node("Mul", [b.slice(f"wh{k}", y, 2, 4, 4), two], f"wh2_{k}")
+        wh = b.node("Pow", [wh, two], f"whp{k}")
+        wh = b.node("Mul", [wh, b.const(f"anchor{k}", anchors.astype(np.float32))], f"wha{k}")
+        cat = b.node("Concat", [xy, wh, b.slice(f"rest{k}", y, 4, no, 4)], f"cat{k}", axis=-1)
+        flat.append(
+            b.node("Reshape", [cat, b.const(f"rows{k}", np.array([1, -1, no]))], f"flat{k}")
+        )
+    b.node("Concat", flat, "output", axis=1)
+    return b.model("yolov7_head", {"images": [1, 3, 64, 64]}, ["output"], opset=12)
+
+
+def yolox_decode() -> onnx.ModelProto:
+    """YOLOX with decode_in_inference (opset 11): per level Concat(reg, sigmoid(obj),
+    sigmoid(cls)) → Reshape(1, 85, −1); Concat, Transpose to (1, N, 85); xy = (xy + grid)·stride
+    and wh = exp(wh)·stride on last-axis Slices, Concat back."""
+    b, no = Builder(), 13
+    x = b.conv("stem", "images", 3, 16, stride=2, act="silu")
+    flat, grids, strides = [], [], []
+    for k in range(2):
+        x = b.conv(f"down{k}", x, 16, 16, stride=2, act="silu")
+        hw = 16 // 2**k
+        reg = b.conv(f"reg{k}", b.conv(f"regc{k}", x, 16, 16, act="silu"), 16, 4, 1, act=None)
+        obj = b.node("Sigmoid", [b.conv(f"obj{k}", x, 16, 1, 1, act=None)], f"objs{k}")
+        cls = b.conv(f"cls{k}", b.conv(f"clsc{k}", x, 16, 16, act="silu"), 16, no - 5, 1, act=None)
+        cat = b.node("Concat", [reg, obj, b.node("Sigmoid", [cls], f"clss{k}")], f"cat{k}", axis=1)
+        flat.append(
+            b.node("Reshape", [cat, b.const(f"rows{k}", np.array([1, no, -1]))], f"flat{k}")
+        )
+        gy, gx = np.meshgrid(np.arange(hw), np.arange(hw), indexing="ij")
+        grids.append(np.stack([gx, gy], -1).reshape(-1, 2))
+        strides.append(np.full((hw * hw, 1), 4.0 * 2**k))
+    y = b.node("Transpose", [b.node("Concat", flat, "joined", axis=2)], "outputs", perm=[0, 2, 1])
+    grid = b.const("grid", np.concatenate(grids)[None].astype(np.float32))
+    stride = b.const("stride", np.concatenate(strides)[None].astype(np.float32))
+    xy = b.node("Mul", [b.node("Add", [b.slice("xy", y, 0, 2, 2), grid], "xy_g"), stride], "xy_s")
+    wh = b.node("Mul", [b.node("Exp", [b.slice("wh", y, 2, 4, 2)], "wh_e"), stride], "wh_s")
+    b.node("Concat", [xy, wh, b.slice("rest", y, 4, no, 2)], "detections", axis=2)
+    return b.model("yolox_decode", {"images": [1, 3, 64, 64]}, ["detections"], opset=11)
+
+
+def _yolov8_head(b: Builder, nc: int, extra: int, extra_name: str) -> tuple[str, list[str], tuple]:
+    """ultralytics Detect over two levels: Concat(cv2 box, cv3 cls) → Reshape(1, 64+nc, −1),
+    Concat, Split, DFL (Reshape(1,4,16,N) → Transpose → Softmax → Conv 1×1 with arange weights),
+    dist2bbox with anchor points, ·strides, Sigmoid scores; plus `extra` channels per level
+    (mask coefficients or keypoints) flattened to (1, extra, HW). Returns the detections, the
+    flattened extras and (anchors, strides, N)."""
+    x = b.conv("stem", "images", 3, 16, stride=2, act="silu")
+    levels, extras, anchors, strides = [], [], [], []
+    for k in range(2):
+        x = b.conv(f"down{k}", x, 16, 16, stride=2, act="silu")
+        hw = 16 // 2**k
+        box = b.conv(f"cv2_{k}", x, 16, 64, kernel=1, act=None)
+        cat = b.node(
+            "Concat", [box, b.conv(f"cv3_{k}", x, 16, nc, kernel=1, act=None)], f"lv{k}", axis=1
+        )
+        rows = b.const(f"lv{k}_rows", np.array([1, 64 + nc, -1]))
+        levels.append(b.node("Reshape", [cat, rows], f"lv{k}_flat"))
+        e = b.conv(f"cv4_{k}", x, 16, extra, kernel=1, act=None)
+        rows = b.const(f"{extra_name}{k}_rows", np.array([1, extra, -1]))
+        extras.append(b.node("Reshape", [e, rows], f"{extra_name}{k}_flat"))
+        sy, sx = np.meshgrid(np.arange(hw) + 0.5, np.arange(hw) + 0.5, indexing="ij")
+        anchors.append(np.stack([sx.ravel(), sy.ravel()]))
+        strides.append(np.full(hw * hw, 4.0 * 2**k))
+    n = sum(a.shape[1] for a in anchors)
+    anchor_points = np.concatenate(anchors, 1)[None].astype(np.float32)
+    stride_row = np.concatenate(strides)[None, None].astype(np.float32)
+    x = b.node("Concat", levels, "cat_levels", axis=2)
+    box, cls = b.nodes_out(
+        "Split", [x, b.const("box_cls", np.array([64, nc]))], ["box", "cls"], axis=1
+    )
+    d = b.node("Reshape", [box, b.const("dfl_shape", np.array([1, 4, 16, n]))], "dfl_r")
+    d = b.node("Softmax", [b.node("Transpose", [d], "dfl_t", perm=[0, 2, 1, 3])], "dfl_sm", axis=1)
+    proj = b.const("dfl_w", np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1))
+    d = b.node(
+        "Reshape",
+        [b.node("Conv", [d, proj], "dfl_conv"), b.const("dfl_rows", np.array([1, 4, n]))],
+        "dfl_dist",
+    )
+    lt, rb = b.nodes_out("Split", [d, b.const("lt_rb", np.array([2, 2]))], ["lt", "rb"], axis=1)
+    points = b.const("anchor_points", anchor_points)
+    x1y1, x2y2 = b.node("Sub", [points, lt], "x1y1"), b.node("Add", [points, rb], "x2y2")
+    half = b.const("two", np.array(2.0, np.float32))
+    c_xy = b.node("Div", [b.node("Add", [x1y1, x2y2], "xy_sum"), half], "c_xy")
+    boxes = b.node("Concat", [c_xy, b.node("Sub", [x2y2, x1y1], "wh")], "dbox_raw", axis=1)
+    boxes = b.node("Mul", [boxes, b.const("strides", stride_row)], "dbox")
+    detections = b.node("Concat", [boxes, b.node("Sigmoid", [cls], "scores")], "det", axis=1)
+    return detections, extras, (anchor_points, stride_row, n)
+
+
+def yolov8_seg() -> onnx.ModelProto:
+    """ultralytics Segment export: the Detect head plus 32 mask coefficients per anchor
+    (Concat on axis 2, then on the channels) and the proto branch (Conv, ConvTranspose 2×,
+    Conv, Conv) as a second output."""
+    b = Builder()
+    det, coefficients, _ = _yolov8_head(b, nc=4, extra=32, extra_name="mc")
+    mc = b.node("Concat", coefficients, "mask_coef", axis=2)
+    b.node("Concat", [det, mc], "output0", axis=1)
+    p = b.conv("proto1", "stem_silu", 16, 16, act="silu")
+    up = [b.weight("proto_up_w", 16, 16, 2, 2), b.weight("proto_up_b", 16)]
+    p = b.node("ConvTranspose", [p, *up], "proto_up", kernel_shape=[2, 2], strides=[2, 2])
+    b.conv("proto3", b.conv("proto2", p, 16, 16, act="silu"), 16, 32, kernel=1, act="silu")
+    return b.model("yolov8_seg", {"images": [1, 3, 64, 64]}, ["output0", "proto3_silu"], opset=17)
+
+
+def yolov8_pose() -> onnx.ModelProto:
+    """ultralytics Pose export: keypoints viewed as (1, 17, 3, N); xy = (2·k[:, :, :2] +
+    anchors − 0.5)·strides, visibility Sigmoid, Concat on axis 2, view (1, 51, N), Concat with
+    the boxes and scores."""
+    b, nk = Builder(), 17
+    det, keypoints, (anchor_points, stride_row, n) = _yolov8_head(b, 1, nk * 3, "kpt")
+    k = b.node("Concat", keypoints, "kpt_cat", axis=-1)
+    k = b.node("Reshape", [k, b.const("kpt_view", np.array([1, nk, 3, n]))], "kpt_4d")
+    xy = b.node(
+        "Mul", [b.slice("kxy", k, 0, 2, 2), b.const("k2", np.array(2.0, np.float32))], "kxy2"
+    )
+    xy = b.node("Add", [xy, b.const("kanchors", anchor_points - 0.5)], "kxya")
+    xy = b.node("Mul", [xy, b.const("kstrides", stride_row)], "kxys")
+    vis = b.node("Sigmoid", [b.slice("kvis", k, 2, 3, 2)], "kvis_sig")
+    k = b.node("Concat", [xy, vis], "kpts_4d", axis=2)
+    k = b.node("Reshape", [k, b.const("kpt_rows", np.array([1, nk * 3, n]))], "kpts")
+    b.node("Concat", [det, k], "output0", axis=1)
+    return b.model("yolov8_pose", {"images": [1, 3, 64, 64]}, ["output0"], opset=17)
+
+
+def fcos_head() -> onnx.ModelProto:
+    """FCOS / RetinaNet: one tower shared by two levels (the same weights twice), class Sigmoid,
+    exp(scale·reg) boxes, centerness Sigmoid; each map to NHWC and Reshape(1, −1, K), Concat
+    over levels; scores = sqrt(cls·centerness)."""
+    b, nc = Builder(), 6
+    p3 = b.conv("p3", b.conv("stem", "x", 3, 16, stride=2), 16, 16, stride=2)
+    levels = [p3, b.conv("p4", p3, 16, 16, stride=2)]
+    shared = {
+        name: [b.weight(f"{name}_w", cout, 16, 3, 3), b.weight(f"{name}_b", cout)]
+        for name, cout in (("tower", 16), ("cls", nc), ("reg", 4), ("ctr", 1))
+    }
+
+    def conv(name: str, x: str, k: int) -> str:
+        return b.node("Conv", [x, *shared[name]], f"{name}{k}", kernel_shape=[3, 3], pads=[1] * 4)
+
+    def rows(y: str, width: int, name: str) -> str:
+        y = b.node("Transpose", [y], f"{name}_nhwc", perm=[0, 2, 3, 1])
+        return b.node(
+            "Reshape", [y, b.const(f"{name}_rows", np.array([1, -1, width]))], f"{name}_flat"
+        )
+
+    cls, reg, ctr = [], [], []
+    for k, f in enumerate(levels):
+        t = b.node("Relu", [conv("tower", f, k)], f"tower{k}_relu")
+        cls.append(rows(b.node("Sigmoid", [conv("cls", t, k)], f"cls{k}_sig"), nc, f"cls{k}"))
+        scale = b.const(f"scale{k}", np.array(0.5 + k, np.float32))
+        r = b.node("Exp", [b.node("Mul", [conv("reg", t, k), scale], f"reg{k}_s")], f"reg{k}_exp")
+        reg.append(rows(r, 4, f"reg{k}"))
+        ctr.append(rows(b.node("Sigmoid", [conv("ctr", t, k)], f"ctr{k}_sig"), 1, f"ctr{k}"))
+    score = b.node(
+        "Mul",
+        [b.node("Concat", cls, "cls_all", axis=1), b.node("Concat", ctr, "ctr_all", axis=1)],
+        "cls_ctr",
+    )
+    b.node("Sqrt", [score], "scores")
+    b.node("Concat", reg, "boxes", axis=1)
+    return b.model("fcos_head", {"x": [1, 3, 32, 32]}, ["scores", "boxes"])
+
+
+def svtr_recognizer() -> onnx.ModelProto:
+    """PaddleOCR SVTR (paddle2onnx, opset 11): Conv-BN stem with HardSwish spelled out as
+    x·HardSigmoid(x), Reshape with 0 (copy a dim) + Transpose to (N, H·W, C), a global mixing
+    block with LayerNorm spelled out and multi-head attention, back to a map, MaxPool over the
+    height, Squeeze, Transpose to (N, W, C), CTC Linear and Softmax over the classes."""
+    b, c, heads = Builder(), 32, 2
+    hd = c // heads
+    w1 = b.weight("c1_w", 16, 3, 3, 3)
+    x = b.node("Conv", ["x", w1], "c1", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    x = b.batch_norm("c1", x, 16)
+    x = b.node("Mul", [x, b.node("HardSigmoid", [x], "c1_gate", alpha=1 / 6, beta=0.5)], "c1_hs")
+    w2 = b.weight("c2_w", c, 16, 3, 3)
+    x = b.node("Conv", [x, w2], "c2", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    x = b.node("Relu", [b.batch_norm("c2", x, c)], "c2_relu")
+    x = b.node("Reshape", [x, b.const("seq_shape", np.array([0, 0, -1]))], "seq_flat")
+    x = b.node("Transpose", [x], "seq", perm=[0, 2, 1])
+    h = b.layer_norm("mix_ln1", x, c, eps=1e-5)
+    qkv = b.linear("mix_qkv", h, c, 3 * c)
+    qkv = b.node("Reshape", [qkv, b.const("qkv_shape", np.array([0, -1, 3, heads, hd]))], "qkv5")
+    qkv = b.node("Transpose", [qkv], "qkvT", perm=[2, 0, 3, 1, 4])
+    q, k, v = (
+        b.node("Gather", [qkv, b.const(f"pick{j}", np.array(j))], f"attn_{t}", axis=0)
+        for j, t in enumerate("qkv")
+    )
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_scaled")
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "scores")
+    p = b.node("Softmax", [s], "attn_probs", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 2, 1, 3])
+    o = b.node("Reshape", [o, b.const("merge", np.array([0, -1, c]))], "merged")
+    x = b.node("Add", [x, b.linear("mix_proj", o, c, c)], "mix_res")
+    h = b.linear("mlp1", b.layer_norm("mix_ln2", x, c, eps=1e-5), c, 2 * c)
+    x = b.node("Add", [x, b.linear("mlp2", b.gelu("mlp_gelu", h), 2 * c, c)], "mlp_res")
+    x = b.node("Transpose", [x], "back", perm=[0, 2, 1])
+    x = b.node("Reshape", [x, b.const("map_shape", np.array([0, c, 8, 32]))], "map")
+    x = b.node("MaxPool", [x], "hpool", kernel_shape=[8, 1], strides=[8, 1])
+    x = b.node(
+        "Transpose", [b.node("Squeeze", [x], "squeeze", axes=[2])], "seq_out", perm=[0, 2, 1]
+    )
+    b.node("Softmax", [b.linear("ctc", x, c, 40)], "probs", axis=2)
+    return b.model("svtr_recognizer", {"x": [1, 3, 32, 128]}, ["probs"], opset=11)
+
+
+def dbnet_head() -> onnx.ModelProto:
+    """DBNet head (PaddleOCR, paddle2onnx opset 11): per branch Conv-BN-ReLU and two
+    ConvTranspose 2× stages, Sigmoid probability and threshold maps, the differentiable
+    binarisation 1/(1 + exp(−k(P − T))), and the three maps concatenated."""
+    b = Builder()
+    x = b.conv("bb2", b.conv("bb1", "x", 3, 16, stride=2), 16, 16, stride=2)
+
+    def branch(name: str) -> str:
+        w = b.weight(f"{name}_w", 4, 16, 3, 3)
+        y = b.node("Conv", [x, w], f"{name}_conv", kernel_shape=[3, 3], pads=[1] * 4)
+        y = b.node("Relu", [b.batch_norm(f"{name}_conv", y, 4)], f"{name}_relu")
+        for k, cout in ((1, 4), (2, 1)):
+            up = [b.weight(f"{name}_up{k}_w", 4, cout, 2, 2), b.weight(f"{name}_up{k}_b", cout)]
+            y = b.node(
+                "ConvTranspose", [y, *up], f"{name}_up{k}", kernel_shape=[2, 2], strides=[2, 2]
+            )
+            if k == 1:
+                y = b.node("Relu", [b.batch_norm(f"{name}_up{k}", y, 4)], f"{name}_up{k}_relu")
+        return b.node("Sigmoid", [y], f"{name}_map")
+
+    prob, thresh = branch("binarize"), branch("thresh")
+    kd = b.node(
+        "Mul",
+        [b.node("Sub", [prob, thresh], "diff"), b.const("minus_k", np.array(-50.0, np.float32))],
+        "kd",
+    )
+    den = b.node(
+        "Add", [b.const("one", np.array(1.0, np.float32)), b.node("Exp", [kd], "exp")], "den"
+    )
+    binary = b.node("Div", [b.const("numerator", np.array(1.0, np.float32)), den], "binary")
+    b.node("Concat", [prob, thresh, binary], "maps", axis=1)
+    return b.model("dbnet_head", {"x": [1, 3, 32, 32]}, ["maps"], opset=11)
+
+
+def resnet_opset11() -> onnx.ModelProto:
+    """torchvision ResNet exported at opset 11 without BatchNorm folding (training=TRAINING
+    exports, or paddle2onnx): Conv-BN-Relu stem, MaxPool with padding, basic blocks with
+    residual Add, GAP → Flatten → Gemm(transB)."""
+    b = Builder()
+    w = b.weight("stem_w", 16, 3, 7, 7)
+    x = b.node("Conv", ["x", w], "stem", kernel_shape=[7, 7], strides=[2, 2], pads=[3] * 4)
+    x = b.node("Relu", [b.batch_norm("stem", x, 16)], "stem_relu")
+    x = b.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    for k in range(2):
+        h = x
+        for j in (1, 2):
+            w = b.weight(f"b{k}_{j}_w", 16, 16, 3, 3)
+            h = b.node("Conv", [h, w], f"b{k}_{j}", kernel_shape=[3, 3], pads=[1] * 4)
+            h = b.batch_norm(f"b{k}_{j}", h, 16)
+            if j == 1:
+                h = b.node("Relu", [h], f"b{k}_{j}_relu")
+        x = b.node("Relu", [b.node("Add", [h, x], f"b{k}_add")], f"b{k}_out")
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat", axis=1)
+    b.node("Gemm", [x, b.weight("fc_w", 10, 16), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("resnet_opset11", {"x": [1, 3, 32, 32]}, ["logits"], opset=11)
+
+
+def densenet() -> onnx.ModelProto:
+    """DenseNet (opset 11): pre-activation BN-Relu-Conv layers on a growing Concat (the BN
+    reads a Concat, so it cannot fold into a conv), a BN-Relu-Conv-AveragePool transition,
+    final BN-Relu, GAP → Flatten → Gemm → Softmax."""
+    b, growth, c = Builder(), 8, 16
+    w = b.weight("stem_w", c, 3, 3, 3)
+    x = b.node("Conv", ["x", w], "stem", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    for k in range(3):
+        h = b.node("Relu", [b.batch_norm(f"l{k}_n1", x, c)], f"l{k}_r1")
+        w = b.weight(f"l{k}_c1_w", 2 * growth, c, 1, 1)
+        h = b.node("Conv", [h, w], f"l{k}_c1", kernel_shape=[1, 1])
+        h = b.node("Relu", [b.batch_norm(f"l{k}_n2", h, 2 * growth)], f"l{k}_r2")
+        w = b.weight(f"l{k}_c2_w", growth, 2 * growth, 3, 3)
+        h = b.node("Conv", [h, w], f"l{k}_c2", kernel_shape=[3, 3], pads=[1] * 4)
+        x, c = b.node("Concat", [x, h], f"l{k}_cat", axis=1), c + growth
+    x = b.node("Relu", [b.batch_norm("t_n", x, c)], "t_r")
+    x = b.node("Conv", [x, b.weight("t_w", 16, c, 1, 1)], "t_c", kernel_shape=[1, 1])
+    x = b.node("AveragePool", [x], "t_pool", kernel_shape=[2, 2], strides=[2, 2])
+    x = b.node("Relu", [b.batch_norm("final", x, 16)], "final_r")
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat")
+    x = b.node("Gemm", [x, b.weight("fc_w", 10, 16), b.weight("fc_b", 10)], "logits", transB=1)
+    b.node("Softmax", [x], "probs", axis=1)
+    return b.model("densenet", {"x": [1, 3, 32, 32]}, ["probs"], opset=11)
+
+
+def googlenet() -> onnx.ModelProto:
+    """GoogLeNet / AlexNet-ish: MaxPool with ceil_mode=1 (odd sizes, so the ceiling matters),
+    LRN, an inception block with a 3×3 MaxPool branch, Concat, Gemm logits and an int64 ArgMax
+    label as a second output."""
+    b = Builder()
+    x = b.conv("stem", "x", 3, 16, kernel=7, stride=2)
+    x = b.node("MaxPool", [x], "pool1", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = b.node("LRN", [x], "lrn", size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    b1 = b.conv("i_1x1", x, 16, 8, kernel=1)
+    b2 = b.conv("i_3x3", b.conv("i_3x3r", x, 16, 8, kernel=1), 8, 8)
+    p = b.node("MaxPool", [x], "i_pool", kernel_shape=[3, 3], pads=[1] * 4, ceil_mode=1)
+    x = b.node("Concat", [b1, b2, b.conv("i_pp", p, 16, 8, kernel=1)], "inception", axis=1)
+    x = b.node("MaxPool", [x], "pool2", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat")
+    x = b.node("Gemm", [x, b.weight("fc_w", 10, 24), b.weight("fc_b", 10)], "logits", transB=1)
+    b.node("ArgMax", [x], "label", axis=1, keepdims=0)
+    types = {"label": TensorProto.INT64}
+    return b.model("googlenet", {"x": [1, 3, 33, 33]}, ["logits", "label"], types=types)
+
+
+def bert_encoder() -> onnx.ModelProto:
+    """transformers BERT (opset 14): word / token-type / position Gather embeddings, LayerNorm
+    spelled out, the extended attention mask (Unsqueeze, Unsqueeze, Cast, 1 − m, ·−10000)
+    added to the scaled scores, one encoder layer, the pooler (Gather token 0, Gemm, Tanh)."""
+    b, c, heads, length = Builder(), 32, 2, 16
+    hd = c // heads
+    words = b.node("Gather", [b.weight("word_emb", 50, c), "input_ids"], "words", axis=0)
+    types = b.node("Gather", [b.weight("type_emb", 2, c), "token_type_ids"], "types", axis=0)
+    positions = b.const("position_ids", np.arange(length)[None])
+    pos = b.node("Gather", [b.weight("pos_emb", 64, c), positions], "positions", axis=0)
+    x = b.node("Add", [b.node("Add", [words, types], "emb_wt"), pos], "emb")
+    x = b.layer_norm("emb_ln", x, c, eps=1e-12)
+    m = b.node("Unsqueeze", ["attention_mask", b.const("ax1", np.array([1]))], "mask1")
+    m = b.node("Unsqueeze", [m, b.const("ax2", np.array([2]))], "mask2")
+    m = b.node("Cast", [m], "mask_f", to=TensorProto.FLOAT)
+    m = b.node("Sub", [b.const("one", np.array(1.0, np.float32)), m], "inv_mask")
+    m = b.node("Mul", [m, b.const("neg", np.array(-10000.0, np.float32))], "ext_mask")
+
+    def heads_of(name: str, perm: list[int]) -> str:
+        shape = b.const(f"{name}_shape", np.array([1, length, heads, hd]))
+        y = b.node("Reshape", [b.linear(name, x, c, c), shape], f"{name}_split")
+        return b.node("Transpose", [y], f"{name}_heads", perm=perm)
+
+    q, k, v = heads_of("q", [0, 2, 1, 3]), heads_of("k", [0, 2, 3, 1]), heads_of("v", [0, 2, 1, 3])
+    root = b.const("sqrt_d", np.array(np.sqrt(hd), np.float32))
+    s = b.node("Div", [b.node("MatMul", [q, k], "qk"), root], "scores")
+    p = b.node("Softmax", [b.node("Add", [s, m], "masked")], "probs", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 2, 1, 3])
+    o = b.node("Reshape", [o, b.const("merge", np.array([1, length, c]))], "merged")
+    x = b.layer_norm(
+        "attn_ln", b.node("Add", [b.linear("attn_out", o, c, c), x], "attn_res"), c, eps=1e-12
+    )
+    h = b.linear("out", b.gelu("gelu", b.linear("inter", x, c, 2 * c)), 2 * c, c)
+    x = b.layer_norm("out_ln", b.node("Add", [h, x], "out_res"), c, eps=1e-12)
+    cls = b.node("Gather", [x, b.const("first", np.array(0))], "cls_token", axis=1)
+    pool = [b.weight("pool_w", c, c), b.weight("pool_b", c)]
+    b.node("Tanh", [b.node("Gemm", [cls, *pool], "pooler_dense", transB=1)], "pooler")
+    ids = ("input_ids", "attention_mask", "token_type_ids")
+    return b.model(
+        "bert_encoder",
+        dict.fromkeys(ids, [1, length]),
+        [x, "pooler"],
+        opset=14,
+        types=dict.fromkeys(ids, TensorProto.INT64),
+    )
+
+
+def _roll(b: Builder, name: str, x: str, shift: int, size: int) -> str:
+    """torch.roll over H and W of NHWC as exported: two Slices and a Concat per axis."""
+    for axis in (1, 2):
+        tail = b.slice(f"{name}{axis}_tail", x, shift, size, axis)
+        head = b.slice(f"{name}{axis}_head", x, 0, shift, axis)
+        x = b.node("Concat", [tail, head], f"{name}{axis}", axis=axis)
+    return x
+
+
+def swin() -> onnx.ModelProto:
+    """Swin (torch opset 13): patch embedding, LayerNorm spelled out, view(1, H, W, C), cyclic
+    shift (Slice + Concat), window partition by a rank-6 Reshape/Transpose, window attention
+    over four windows (a rank-5 qkv split with five non-unit axes) with relative position bias
+    and shift mask, window reverse, un-shift, residual, MLP, patch merging by strided Slices,
+    mean over tokens, Gemm head."""
+    b, c, side, win, heads = Builder(), 16, 8, 4, 2
+    hd, n, windows = c // heads, win * win, (side // win) ** 2
+    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
+    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
+    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = b.layer_norm("pe_ln", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
+    h = b.layer_norm("n1", x, c)
+    h = b.node("Reshape", [h, b.const("hw_shape", np.array([1, side, side, c]))], "hw")
+    h = _roll(b, "shift", h, 2, side)
+    split = np.array([1, side // win, win, side // win, win, c])
+    h = b.node("Reshape", [h, b.const("partition_shape", split)], "partition")
+    h = b.node("Transpose", [h], "partition_t", perm=[0, 1, 3, 2, 4, 5])
+    h = b.node("Reshape", [h, b.const("windows_shape", np.array([-1, n, c]))], "windows")
+    qkv = b.linear("qkv", h, c, 3 * c)
+    qkv = b.node("Reshape", [qkv, b.const("qkv5", np.array([windows, n, 3, heads, hd]))], "qkv_r")
+    qkv = b.node("Transpose", [qkv], "qkv_t", perm=[2, 0, 3, 1, 4])
+    q, k, v = (
+        b.node("Gather", [qkv, b.const(f"pick{j}", np.array(j))], t, axis=0)
+        for j, t in enumerate("qkv")
+    )
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_scaled")
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "attn")
+    s = b.node("Add", [s, b.weight("rel_bias", 1, heads, n, n)], "attn_bias")
+    s = b.node("Reshape", [s, b.const("per_window", np.array([1, windows, heads, n, n]))], "attn5")
+    mask = np.where(b.rng.random((1, windows, 1, n, n)) < 0.3, -100.0, 0.0).astype(np.float32)
+    s = b.node("Add", [s, b.const("shift_mask", mask)], "attn_mask")
+    s = b.node("Reshape", [s, b.const("all_windows", np.array([-1, heads, n, n]))], "attn4")
+    p = b.node("Softmax", [s], "probs", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 2, 1, 3])
+    o = b.node("Reshape", [o, b.const("merge", np.array([windows, n, c]))], "merged")
+    o = b.linear("proj", o, c, c)
+    grid = np.array([1, side // win, side // win, win, win, c])
+    o = b.node("Reshape", [o, b.const("reverse_shape", grid)], "reverse")
+    o = b.node("Transpose", [o], "reverse_t", perm=[0, 1, 3, 2, 4, 5])
+    o = b.node("Reshape", [o, b.const("map_shape", np.array([1, side, side, c]))], "map")
+    o = _roll(b, "unshift", o, side - 2, side)
+    o = b.node("Reshape", [o, b.const("seq_shape", np.array([1, side * side, c]))], "seq")
+    x = b.node("Add", [x, o], "res1")
+    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
+    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
+    x = b.node("Reshape", [x, b.const("merge_hw", np.array([1, side, side, c]))], "merge_map")
+    quads = []
+    for k, (i, j) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        bounds = [np.array(v) for v in ([i, j], [side, side], [1, 2], [2, 2])]
+        names = [b.const(f"quad{k}_{m}", v) for m, v in enumerate(bounds)]
+        quads.append(b.node("Slice", [x, *names], f"quad{k}"))
+    x = b.node("Concat", quads, "quads", axis=-1)
+    x = b.node("Reshape", [x, b.const("merged_rows", np.array([1, -1, 4 * c]))], "merged_seq")
+    x = b.node(
+        "MatMul",
+        [b.layer_norm("merge_ln", x, 4 * c), b.weight("reduction", 4 * c, 2 * c)],
+        "reduced",
+    )
+    x = b.node("Transpose", [b.layer_norm("final_ln", x, 2 * c)], "channels", perm=[0, 2, 1])
+    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
+    b.node("Gemm", [x, b.weight("head_w", 10, 2 * c), b.weight("head_b", 10)], "logits", transB=1)
+    return b.model("swin", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
 ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "crnn": crnn,
     "anchor_free_head": anchor_free_head,
@@ -235,4 +947,21 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "mlp_classifier": mlp_classifier,
     "prelu_classifier": prelu_classifier,
     "two_inputs": two_inputs,
+    "vit_opset13": vit_opset13,
+    "detr_encoder": detr_encoder,
+    "convnext": convnext,
+    "efficientnet_se": efficientnet_se,
+    "shufflenet_v2": shufflenet_v2,
+    "yolov7_head": yolov7_head,
+    "yolox_decode": yolox_decode,
+    "yolov8_seg": yolov8_seg,
+    "yolov8_pose": yolov8_pose,
+    "fcos_head": fcos_head,
+    "svtr_recognizer": svtr_recognizer,
+    "dbnet_head": dbnet_head,
+    "resnet_opset11": resnet_opset11,
+    "densenet": densenet,
+    "googlenet": googlenet,
+    "bert_encoder": bert_encoder,
+    "swin": swin,
 }

@@ -1,11 +1,15 @@
 """Architectures beyond the shared models (tests/architectures.py) through the whole pipeline:
-fix → quantize → compile → emulator. The archive holds as many `.elf` files as `check` counts
-for the fixed model, and every MLA stage equals the integer reference bit for bit; outputs
-behind float host stages (the CRNN's LSTM) may differ only there."""
+fix → quantize → compile → emulator. `fix` brings each family to the fewest MLA segments its
+host-only ops allow, the archive holds as many `.elf` files as `check` counts for the fixed
+model, and every MLA stage equals the integer reference bit for bit; outputs behind float host
+stages (the CRNN's LSTM) may differ only there."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
+import onnx
 import pytest
 
 from compiler.archive import read_archive
@@ -19,10 +23,26 @@ from surgery.rules.fix import fix_model
 from surgery.verify import make_inputs
 from tests.architectures import ARCHITECTURES
 
+FEWEST_SEGMENTS = {"two_inputs": 2}
+"""Families whose host-only ops sit between MLA regions (a reflect Pad and an Expand between
+the convolutions); every other family is one segment after `fix`."""
+
+
+@cache
+def _fixed(name: str) -> onnx.ModelProto:
+    """The family after `surgery fix` (computed once for both tests)."""
+    return fix_model(load_model(ARCHITECTURES[name]()), "mlsoc").model
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_fix_reaches_the_fewest_segments(name: str) -> None:
+    segments = check_model(_fixed(name), "mlsoc", suggest=False).mla_segments
+    assert segments == FEWEST_SEGMENTS.get(name, 1)
+
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_architecture_compiles_to_checks_segments_and_runs_bit_exact(name: str, tmp_path) -> None:
-    fixed = fix_model(load_model(ARCHITECTURES[name]()), "mlsoc").model
+    fixed = _fixed(name)
     segments = check_model(fixed, "mlsoc", suggest=False).mla_segments
     calibration = [make_inputs(fixed, seed=seed) for seed in range(3)]
     qdq = quantize_model(fixed, calibration, target="mlsoc").model

@@ -3,7 +3,10 @@
 - Every node gets a stable name (its `surgery` label), so `unquantized_nodes` and per-node
   configs written against the user's model keep pointing at the same nodes.
 - The opset is raised when the QDQ form needs it (13 for per-channel axes, 21 for int16 and
-  int4 Q/DQ), with ONNX's version converter.
+  int4 Q/DQ), with ONNX's version converter. Where the converter spelled a Softmax before opset
+  13 as Flatten → Softmax → Reshape although every axis after the softmax axis has size 1, the
+  single Softmax comes back: the float model's segments (what `surgery check` counted) must
+  not gain a host Flatten in the middle of an MLA region.
 - Initializers listed as graph inputs (IR-3 files such as light_resnet50) stop being inputs:
   `surgery check` already counts them as weights, and a weight the caller may override can be
   neither quantized nor compiled into an MLA program.
@@ -84,6 +87,8 @@ def prepare_model(
     original = model_opset(proto)
     if original < opset:
         proto = _convert_opset(proto, opset)
+        if original < _SOFTMAX_LAST_AXIS_OPSET <= opset:
+            _unflatten_softmax(proto)
         _label_nodes(proto)
     _initializers_not_inputs(proto)
     prepared = PreparedModel(proto, frozenset(names), original, max(original, opset))
@@ -136,6 +141,76 @@ def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     raise_ir_version(converted)
     infer_model_shapes(converted)
     return converted
+
+
+_SOFTMAX_OPS = ("Softmax", "LogSoftmax", "Hardmax")
+_SOFTMAX_LAST_AXIS_OPSET = 13
+"""Before opset 13 these ops normalised over all axes from `axis` on, flattened to 2-D."""
+
+
+def _unflatten_softmax(model: onnx.ModelProto) -> int:
+    """Undo the converter's Flatten(axis=k) → Softmax(-1) → Reshape(Shape(x)) where x has size 1
+    on every axis after k: then the old semantics are exactly Softmax(axis=k) on x itself.
+
+    The converter keeps a single node only when k is the last axis, so a 4-D Softmax on the
+    channels of [N, C, 1, 1] (a lifted classifier or token row) would come back as a host
+    Flatten, a rank-2 Softmax and a Reshape, splitting the MLA segment around it.
+    """
+    g = model.graph
+    view = GraphView(model)
+    outputs = {o.name for o in g.output}
+    drop: set[int] = set()
+    for idx, node in enumerate(g.node):
+        if node.op_type not in _SOFTMAX_OPS or idx in drop:
+            continue
+        flat = view.producer.get(node.input[0])
+        users = view.consumers.get(node.output[0], [])
+        if flat is None or len(users) != 1 or node.output[0] in outputs:
+            continue
+        reshape, flatten = g.node[users[0]], g.node[flat]
+        if flatten.op_type != "Flatten" or reshape.op_type != "Reshape":
+            continue
+        if len(view.consumers.get(flatten.output[0], [])) != 1 or flatten.input[0] in outputs:
+            continue
+        source = flatten.input[0]
+        shape = view.tensor(source).shape if view.tensor(source).is_static else None
+        axis = next((a.i for a in flatten.attribute if a.name == "axis"), 1)
+        if not shape or not _reshapes_back(view, reshape.input[1], source, shape):
+            continue
+        axis %= len(shape)
+        if any(d != 1 for d in shape[axis + 1 :]):
+            continue
+        node.input[0] = source
+        node.output[0] = reshape.output[0]
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("axis", axis))
+        drop.update((flat, users[0]))
+    if drop:
+        kept = [n for i, n in enumerate(g.node) if i not in drop]
+        del g.node[:]
+        g.node.extend(kept)
+        _drop_dead_shapes(model)
+    return len(drop) // 2
+
+
+def _reshapes_back(view: GraphView, shape_tensor: str, source: str, shape: Sequence[int]) -> bool:
+    """The Reshape target is Shape(source) or a constant equal to source's shape."""
+    producer = view.producer.get(shape_tensor)
+    if producer is not None and view.op_types[producer] == "Shape":
+        node = view.nodes[producer]
+        return node.input[0] == source and not node.attribute
+    value = view.constant_value(shape_tensor)
+    return value is not None and [int(d) for d in value.reshape(-1)] == list(shape)
+
+
+def _drop_dead_shapes(model: onnx.ModelProto) -> None:
+    """Remove Shape nodes nobody reads any more (the converter's Reshape targets)."""
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    kept = [n for n in g.node if n.op_type != "Shape" or n.output[0] in used]
+    if len(kept) != len(g.node):
+        del g.node[:]
+        g.node.extend(kept)
 
 
 # --------------------------------------------------------------------------- constants

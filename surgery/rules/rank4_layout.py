@@ -158,6 +158,27 @@ def spread(shape: Sequence[int]) -> Layout | None:
     return Layout(tuple(tuple(g) for g in groups))
 
 
+def reducing(shape: Sequence[int], axes: Sequence[int]) -> Layout | None:
+    """Kept axes on slots 0–1 and reduced axes on the spatial slots 2–3: the form in which a
+    Reduce* is a spatial reduction (a mean over tokens becomes a global average pool).
+
+    None when more than two non-unit axes are kept. Unit axes join slot 0; three or more
+    reduced axes share slot 3 (they are all reduced, so merging them changes nothing).
+    """
+    kept = [a for a, d in enumerate(shape) if d != 1 and a not in axes]
+    reduced = [a for a, d in enumerate(shape) if d != 1 and a in axes]
+    if len(kept) > 2:
+        return None
+    units = [a for a, d in enumerate(shape) if d == 1]
+    groups: list[list[int]] = [list(units), [], [], []]
+    for k, a in enumerate(kept[::-1]):
+        groups[1 - k].append(a)
+    if reduced:
+        groups[2].append(reduced[0])
+        groups[3].extend(reduced[1:])
+    return Layout(tuple(tuple(g) for g in groups))
+
+
 def relabel_reshape(layout: Layout, src: Sequence[int], dst: Sequence[int]) -> Layout | None:
     """Layout of `Reshape(x, dst)` when the reshape only adds or removes axes of size 1.
 
@@ -270,6 +291,14 @@ def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> Layout | None:
             pending.append(a)
     groups[SLOTS - 1].extend(pending)
     return Layout(tuple(tuple(g) for g in groups))
+
+
+def moves_batch_slot(layout: Layout, shape: Sequence[int], perm: Sequence[int]) -> bool:
+    """True when `layout` holds a non-unit axis on the batch slot and Transpose(perm) puts
+    another non-unit axis first: the transposed tensor in plain order needs the batch slot moved."""
+    batch = {a for a in layout.groups[0] if shape[a] != 1}
+    first = next((a for a in perm if shape[a] != 1), None)
+    return bool(batch) and first is not None and first not in batch
 
 
 def plain_slots(layout: Layout, shape: Sequence[int]) -> Layout | None:

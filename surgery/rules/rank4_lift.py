@@ -196,16 +196,35 @@ class Lifter:
         return entry
 
     def layout_for(self, tensor: gs.Tensor, shape: Shape) -> Layout:
-        """The rule's layout for a new tensor; for a Transpose's >4-D input, its slot runs."""
+        """The rule's layout for a new tensor; for a Transpose's >4-D input, its slot runs.
+
+        The slot runs are also preferred when the Transpose's result is only reshaped (so it
+        is needed in plain order) and the rule's layout puts an axis on the batch slot that the
+        Transpose moves away from the front (ShuffleNet's channel shuffle [1,g,C/g,H,W], perm
+        (0,2,1,3,4), Reshape back to [1,C,H,W]): the plain order would then need a 4-D Transpose
+        of the batch axis, which the MLA does not run.
+        """
+        users = tensor.outputs
+        perm = None
+        if len(users) == 1 and users[0].op == "Transpose" and "perm" in users[0].attrs:
+            perm = list(users[0].attrs["perm"])
         try:
-            return self.policy(shape)
+            layout = self.policy(shape)
         except ValueError:
-            users = tensor.outputs
-            if len(users) == 1 and users[0].op == "Transpose" and "perm" in users[0].attrs:
-                runs = L.transpose_runs(shape, users[0].attrs["perm"])
-                if runs is not None:
-                    return runs
+            runs = L.transpose_runs(shape, perm) if perm is not None else None
+            if runs is not None:
+                return runs
             raise
+        if (
+            perm is not None
+            and len(shape) > L.SLOTS
+            and _only_reshaped(users[0])
+            and L.moves_batch_slot(layout, shape, perm)
+        ):
+            runs = L.transpose_runs(shape, perm)
+            if runs is not None and not L.moves_batch_slot(runs, shape, perm):
+                return runs
+        return layout
 
     def separated(self, x: Lifted) -> Lifted:
         """`x` with every non-unit axis alone in its slot (what axis-indexed ops can address)."""
@@ -372,6 +391,12 @@ class Lifter:
             return
         name = self._names.fresh(original.name)
         self.created.append(gs.Node("Identity", name, {}, [source], [original]))
+
+
+def _only_reshaped(node: gs.Node) -> bool:
+    """The node's single output is read by reshapes only (it is needed in plain order)."""
+    readers = [r for out in node.outputs for r in out.outputs]
+    return bool(readers) and all(r.op in ("Reshape", "Flatten") for r in readers)
 
 
 def _swap(tensors: list[gs.Tensor], old: gs.Tensor, new: gs.Tensor) -> None:

@@ -522,6 +522,10 @@ def lift_reduce(lf: Lifter, node: gs.Node) -> None:
     reduced = [a for a in axes if x.shape[a] != 1]
     if any(x.layout.alone(a, x.shape) is None for a in reduced):
         x = lf.separated(x)
+    if any(x.layout.slot(a) < 2 for a in reduced):
+        spatial = L.reducing(x.shape, axes)  # the MLA reduces the spatial axes only
+        if spatial is not None:
+            x = lf.convert(x, spatial)
     slots = sorted({x.layout.slot(a) for a in reduced})
     shape4 = x.layout.shape4(x.shape)
     if slots and min(slots) >= 2:

@@ -15,23 +15,8 @@ from surgery.rules.replace_common import (
     model_opset,
     net_freed,
     probe_node,
+    reduce_axes,
 )
-
-
-def reduce_axes(pat: Pattern, node: int, rank: int) -> list[int] | None:
-    """The normalised axes of a Reduce* node (attribute before opset 18, input from 18)."""
-    ins = pat.ins(node)
-    attrs = pat.attrs(node)
-    if len(ins) > 1 and ins[1]:
-        value = pat.value(ins[1])
-        if value is None:
-            return None
-        axes = [int(a) for a in value.reshape(-1)]
-    else:
-        axes = list(attrs.get("axes", []))
-    if not axes:
-        return [] if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
-    return sorted(a % rank for a in axes)
 
 
 @register

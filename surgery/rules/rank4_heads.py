@@ -1,0 +1,263 @@
+"""slice-qkv: pick q, k and v by slicing the qkv projection instead of out of its rank-5 split.
+
+Attention exports split the fused qkv projection [B, N, 3C] with Reshape(B, N, 3, heads, hd),
+move the 3 to the front with Transpose(2, 0, 3, 1, 4) and pick q, k, v with Gather (or Split
+and Squeeze) on that axis. With one image the rank-5 tensor has four non-unit axes and
+`transformer-to-4d` carries it as 4-D; with several windows (Swin, windowed ViT) or a real batch
+it has five, fits no 4-D layout, and the Reshape, Transpose and the three Gathers stay on the
+host between two MLA segments. Each pick is a contiguous third of the features, so it is the
+same data as Slice → Reshape(B, N, heads, hd) → Transpose(0, 2, 1, 3): all 4-D once the slice
+reads the 4-D tensor the lifted projection produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from math import prod
+
+import numpy as np
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    net_freed,
+    probe_node,
+)
+
+
+@dataclass
+class Pick:
+    """One selected index: the nodes producing it and the tensor it is written to."""
+
+    index: int
+    nodes: list[str]
+    output: str
+
+
+@dataclass
+class QkvSite:
+    source: str
+    """The tensor sliced: the projection itself, or the 4-D tensor it was reshaped from."""
+    axis: int
+    """The axis of `source` holding the features."""
+    width: int
+    """Features per pick (the elements after the picked axis of the split)."""
+    heads_shape: list[int]
+    """Reshape target of one pick: the split's shape without the picked axis."""
+    perm: list[int] | None
+    """Transpose of one pick (the original perm without the picked axis), None if identity."""
+    picks: list[Pick]
+
+
+class _Selectors:
+    """Gather with a constant scalar index, or Split into size-1 pieces each Squeezed, on one
+    axis of a tensor: index → (nodes, output)."""
+
+    def __init__(self, pat: Pattern) -> None:
+        self.pat = pat
+
+    def of(self, tensor: str, rank: int) -> tuple[int, list[Pick]] | None:
+        pat = self.pat
+        users = pat.consumers(tensor)
+        if not users or tensor in pat.outputs:
+            return None
+        axes, picks = set(), []
+        for user in users:
+            found = self._gather(user, rank) if pat.op(user) == "Gather" else None
+            if found is None and pat.op(user) == "Split":
+                found = self._split(user, tensor, rank)
+            if found is None:
+                return None
+            axis, more = found
+            axes.add(axis)
+            picks.extend(more)
+        if len(axes) != 1:
+            return None
+        return axes.pop(), picks
+
+    def _gather(self, node: int, rank: int) -> tuple[int, list[Pick]] | None:
+        pat = self.pat
+        index = pat.value(pat.ins(node)[1])
+        if index is None or index.ndim != 0:
+            return None
+        axis = int(pat.attrs(node).get("axis", 0)) % rank
+        dim = (pat.shape(pat.ins(node)[0]) or ())[axis]
+        return axis, [Pick(int(index) % dim, [pat.name(node)], pat.outs(node)[0])]
+
+    def _split(self, node: int, tensor: str, rank: int) -> tuple[int, list[Pick]] | None:
+        pat = self.pat
+        axis = int(pat.attrs(node).get("axis", 0)) % rank
+        shape = pat.shape(tensor)
+        if shape is None or any(
+            pat.shape(o) != (*shape[:axis], 1, *shape[axis + 1 :]) for o in pat.outs(node)
+        ):
+            return None
+        picks = []
+        for k, out in enumerate(pat.outs(node)):
+            if not pat.consumers(out) and out not in pat.outputs:
+                continue
+            squeeze = pat.sole_consumer(out, "Squeeze")
+            if squeeze is None or self._squeezed(squeeze) != [axis]:
+                return None
+            picks.append(Pick(k, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0]))
+        return axis, picks
+
+    def _squeezed(self, node: int) -> list[int] | None:
+        pat = self.pat
+        ins = pat.ins(node)
+        raw = pat.value(ins[1]) if len(ins) > 1 and ins[1] else pat.attrs(node).get("axes")
+        rank = len(pat.shape(ins[0]) or ())
+        return (
+            None if raw is None or not rank else sorted(int(a) % rank for a in np.atleast_1d(raw))
+        )
+
+
+@register
+class SliceQkv(GraphRule):
+    """Pick q, k and v by slicing the fused qkv projection instead of with Gather (or Split +
+    Squeeze) from its rank-5 head split Reshape(B, N, 3, heads, hd) → Transpose(2, 0, 3, 1, 4).
+
+    The picked axis must be the outermost factor of the projection's last axis, so each pick is
+    a contiguous slice of the features; it becomes Slice → Reshape(B, N, heads, hd) →
+    Transpose(0, 2, 1, 3). When the projection is the reshape of a 4-D tensor (the 1×1 Conv that
+    `transformer-to-4d` made of the Linear), the slice reads that tensor on its channel axis, so
+    the whole split runs on the MLA. It matters where the rank-5 tensor has five non-unit axes
+    (Swin's windows, a batch) and fits no 4-D layout. Data movement only: exact.
+    """
+
+    name = "slice-qkv"
+    suggest_for = frozenset({"Gather", "Split", "Squeeze", "Transpose", "Reshape"})
+    summary = (
+        "q/k/v picked from a rank-5 qkv split → Slice of the projection, 4-D Reshape, Transpose."
+    )
+    category = "rank"
+    example = "surgery apply slice-qkv swin_tiny.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for t in pat.nodes("Transpose"):
+            site = self._site(pat, t)
+            if site is None:
+                continue
+            names = [n for p in site.picks for n in p.nodes]
+            removed = [pat.name(t), pat.name(pat.producer(pat.ins(t)[0])), *names]  # type: ignore[arg-type]
+            found.append(
+                self.match(
+                    list(dict.fromkeys(removed)),
+                    f"{len(site.picks)} pick(s) from the rank-5 split at {pat.name(t)} → Slice "
+                    f"of {site.source} on axis {site.axis}",
+                    net_freed(ctx, removed, self._probes(ctx, pat, site)),
+                    site=asdict(site),
+                )
+            )
+        return found
+
+    def _site(self, pat: Pattern, t: int) -> QkvSite | None:
+        split = pat.ins(t)[0]
+        r = pat.producer(split, "Reshape")
+        perm = pat.attrs(t).get("perm")
+        shape = pat.shape(split)
+        if r is None or perm is None or shape is None or not pat.private(split):
+            return None
+        if not pat.is_float(split) or len(shape) != len(perm):
+            return None
+        selected = _Selectors(pat).of(pat.outs(t)[0], len(perm))
+        if selected is None:
+            return None
+        axis, picks = selected
+        picked = perm[axis]
+        source = self._source(pat, pat.ins(r)[0], prod(shape[:picked]), prod(shape[picked:]))
+        if source is None:
+            return None
+        rest = [p - (p > picked) for p in perm if p != picked]
+        return QkvSite(
+            source[0],
+            source[1],
+            prod(shape[picked + 1 :]),
+            [*shape[:picked], *shape[picked + 1 :]],
+            None if rest == sorted(rest) else rest,
+            picks,
+        )
+
+    @staticmethod
+    def _source(pat: Pattern, x: str, outer: int, features: int) -> tuple[str, int] | None:
+        """(tensor, axis) to slice: an axis holding exactly the `features` (the picked axis and
+        the ones after it) with only size-1 axes after it and `outer` elements before it. A
+        4-D tensor that `x` is a reshape of is preferred (the lifted projection)."""
+
+        def feature_axis(tensor: str) -> int | None:
+            shape = pat.shape(tensor)
+            if shape is None:
+                return None
+            for k, d in enumerate(shape):
+                if d == features and prod(shape[:k]) == outer and prod(shape[k + 1 :]) == 1:
+                    return k
+            return None
+
+        r = pat.producer(x, "Reshape")
+        if r is not None and len(pat.shape(pat.ins(r)[0]) or ()) == 4:
+            k = feature_axis(pat.ins(r)[0])
+            if k is not None:
+                return pat.ins(r)[0], k
+        k = feature_axis(x)
+        return None if k is None else (x, k)
+
+    @staticmethod
+    def _probes(ctx: RuleContext, pat: Pattern, site: QkvSite) -> list:
+        shape = list(pat.shape(site.source) or ())
+        sliced = tuple(site.width if a == site.axis else d for a, d in enumerate(shape))
+        heads = tuple(site.heads_shape)
+        const = TensorSpec.const
+        probes = [
+            probe_node(
+                ctx,
+                "Slice",
+                [
+                    pat.spec(site.source),
+                    *(const(np.array([v])) for v in (0, site.width, site.axis)),
+                ],
+                [TensorSpec(sliced)],
+            ),
+            probe_node(
+                ctx,
+                "Reshape",
+                [TensorSpec(sliced), const(np.array(heads, np.int64))],
+                [TensorSpec(heads)],
+            ),
+        ]
+        if site.perm is not None:
+            moved = tuple(heads[p] for p in site.perm)
+            probes.append(
+                probe_node(
+                    ctx, "Transpose", [TensorSpec(heads)], [TensorSpec(moved)], {"perm": site.perm}
+                )
+            )
+        return probes
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        data = dict(match.data["site"])
+        picks = [Pick(**p) for p in data.pop("picks")]
+        site = QkvSite(**data, picks=picks)
+        source = ed.tensor(site.source)
+        dtype = source.dtype or np.float32
+        for pick in site.picks:
+            nodes = [ed.node_named(n) for n in pick.nodes]
+            out = ed.tensor(pick.output)
+            ed.detach(*(n for n in nodes if n is not None))
+            bounds = [
+                ed.const("qkv_slice", np.array([v], np.int64))
+                for v in (pick.index * site.width, (pick.index + 1) * site.width, site.axis)
+            ]
+            part = ed.op("Slice", "qkv_slice", [source, *bounds], None, dtype)
+            shape = ed.const("qkv_heads_shape", np.array(site.heads_shape, np.int64))
+            if site.perm is None:
+                ed.node("Reshape", "qkv_heads", [part, shape], [out])
+                continue
+            heads = ed.op("Reshape", "qkv_heads", [part, shape], site.heads_shape, dtype)
+            ed.node("Transpose", "qkv_heads_t", [heads], [out], perm=site.perm)
+        return True

@@ -1,0 +1,68 @@
+"""slice-qkv: q, k and v picked out of a rank-5 head split with five non-unit axes (windowed
+attention) become Slices of the projection, so the split runs on the MLA instead of as a host
+stage between two segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from surgery.model import load_model
+from surgery.rules import apply_rule, find_matches
+from tests.architectures import Builder
+
+WINDOWS, TOKENS, HEADS, HEAD_DIM = 4, 9, 2, 4
+CHANNELS = HEADS * HEAD_DIM
+
+
+def _windowed_attention(split_shape: list[int], perm: list[int], unbind: bool = False):
+    """A 1×1 Conv projection on [windows·tokens, C, 1, 1] (the lifted Linear), the rank-5
+    split, then q·kᵀ → Softmax → ·v."""
+    b = Builder()
+    qkv = b.conv("proj", "x", CHANNELS, 3 * CHANNELS, kernel=1, act=None)
+    qkv = b.node("Reshape", [qkv, b.const("split_shape", np.array(split_shape))], "split")
+    qkv = b.node("Transpose", [qkv], "heads", perm=perm)
+    if unbind:
+        parts = b.nodes_out(
+            "Split", [qkv, b.const("ones", np.array([1, 1, 1]))], ["q1", "k1", "v1"], axis=0
+        )
+        axis = b.const("axis0", np.array([0]))
+        q, k, v = (b.node("Squeeze", [p, axis], t) for p, t in zip(parts, "qkv", strict=True))
+    else:
+        q, k, v = (
+            b.node("Gather", [qkv, b.const(f"i{j}", np.array(j))], t, axis=0)
+            for j, t in enumerate("qkv")
+        )
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "scores")
+    b.node("MatMul", [b.node("Softmax", [s], "probs", axis=-1), v], "ctx")
+    inputs = {"x": [WINDOWS * TOKENS, CHANNELS, 1, 1]}
+    return load_model(b.model("windows", inputs, ["ctx"]))
+
+
+SPLIT = [WINDOWS, TOKENS, 3, HEADS, HEAD_DIM]
+PERM = [2, 0, 3, 1, 4]
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def test_gathers_become_slices_of_the_projection_on_the_mla() -> None:
+    model = _windowed_attention(SPLIT, PERM)
+    result = apply_rule(model, "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "Gather" not in _ops(result.model) and _ops(result.model).count("Slice") == 3
+    freed = {"split", "heads", "q", "k", "v"}
+    assert freed <= {b.name for b in result.coverage_before.blockers}
+    assert not freed & {b.name for b in result.coverage_after.blockers}
+
+
+def test_unbind_as_split_and_squeeze_is_sliced_too() -> None:
+    result = apply_rule(_windowed_attention(SPLIT, PERM, unbind=True), "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert not {"Split", "Squeeze", "Gather"} & set(_ops(result.model))
+
+
+def test_a_pick_that_is_not_a_contiguous_run_of_features_is_left_alone() -> None:
+    split = [WINDOWS, TOKENS, HEADS, 3, HEAD_DIM]  # the 3 inside the heads: strided picks
+    assert find_matches(_windowed_attention(split, [3, 0, 2, 1, 4]), "slice-qkv") == []
