@@ -314,3 +314,28 @@ def test_check_on_a_qdq_model_counts_the_float_models_segments(plain_cnn, tmp_pa
         p.op_type in ("QuantizeLinear", "DequantizeLinear") and not p.foldable
         for p in report.placements
     )
+
+
+def _pad_model(opset: int, **attrs) -> onnx.ModelProto:
+    inputs = ["x", "pads"] if opset >= 11 else ["x"]
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
+    graph = helper.make_graph(
+        [helper.make_node("Pad", inputs, ["y"], **attrs)],
+        "pad",
+        [_vi("x", [1, 2, 4, 4])],
+        [_vi("y", [1, 2, 6, 6])],
+        [pads] if opset >= 11 else [],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_pad_value_attribute_of_old_opsets_is_checked() -> None:
+    model = _pad_model(6, pads=[0, 0, 1, 1, 0, 0, 1, 1], value=2.0)
+    (pad,) = _coverage(model).placements
+    assert pad.processor != "MLA"
+    assert "pad value 2" in pad.reasons[0].message
+
+
+def test_zero_pad_of_old_opsets_runs_on_the_mla() -> None:
+    (pad,) = _coverage(_pad_model(6, pads=[0, 0, 1, 1, 0, 0, 1, 1])).placements
+    assert pad.processor == "MLA"

@@ -570,11 +570,21 @@ def check_pad(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
             "pads are computed at run time (try fold-constants)",
             ctx.processor,
         )
-    value = ctx.input_value(2) if len(ctx.input_names) > 2 and ctx.input_names[2] else None
-    if value is not None and float(np.asarray(value).reshape(-1)[0]) != 0.0:
+    if len(ctx.input_names) > 2 and ctx.input_names[2]:
+        value = ctx.input_value(2)
+        if value is None:
+            return Reason(
+                "non_constant_input",
+                "the pad value is computed at run time (try fold-constants)",
+                ctx.processor,
+            )
+    else:  # before opset 11 the value is an attribute; an omitted value is 0
+        value = np.array(ctx.attr("value", 0.0))
+    if float(np.asarray(value).reshape(-1)[0]) != 0.0:
         return Reason(
             "attribute",
-            f"pad value {float(value.reshape(-1)[0]):g}; the {ctx.processor} pads with 0 only",
+            f"pad value {float(np.asarray(value).reshape(-1)[0]):g}; the {ctx.processor} pads "
+            "with 0 only",
             ctx.processor,
         )
     pads = [int(x) for x in np.atleast_1d(pads)]
