@@ -35,6 +35,8 @@ from compiler.isa import (
     Lut,
     MatMul,
     Move,
+    NormFp16,
+    NormOp,
     Pool,
     Reduce,
     Resize,
@@ -143,6 +145,12 @@ SOFTMAX_PASSES = 4
 LAYERNORM_PASSES = 6
 """two moment sums, centring, rsqrt-multiply, two requantizations."""
 
+NORM_FP16_PASSES = {NormOp.LAYER: 9, NormOp.RMS: 6}
+"""fp16 vector passes per element, each one rounding: LAYER dequantizes, sums (the tree has
+N - 1 adds per N elements), centres, squares, sums, multiplies by r and gamma, adds beta and
+quantizes; RMS skips the mean, the centring and beta. The per-row add, sqrt and divide are a
+few lanes' work per row and not counted."""
+
 LRN_EXTRA_PASSES = 3
 """LRN: `size` window adds, plus squaring, the table lookup and the multiply-requantize."""
 
@@ -207,6 +215,8 @@ def _compute_cycles(instruction: Instruction, hw: MlaHardware) -> tuple[int, int
         return _ceil(instruction.input.size * SOFTMAX_PASSES, lanes), 0
     if isinstance(instruction, LayerNorm):
         return _ceil(instruction.input.size * LAYERNORM_PASSES, lanes), 0
+    if isinstance(instruction, NormFp16):
+        return _ceil(instruction.input.size * NORM_FP16_PASSES[instruction.op], lanes), 0
     if isinstance(instruction, Lrn):
         passes = instruction.size + LRN_EXTRA_PASSES
         return _ceil(instruction.input.size * passes, lanes), 0

@@ -585,6 +585,141 @@ def lrn_accumulator(
     return x * table[index]
 
 
+# --- fp16 normalisation (LayerNormalization, RMSNormalization on the fp16 unit) -----------------
+
+FP16_SUM_LIMIT = 2.0**15
+"""Largest value any sum of the fp16 normalisation may reach: the input is scaled by a power of
+two (`fp16_input_exponent`) so that no partial sum can overflow fp16 (largest finite 65504)."""
+
+FP16_TINY = np.float16(2.0**-24)
+"""Smallest positive fp16 (a subnormal): the least epsilon, so a constant row gives 0, not NaN."""
+
+
+def fp16_input_exponent(max_abs: float, count: int) -> int:
+    """The e of x' = x * 2**-e, chosen at build time: the smallest integer with
+    4 * N * (A * 2**-e)**2 <= FP16_SUM_LIMIT and N * A * 2**-e <= FP16_SUM_LIMIT, A the largest
+    |x| the input codes can hold. Then |x' - mean| <= 2A' keeps the sum of squared deviations
+    (and of x'**2, and of x') finite, while scaling by a power of two loses no bit of x'.
+    Normalisation is invariant to it when epsilon is scaled by 2**-2e too."""
+    if not max_abs > 0:
+        return 0
+    exponent = math.ceil(math.log2(max_abs)) - 64
+    while True:
+        scaled = max_abs * 2.0**-exponent
+        if 4.0 * count * scaled * scaled <= FP16_SUM_LIMIT and count * scaled <= FP16_SUM_LIMIT:
+            return exponent
+        exponent += 1
+
+
+def fp16_epsilon(epsilon: float, exponent: int) -> np.float16:
+    """epsilon * 2**-2e rounded to fp16 (half to even), at least `FP16_TINY`. Build time."""
+    scaled = np.float16(np.float64(epsilon) * 2.0 ** (-2 * exponent))
+    return max(scaled, FP16_TINY)
+
+
+def fp16_dequantize(q: npt.ArrayLike, zero_point: int, scale: np.float32) -> np.ndarray:
+    """x' = fp16(float32(q - z) * S): the float32 product of the exact centred code and the
+    float32 scale S (= s_in * 2**-e, exact), rounded half to even to fp16 (a Cast to float16
+    of ONNX DequantizeLinear, scaled by 2**-e)."""
+    centred = (np.asarray(q, dtype=np.int64) - int(zero_point)).astype(np.float32)
+    return (centred * np.float32(scale)).astype(np.float16)
+
+
+def fp16_pairwise_sum(values: np.ndarray) -> np.ndarray:
+    """Sum of the last axis in fp16, as a fixed binary tree: level by level, an odd count first
+    gets a 0 appended, then elements 2i and 2i + 1 are added (each sum rounded half to even).
+    The order is part of the definition, so every implementation gives the same bits; a tree's
+    rounding error grows with log2(N), not N."""
+    v = np.asarray(values, dtype=np.float16)
+    while v.shape[-1] > 1:
+        if v.shape[-1] % 2:
+            v = np.concatenate([v, np.zeros((*v.shape[:-1], 1), np.float16)], axis=-1)
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
+
+
+def fp16_mean(values: np.ndarray) -> np.ndarray:
+    """`fp16_pairwise_sum` divided by the count N: the float64 quotient rounded to fp16."""
+    count = values.shape[-1]
+    total = fp16_pairwise_sum(values).astype(np.float64)
+    return (total / count).astype(np.float16)
+
+
+def fp16_normalise_rows(
+    x: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray | None,
+    epsilon: np.float16,
+    *,
+    centre: bool,
+) -> np.ndarray:
+    """Normalise each row (last axis, N elements) of fp16 `x` in fp16, every operation rounded
+    half to even, in this order:
+
+      m = fp16_mean(x)                      (LayerNormalization; RMSNormalization: m = 0)
+      d = x - m
+      v = fp16_mean(d * d)
+      r = 1 / sqrt(v + epsilon)             three roundings: add, sqrt, divide
+      y = (d * r) * gamma [+ beta]          three (two) roundings
+
+    `gamma`, `beta` are fp16 rows of N (or broadcast to it)."""
+    x = np.asarray(x, dtype=np.float16)
+    d = x - fp16_mean(x)[..., None] if centre else x
+    variance = fp16_mean(d * d)[..., None]
+    reciprocal = np.float16(1.0) / np.sqrt(variance + np.float16(epsilon))
+    y = (d * reciprocal) * np.asarray(gamma, dtype=np.float16)
+    if beta is not None:
+        y = y + np.asarray(beta, dtype=np.float16)
+    return y
+
+
+def fp16_quantize(
+    y: np.ndarray, scale: np.float32, zero_point: int, low: int, high: int, dtype: npt.DTypeLike
+) -> np.ndarray:
+    """ONNX QuantizeLinear of the fp16 result: round_half_even(float32(y) / s) + z in float32,
+    clamped to [low, high]; +-inf saturates, NaN gives z (real 0)."""
+    ratio = np.asarray(y, dtype=np.float32) / np.float32(scale)
+    ratio = np.where(np.isnan(ratio), np.float32(0.0), ratio)
+    shifted = np.clip(np.rint(ratio), np.float32(low - zero_point), np.float32(high - zero_point))
+    return (shifted.astype(np.int64) + int(zero_point)).astype(dtype)
+
+
+def fp16_normalisation(
+    q: npt.ArrayLike,
+    axis: int,
+    *,
+    input_zero_point: int,
+    input_scale: np.float32,
+    gamma: np.ndarray,
+    beta: np.ndarray | None,
+    epsilon: np.float16,
+    centre: bool,
+    output_scale: np.float32,
+    output_zero_point: int,
+    low: int,
+    high: int,
+    dtype: npt.DTypeLike,
+) -> np.ndarray:
+    """Codes in, codes out: `fp16_dequantize`, `fp16_normalise_rows` over the axes from `axis`
+    to the end (flattened in C order), `fp16_quantize`. The one definition that the reference
+    kernel and the MLA's NORM_FP16 instruction both run. `gamma` / `beta` broadcast against
+    the normalised shape."""
+    q = np.asarray(q)
+    axis %= q.ndim
+    normalised = q.shape[axis:]
+    count = math.prod(normalised)
+    x = fp16_dequantize(q, input_zero_point, input_scale).reshape(-1, count)
+
+    def row(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None:
+            return None
+        return np.broadcast_to(np.asarray(values, dtype=np.float16), normalised).reshape(count)
+
+    y = fp16_normalise_rows(x, row(gamma), row(beta), epsilon, centre=centre)
+    codes = fp16_quantize(y, output_scale, output_zero_point, low, high, dtype)
+    return codes.reshape(q.shape)
+
+
 # --- elementwise and index helpers (Add, Sub, Max, Min, ArgMax) ----------------------------------
 
 

@@ -36,8 +36,9 @@ import numpy.typing as npt
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 
-ISA_VERSION = 2
-"""Bumped whenever the binary encoding or the meaning of a field changes."""
+ISA_VERSION = 3
+"""Bumped whenever the binary encoding or the meaning of a field changes (3: NORM_FP16 and the
+FLOAT16 dtype)."""
 
 TEXT_MAGIC = b"MLAT"
 MAX_RANK = 8
@@ -67,7 +68,8 @@ class Space(IntEnum):
 
 
 class DType(IntEnum):
-    """Element types a descriptor can hold (int64 only for wide constants such as big biases)."""
+    """Element types a descriptor can hold (int64 only for wide constants such as big biases;
+    FLOAT16 only for the gamma / beta constants of NORM_FP16)."""
 
     INT8 = 1
     UINT8 = 2
@@ -76,6 +78,7 @@ class DType(IntEnum):
     INT32 = 5
     UINT32 = 6
     INT64 = 7
+    FLOAT16 = 8
 
     @property
     def numpy(self) -> np.dtype:
@@ -105,6 +108,7 @@ _NUMPY_NAMES = {
     DType.INT32: "int32",
     DType.UINT32: "uint32",
     DType.INT64: "int64",
+    DType.FLOAT16: "float16",
 }
 
 
@@ -124,6 +128,7 @@ class Opcode(IntEnum):
     SOFTMAX = 0x30
     LAYERNORM = 0x31
     LRN = 0x32
+    NORM_FP16 = 0x33
 
 
 class EltwiseOp(IntEnum):
@@ -151,6 +156,33 @@ class ReduceOp(IntEnum):
 class ResizeMode(IntEnum):
     NEAREST = 0
     LINEAR = 1
+
+
+class NormOp(IntEnum):
+    """What NORM_FP16 normalises: LAYER subtracts the mean and adds beta, RMS does neither."""
+
+    LAYER = 0
+    RMS = 1
+
+
+def float32_bits(value: float) -> int:
+    """The IEEE binary32 bit pattern of `value` (rounded to float32), for an immediate."""
+    return int(np.array(value, dtype=np.float32).view(np.uint32))
+
+
+def float32_value(bits: int) -> np.float32:
+    """The float32 whose bit pattern is the low 32 bits of `bits`."""
+    return np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
+
+
+def float16_bits(value: float) -> int:
+    """The IEEE binary16 bit pattern of `value` (rounded to fp16, half to even)."""
+    return int(np.array(value, dtype=np.float16).view(np.uint16))
+
+
+def float16_value(bits: int) -> np.float16:
+    """The fp16 whose bit pattern is the low 16 bits of `bits`."""
+    return np.array(bits & 0xFFFF, dtype=np.uint16).view(np.float16)[()]
 
 
 Layout = Literal["NCHW", "HWC", "HWC16"]
@@ -758,6 +790,35 @@ class Lrn(Instruction):
     index_shift: int = _int(0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class NormFp16(Instruction):
+    """LayerNormalization (op LAYER) or RMSNormalization (op RMS) in fp16, codes in and out.
+
+    Over the axes from `axis` to the end (N elements, C order), every step rounded half to
+    even to fp16 (`compiler.intmath.fp16_normalisation`): x = fp16(float32(input -
+    input_zero_point) * S), S the float32 with bits `input_scale`; m = tree sum of x / N (LAYER;
+    0 for RMS); d = x - m; v = tree sum of d * d / N; r = 1 / sqrt(v + epsilon) (`epsilon`: fp16
+    bits); y = (d * r) * gamma + beta (LAYER); then output = clamp(round_half_even(float32(y) /
+    s_out) + output_zero_point, low, high), s_out the float32 with bits `output_scale`. `gamma`
+    and `beta` are FLOAT16 CONST tensors that broadcast against the normalised shape.
+    """
+
+    OPCODE: ClassVar[Opcode] = Opcode.NORM_FP16
+    op: NormOp = _enum(NormOp)
+    input: Tensor = _tensor()
+    output: Tensor = _tensor()
+    gamma: Tensor = _tensor()
+    beta: Tensor | None = _optional_tensor()
+    input_zero_point: int = _int(0)
+    input_scale: int = _int()
+    axis: int = _int(-1)
+    epsilon: int = _int()
+    output_scale: int = _int()
+    output_zero_point: int = _int(0)
+    low: int = _int()
+    high: int = _int()
+
+
 INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
     cls.OPCODE: cls
     for cls in (
@@ -776,6 +837,7 @@ INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
         Softmax,
         LayerNorm,
         Lrn,
+        NormFp16,
     )
 }
 
@@ -1198,7 +1260,12 @@ class ConstantPool:
         array = np.asarray(array)
         target = DType.of(dtype if dtype is not None else array.dtype)
         cast = array.astype(target.numpy)
-        if not np.array_equal(cast.astype(np.int64), array.astype(np.int64)):
+        if target == DType.FLOAT16:
+            if array.dtype != np.float16:
+                raise IsaError(
+                    f"FLOAT16 constants must be rounded to fp16 first, not {array.dtype}"
+                )
+        elif not np.array_equal(cast.astype(np.int64), array.astype(np.int64)):
             raise IsaError(f"constant values do not fit {target.numpy.name}")
         raw = np.ascontiguousarray(cast).tobytes()
         key = (target.numpy.name, cast.shape, hashlib.sha256(raw).hexdigest())

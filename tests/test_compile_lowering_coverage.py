@@ -27,7 +27,6 @@ KNOWN_GAPS = {
     # Not lowered yet (each such node splits its segment; compile notes which nodes did).
     "GridSample",
     "QuickGelu",
-    "RMSNormalization",
 }
 
 

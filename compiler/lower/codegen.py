@@ -7,7 +7,8 @@ descriptor at the address the memory plan gave it. Data movement (Transpose, Sli
 DepthToSpace, Tile, Pad, …) becomes strided MOVEs: the layout is in the descriptors.
 
 Batches: a layer whose instruction treats axis 0 as independent samples (Conv, pools, tables,
-elementwise, LRN; Resize, Softmax, LayerNorm, ArgMax and CumSum off axis 0; MatMul on rank >= 3)
+elementwise, LRN; Resize, Softmax, LayerNorm (integer or fp16), ArgMax and CumSum off axis 0;
+MatMul on rank >= 3)
 is emitted once over all frames, so its weights are fetched once per batch; any other layer is
 emitted once per frame on that frame's view. Frames of one tensor are consecutive (see
 `layout`).
@@ -43,6 +44,8 @@ from compiler.isa import (
     Lut,
     MatMul,
     Move,
+    NormFp16,
+    NormOp,
     Pool,
     PoolOp,
     Reduce,
@@ -54,6 +57,8 @@ from compiler.isa import (
     Space,
     Store,
     Tensor,
+    float16_bits,
+    float32_bits,
     layout_tensor,
 )
 from compiler.lower.errors import CompileError
@@ -71,7 +76,12 @@ from compiler.runtime.ops.geometry import resolve_pads
 from compiler.runtime.ops.lut import LookupKernel
 from compiler.runtime.ops.matmul import CumSumKernel, EinsumKernel, MatMulKernel, prefix_matrix
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
-from compiler.runtime.ops.normalization import OUTPUT_FRACTION_BITS, LayerNormKernel, LrnKernel
+from compiler.runtime.ops.normalization import (
+    OUTPUT_FRACTION_BITS,
+    Fp16NormKernel,
+    LayerNormKernel,
+    LrnKernel,
+)
 from compiler.runtime.ops.pool import (
     AveragePoolKernel,
     AverageStage,
@@ -769,6 +779,40 @@ def emit_layernorm(e: Emission) -> list[Instruction]:
     ]
 
 
+def emit_norm_fp16(e: Emission) -> list[Instruction]:
+    """NORM_FP16 from axis on; gamma and beta as fp16 tables of the normalised shape, the scale
+    and epsilon the kernel derives for this element count as float bit patterns."""
+    kernel: Fp16NormKernel = e.kernel
+    shape = e.frame_shapes[0]
+    axis = kernel.axis % len(shape)
+    normalised = tuple(shape[axis:])
+    scale, epsilon = kernel.scaled(math.prod(normalised))
+
+    def table(values: np.ndarray | None) -> Tensor | None:
+        if values is None:
+            return None
+        return e.constants.add(np.broadcast_to(values, normalised), np.dtype(np.float16))
+
+    return [
+        NormFp16(
+            layer=e.index,
+            op=NormOp.LAYER if kernel.centre else NormOp.RMS,
+            input=e.inputs[0],
+            output=e.output,
+            gamma=table(kernel.gamma),
+            beta=table(kernel.beta),
+            input_zero_point=kernel.input_zero_point,
+            input_scale=float32_bits(scale),
+            axis=axis,
+            epsilon=float16_bits(epsilon),
+            output_scale=float32_bits(kernel.output_scale),
+            output_zero_point=kernel.zero_point,
+            low=kernel.low,
+            high=kernel.high,
+        )
+    ]
+
+
 def emit_lrn(e: Emission) -> list[Instruction]:
     kernel: LrnKernel = e.kernel
     return [
@@ -1012,6 +1056,7 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     ResizeKernel: emit_resize,
     SoftmaxKernel: emit_softmax,
     LayerNormKernel: emit_layernorm,
+    Fp16NormKernel: emit_norm_fp16,
     LrnKernel: emit_lrn,
     MoveKernel: emit_movement,
     ConcatKernel: emit_movement,
@@ -1057,7 +1102,7 @@ def batches_over_axis0(layer: Layer, frame_shapes: Sequence[tuple[int, ...]]) ->
         return all(axis != 0 for axis, *_ in resized_axes(kernel, shape))
     if isinstance(kernel, SoftmaxKernel):
         return not kernel.flatten and kernel.axis % len(shape) != 0
-    if isinstance(kernel, LayerNormKernel):
+    if isinstance(kernel, LayerNormKernel | Fp16NormKernel):
         return kernel.axis % len(shape) != 0
     if isinstance(kernel, ReduceSumKernel | ReduceExtremumKernel):
         return 0 not in kernel.reduction.resolve(len(shape))

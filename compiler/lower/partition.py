@@ -234,7 +234,7 @@ def _assign(
             if processor == "MLA":
                 notes.append(
                     f"{step.name} ({step.pattern}) is on the MLA by the target's op table but the "
-                    f"QDQ model gives it no integer form ({step.reason}); it runs on the "
+                    f"QDQ model gives it no MLA form, integer or fp16 ({step.reason}); it runs on the "
                     f"{_host_for(step.pattern, target)}"
                 )
                 processor = _host_for(step.pattern, target)

@@ -62,7 +62,7 @@ class ReferenceComparison:
     """An archive run against the integer reference: every output, and every MLA stage's
     outputs, which is where a difference would be the compiler's or the emulator's. Host
     stages run float ops in ONNX Runtime while the reference runs them in onnx.reference, so
-    outputs behind such a stage (an LSTM, a LayerNorm in fp16) may differ in the last bits
+    outputs behind such a stage (an LSTM, a GridSample) may differ in the last bits
     even when every MLA stage is exact."""
 
     outputs: dict[str, dict[str, Any]]

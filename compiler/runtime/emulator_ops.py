@@ -4,7 +4,8 @@ These are written from docs/mla-isa.md and docs/integer-semantics.md, independen
 reference kernels in `compiler.runtime.ops` (none of them is called), so the two cross-check each
 other. The integer arithmetic that the spec defines (requantization, rounding shifts,
 tables, the common-scale operands of ADD / SUB / MAX / MIN, the normalisation of LAYERNORM,
-the LRN accumulator, ARGMAX) is imported from `compiler.intmath`; the fixed-point widths of Softmax and Resize are
+the fp16 arithmetic of NORM_FP16, the LRN accumulator, ARGMAX) is imported from
+`compiler.intmath`; the fixed-point widths of Softmax and Resize are
 imported from the reference ops that define them.
 
 Speed without changing a bit (the emulator runs whole networks):
@@ -49,6 +50,7 @@ from compiler.intmath import (
     argmax_codes,
     divide_round_half_up,
     dtype_range,
+    fp16_normalisation,
     lrn_accumulator,
     normalise,
     requantize,
@@ -69,6 +71,8 @@ from compiler.isa import (
     Lut,
     MatMul,
     Move,
+    NormFp16,
+    NormOp,
     Pool,
     PoolOp,
     Reduce,
@@ -80,6 +84,8 @@ from compiler.isa import (
     Space,
     Store,
     Tensor,
+    float16_value,
+    float32_value,
 )
 from compiler.runtime.cache import LruCache
 from compiler.runtime.ops.resize import WEIGHT_ONE
@@ -1682,6 +1688,47 @@ def execute_lrn(instruction: Lrn, memory: MemoryPort) -> None:
     memory.write(instruction.output, output_stage(memory, acc, instruction.requant))
 
 
+def execute_norm_fp16(instruction: NormFp16, memory: MemoryPort) -> None:
+    """LayerNormalization / RMSNormalization in fp16 over the axes from `axis` on
+    (`compiler.intmath.fp16_normalisation`); gamma and beta are fp16 CONST tables."""
+    shape = instruction.input.shape
+    _expect_shape("the NORM_FP16 output", instruction.output.shape, shape)
+    if not 0 <= instruction.axis < len(shape):
+        raise EmulatorError(f"NORM_FP16 axis {instruction.axis} of a rank-{len(shape)} input")
+    if instruction.input.itemsize != 1 or instruction.output.dtype.numpy.kind not in "iu":
+        raise EmulatorError("NORM_FP16 reads 8-bit codes and writes integer codes")
+    normalised = shape[instruction.axis :]
+    centre = instruction.op == NormOp.LAYER
+    if centre != (instruction.beta is not None):
+        raise EmulatorError("NORM_FP16 LAYER takes a beta table, RMS none")
+    tables = {}
+    for name in ("gamma", "beta"):
+        tensor = getattr(instruction, name)
+        if tensor is None:
+            continue
+        if tensor.dtype.numpy != np.float16:
+            raise EmulatorError(f"NORM_FP16 {name} must be FLOAT16, not {tensor.dtype.name}")
+        if _broadcast_shape(tensor.shape, normalised) != normalised:
+            raise EmulatorError(f"NORM_FP16 {name} {tensor.shape} do not broadcast to {normalised}")
+        tables[name] = memory.read(tensor)
+    result = fp16_normalisation(
+        memory.read(instruction.input),
+        instruction.axis,
+        input_zero_point=instruction.input_zero_point,
+        input_scale=float32_value(instruction.input_scale),
+        gamma=tables["gamma"],
+        beta=tables.get("beta"),
+        epsilon=float16_value(instruction.epsilon),
+        centre=centre,
+        output_scale=float32_value(instruction.output_scale),
+        output_zero_point=instruction.output_zero_point,
+        low=instruction.low,
+        high=instruction.high,
+        dtype=np.int64,
+    )
+    memory.write(instruction.output, result)
+
+
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """numpy's broadcast of `shapes`, or None where they do not broadcast."""
     try:
@@ -1706,5 +1753,6 @@ EXECUTORS: dict[type[Instruction], Callable[..., None]] = {
     Softmax: execute_softmax,
     LayerNorm: execute_layernorm,
     Lrn: execute_lrn,
+    NormFp16: execute_norm_fp16,
 }
 """Instruction type -> function(instruction, memory) that executes it."""

@@ -9,7 +9,12 @@ those DQ inputs and Q outputs. `build_program` finds these patterns:
 * MatMul -> Add(constant) [-> Relu|Clip] -> Q     bias fused into the accumulator
 * ArgMax                                          int64 indices, no Q (INDEX_OUTPUTS)
 * Mul(x, Sigmoid(x) | HardSigmoid(x)) -> Q        one lookup table of x * gate(x)
+* DQ -> Cast(fp16) [-> Cast(fp32)] -> LayerNormalization | RMSNormalization
+     [-> Cast(fp16)] -> Cast(fp32) -> Q             one fp16 normalisation (FP16_LOWERINGS)
 * DQ -> Q                                         a requantization (Rescale)
+
+Casts between a DQ and an fp16 normalisation run nowhere once every reader of them is part of
+such a pattern (`_elided_casts`), just as a DQ that only integer steps read.
 
 Quantize nodes on constants are folded (weights stored as float + Q). Everything else runs as
 it is written: Q nodes quantize float tensors, DQ nodes dequantize integer tensors that float
@@ -38,6 +43,7 @@ from compiler.runtime.ops import (
 )
 from compiler.runtime.ops.lut import lower_gated
 from compiler.runtime.ops.movement import lower_requantize
+from compiler.runtime.ops.normalization import FP16_LOWERINGS
 from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
 from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
 
@@ -45,6 +51,8 @@ QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 ACTIVATIONS = ("Relu", "Clip")
 GATES = ("Sigmoid", "HardSigmoid")
+CAST = "Cast"
+_FLOAT_CASTS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -201,11 +209,17 @@ def _topological_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 @dataclass(frozen=True, eq=False)
 class Match:
-    """A lowered pattern: its anchor, every node it absorbs, and the integer step."""
+    """A lowered pattern: its anchor, every node it absorbs, and the integer step.
+
+    `reads_through` are Casts between a DequantizeLinear (or a constant) and the anchor that
+    the step reads past; they may be shared, so they are elided only when nothing else reads
+    them (`_elided_casts`).
+    """
 
     anchor: onnx.NodeProto
     absorbed: tuple[onnx.NodeProto, ...]
     step: IntegerStep
+    reads_through: tuple[onnx.NodeProto, ...] = ()
 
 
 def _activation_bounds(graph: QdqGraph, node: onnx.NodeProto) -> tuple[float, float]:
@@ -255,10 +269,95 @@ def _gate(graph: QdqGraph, node: onnx.NodeProto) -> tuple[onnx.NodeProto, str] |
     return None
 
 
+def _cast_target(node: onnx.NodeProto | None) -> int | None:
+    """The `to` type of a Cast node (None for any other node)."""
+    if node is None or node.op_type != CAST or node.domain not in _DEFAULT_DOMAINS:
+        return None
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def _casts_before(graph: QdqGraph, name: str) -> tuple[str, list[onnx.NodeProto]]:
+    """Follow Casts to float32 / float16 back from `name`: (the tensor they start from, the
+    Casts, nearest first)."""
+    casts = []
+    producer = graph.producer.get(name)
+    while _cast_target(producer) in _FLOAT_CASTS:
+        casts.append(producer)
+        name = producer.input[0]
+        producer = graph.producer.get(name)
+    return name, casts
+
+
+def _casts_after(graph: QdqGraph, name: str) -> tuple[str, list[onnx.NodeProto]]:
+    """Follow Casts to float32 / float16 forward from `name` while each is the sole reader:
+    (the last tensor, the Casts in order)."""
+    casts = []
+    follower = graph.sole_consumer(name)
+    while _cast_target(follower) in _FLOAT_CASTS:
+        casts.append(follower)
+        name = follower.output[0]
+        follower = graph.sole_consumer(name)
+    return name, casts
+
+
+def _cast_constant(graph: QdqGraph, name: str, casts: list[onnx.NodeProto]) -> Operand:
+    """A constant read through Casts, with their roundings applied (None if not a constant)."""
+    try:
+        operand = graph.operand(name)
+    except NotLowerable:
+        return None
+    if not isinstance(operand, ConstOperand):
+        return operand
+    value = np.asarray(operand.value)
+    for cast in reversed(casts):
+        value = value.astype(helper.tensor_dtype_to_np_dtype(_cast_target(cast)))
+    return ConstOperand(name, value)
+
+
+def _match_fp16(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) -> Match | None:
+    """An fp16-wrapped normalisation: DQ -> Casts -> node -> Casts -> Q with at least one Cast to
+    float16 (the quantizer's fp16 activation pairs). None when the node is not so wrapped."""
+    lowering = FP16_LOWERINGS.get(node.op_type)
+    if lowering is None or node.domain not in _DEFAULT_DOMAINS or not node.output:
+        return None
+    source, before = _casts_before(graph, node.input[0])
+    tail, after = _casts_after(graph, node.output[0])
+    wrapped = [c for c in (*before, *after) if _cast_target(c) == onnx.TensorProto.FLOAT16]
+    if not wrapped:
+        return None
+    inputs: list[Operand] = [graph.operand(source)]
+    read_through = list(before)
+    for name in node.input[1:]:
+        constant_source, constant_casts = _casts_before(graph, name)
+        inputs.append(_cast_constant(graph, constant_source, constant_casts) if name else None)
+        read_through.extend(constant_casts)
+    quantizer = graph.sole_consumer(tail)
+    if quantizer is None or quantizer.op_type != QUANTIZE:
+        raise NotLowerable(f"output {node.output[0]!r} is not quantized by a single QuantizeLinear")
+    params = graph.params(quantizer)
+    ctx = OpContext(
+        node=node, opset=graph.opset, mode=mode, inputs=tuple(inputs), outputs=(params,)
+    )
+    lowered: Lowered = lowering(ctx)
+    pattern = f"{node.op_type}(fp16)"
+    step = IntegerStep(
+        node.name or node.output[0],
+        pattern,
+        lowered.kernel,
+        lowered.inputs,
+        (quantizer.output[0],),
+        (params,),
+    )
+    return Match(node, (*after, quantizer), step, tuple(read_through))
+
+
 def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) -> Match:
     """Lower one node with what it fuses, or raise NotLowerable saying why not."""
     if node.domain not in _DEFAULT_DOMAINS:
         raise NotLowerable(f"{node.domain}.{node.op_type} has no integer implementation")
+    fp16 = _match_fp16(graph, node, mode)
+    if fp16 is not None:
+        return fp16
     absorbed: list[onnx.NodeProto] = []
     lowering = LOWERINGS.get(node.op_type)
     pattern = node.op_type
@@ -412,6 +511,27 @@ def _match_requantizers(
     return steps
 
 
+def _elided_casts(
+    graph: QdqGraph, matches: dict[int, Match], integer_readers: set[int]
+) -> set[int]:
+    """Casts some match reads through (`Match.reads_through`) whose every reader is an integer
+    step or another elided Cast, and whose output is no graph output: the Casts between a
+    DequantizeLinear and an fp16 normalisation, which reads the integer tensor itself. Readers
+    are visited first, so whole chains go at once."""
+    candidates = {id(cast) for match in matches.values() for cast in match.reads_through}
+    elided: set[int] = set()
+    for node in reversed(graph.nodes):
+        if id(node) not in candidates or id(node) in integer_readers:
+            continue
+        output = node.output[0]
+        readers = graph.consumers.get(output, [])
+        if output in graph.output_names or not readers:
+            continue
+        if all(id(r) in integer_readers or id(r) in elided for r in readers):
+            elided.add(id(node))
+    return elided
+
+
 def _dequantize_needed(graph: QdqGraph, node: onnx.NodeProto, integer_readers: set[int]) -> bool:
     """A DequantizeLinear runs only if a float node or a graph output reads it."""
     output = node.output[0]
@@ -445,6 +565,7 @@ def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = F
     matches, absorbed, reasons = _match_all(graph, mode)
     requantizers = _match_requantizers(graph, mode, absorbed)
     integer_readers = set(matches) | absorbed | set(requantizers)
+    integer_readers |= _elided_casts(graph, matches, integer_readers)
     steps: list[Step] = []
     for node in graph.nodes:
         key = id(node)
@@ -452,8 +573,10 @@ def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = F
             steps.append(matches[key].step)
         elif key in requantizers:
             steps.append(requantizers[key])
-        elif key not in absorbed and (
-            node.op_type != DEQUANTIZE or _dequantize_needed(graph, node, integer_readers)
+        elif (
+            key not in absorbed
+            and key not in integer_readers
+            and (node.op_type != DEQUANTIZE or _dequantize_needed(graph, node, integer_readers))
         ):
             steps.append(_unmatched_step(graph, node, reasons.get(key), strict))
 

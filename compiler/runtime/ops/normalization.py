@@ -34,6 +34,14 @@ DQ or float): they are read as reals at build time and become one (M, n) multipl
 integer offset per normalised element (per channel). The product is first requantized to output
 units with 8 extra fractional bits so that beta is added before the final rounding; the result
 is within one or two output steps of the float op, and deterministic.
+
+LayerNormalization and RMSNormalization that a target runs in fp16 (the QDQ model wraps them in
+Cast pairs to float16; RMSNormalization also when it sits between a DequantizeLinear and a
+QuantizeLinear, having no integer form) use the MLA's fp16 normalisation unit instead
+(`Fp16NormKernel`): 8-bit codes in, every operation in IEEE fp16 in a fixed order
+(`compiler.intmath.fp16_normalisation`), codes out. The input is dequantized at a scale
+multiplied by 2**-e (`compiler.intmath.fp16_input_exponent`) so that no fp16 sum can overflow,
+with epsilon scaled by 2**-2e to match; normalisation does not change under such scaling.
 """
 
 from __future__ import annotations
@@ -47,6 +55,10 @@ from compiler.intmath import (
     NORMALISED_BITS,
     RequantizationMode,
     bit_length,
+    dtype_range,
+    fp16_epsilon,
+    fp16_input_exponent,
+    fp16_normalisation,
     lrn_accumulator,
     normalisation_epsilon,
     normalise,
@@ -208,8 +220,99 @@ def lower_lrn(ctx: OpContext) -> Lowered:
     return Lowered(LrnKernel(size, index_shift, table, x_zero_point, stage), (x.name,))
 
 
+@dataclass(frozen=True, eq=False)
+class Fp16NormKernel:
+    """LayerNormalization (`centre`) or RMSNormalization over the axes from `axis` on, in fp16.
+
+    `input_scale` and `epsilon` are the model's; `scaled` turns them into the unit's float32
+    scale and fp16 epsilon for a given element count. `gamma` / `beta` are fp16 and broadcast
+    against the normalised shape; the output is quantized by ONNX QuantizeLinear rules.
+    """
+
+    centre: bool
+    axis: int
+    epsilon: float
+    input_scale: float
+    input_zero_point: int
+    input_dtype: np.dtype
+    gamma: np.ndarray
+    beta: np.ndarray | None
+    output_scale: np.float32
+    zero_point: int
+    low: int
+    high: int
+    dtype: np.dtype
+
+    def scaled(self, count: int) -> tuple[np.float32, np.float16]:
+        """(float32 input scale s_in * 2**-e, fp16 epsilon * 2**-2e) for rows of `count`
+        elements: e keeps every fp16 sum finite (`compiler.intmath.fp16_input_exponent`)."""
+        low, high = dtype_range(self.input_dtype)
+        largest = max(self.input_zero_point - low, high - self.input_zero_point)
+        exponent = fp16_input_exponent(largest * self.input_scale, count)
+        scale = np.float32(np.float64(np.float32(self.input_scale)) * 2.0**-exponent)
+        return scale, fp16_epsilon(self.epsilon, exponent)
+
+    def __call__(self, q: np.ndarray) -> np.ndarray:
+        axis = self.axis % q.ndim
+        scale, epsilon = self.scaled(math.prod(q.shape[axis:]))
+        return fp16_normalisation(
+            q,
+            axis,
+            input_zero_point=self.input_zero_point,
+            input_scale=scale,
+            gamma=self.gamma,
+            beta=self.beta,
+            epsilon=epsilon,
+            centre=self.centre,
+            output_scale=self.output_scale,
+            output_zero_point=self.zero_point,
+            low=self.low,
+            high=self.high,
+            dtype=self.dtype,
+        )
+
+
+def lower_fp16_normalization(ctx: OpContext) -> Lowered:
+    """LayerNormalization(x, scale, B) or RMSNormalization(x, scale) on the fp16 unit."""
+    if any(name for name in ctx.node.output[1:]):
+        raise NotLowerable(f"{ctx.op_type} with Mean / InvStdDev outputs")
+    x, x_scale, x_zero_point = ctx.activation_input(0)
+    if x.params.bits > 8:
+        raise NotLowerable("the fp16 normalisation unit reads 8-bit codes")
+    gamma = ctx.constant(1)
+    if gamma is None:
+        raise NotLowerable(f"{ctx.op_type} scale must be a constant")
+    centre = ctx.op_type == "LayerNormalization"
+    beta = ctx.constant(2) if centre else None
+    output = ctx.output(0)
+    low, high = output.bounds
+    kernel = Fp16NormKernel(
+        centre=centre,
+        axis=int(ctx.attr("axis", -1)),
+        epsilon=float(ctx.attr("epsilon", 1e-5)),
+        input_scale=x_scale,
+        input_zero_point=x_zero_point,
+        input_dtype=np.dtype(x.params.dtype),
+        gamma=np.asarray(gamma, dtype=np.float16),
+        beta=None if beta is None else np.asarray(beta, dtype=np.float16),
+        output_scale=np.float32(output.scalar_scale()),
+        zero_point=output.scalar_zero_point(),
+        low=low,
+        high=high,
+        dtype=np.dtype(output.dtype),
+    )
+    return Lowered(kernel, (x.name,))
+
+
 LOWERINGS = {
     "LayerNormalization": lower_layer_normalization,
     "InstanceNormalization": lower_instance_normalization,
     "LRN": lower_lrn,
+    "RMSNormalization": lower_fp16_normalization,
 }
+
+FP16_LOWERINGS = {
+    "LayerNormalization": lower_fp16_normalization,
+    "RMSNormalization": lower_fp16_normalization,
+}
+"""Lowerings of the ops the QDQ model runs in fp16 (Cast pairs to float16 around them)."""
