@@ -99,6 +99,11 @@ class ActivationSpec:
     """(node index, input index) rewired to the dequantized value (producer not quantized)."""
     share_with: str | None = None
     """Key of the activation whose scale and zero point this one reuses."""
+    reads_dequantized: str | None = None
+    """Float (Cast) pairs only: key of the integer activation on the same tensor whose
+    dequantized value this pair reads. A tensor no quantized node produces (a graph input)
+    with both integer and fp16/bf16 readers gets Q → DQ, and the Cast pair after the DQ, so
+    every reader starts from the same integer codes."""
 
     @property
     def needs_observer(self) -> bool:
@@ -365,10 +370,47 @@ def _consume(
     if spec is None:
         spec = ActivationSpec(tensor, tensor, act, method, produced_by_quantized=False)
         plan.activations[tensor] = spec
+    elif spec.scheme.is_float != act.is_float:
+        return _consume_mixed(plan, spec, idx, k, act, method)
     elif not spec.produced_by_quantized and _wider(act, spec.scheme):
         spec.scheme, spec.method = act, method
     spec.consumers.append((idx, k))
     return tensor
+
+
+def _consume_mixed(
+    plan: QuantPlan,
+    spec: ActivationSpec,
+    idx: int,
+    k: int,
+    act: QuantizationScheme,
+    method: CalibrationMethod,
+) -> str:
+    """A reader whose float-ness differs from the tensor's spec so far (no quantized node
+    produces the tensor): the integer spec keeps the tensor's key, the float one becomes a Cast
+    pair after its DequantizeLinear (`reads_dequantized`); returns the reader's key."""
+    tensor = spec.tensor
+    if spec.scheme.is_float:  # the float reader came first: the integer one takes its key
+        float_spec, act_spec = spec, ActivationSpec(tensor, tensor, act, method, False)
+        plan.activations[tensor] = act_spec
+        _float_pair(plan, tensor, float_spec.scheme, float_spec.method).consumers.extend(
+            float_spec.consumers
+        )
+        act_spec.consumers.append((idx, k))
+        return tensor
+    pair = _float_pair(plan, tensor, act, method)
+    pair.consumers.append((idx, k))
+    return pair.key
+
+
+def _float_pair(
+    plan: QuantPlan, tensor: str, scheme: QuantizationScheme, method: CalibrationMethod
+) -> ActivationSpec:
+    key = f"{tensor}::{scheme.describe()}"
+    return plan.activations.setdefault(
+        key,
+        ActivationSpec(key, tensor, scheme, method, False, reads_dequantized=tensor),
+    )
 
 
 def _wider(a: QuantizationScheme, b: QuantizationScheme) -> bool:

@@ -69,6 +69,8 @@ class _Builder:
         self.result = BuildResult(self.model)
         self._param_cache: dict[tuple, str] = {}
         self._qparam_names: dict[str, tuple[str, str]] = {}
+        self.dequantized: dict[str, str] = {}
+        """Key of a spec on an unquantized producer's tensor → its dequantized tensor."""
 
     def add_init(self, base: str, value: np.ndarray) -> str:
         name = self.fresh(base)
@@ -93,7 +95,9 @@ class _Builder:
                     producer.output[k] = raw
             src, dst = raw, spec.tensor
         else:
-            src, dst = spec.tensor, self.fresh(f"{spec.key.replace('::', '_')}_dequantized")
+            src = self.dequantized.get(spec.reads_dequantized or "", spec.tensor)
+            dst = self.fresh(f"{spec.key.replace('::', '_')}_dequantized")
+            self.dequantized[spec.key] = dst
             for idx, k in spec.consumers:
                 self.g.node[idx].input[k] = dst
         base = spec.key.replace("::", "_")
@@ -258,10 +262,13 @@ class _Builder:
     # ---- assembly
 
     def build(self) -> BuildResult:
-        for spec in self.plan.activations.values():
+        # Pairs on unquantized producers first (those reading another pair's dequantized
+        # value after it), then the producers' own pairs, which rename their outputs.
+        activations = self.plan.activations.values()
+        for spec in sorted(activations, key=lambda a: a.reads_dequantized is not None):
             if not spec.produced_by_quantized:
                 self.activation(spec)
-        for spec in self.plan.activations.values():
+        for spec in activations:
             if spec.produced_by_quantized:
                 self.activation(spec)
         scales: dict[tuple[str, int], np.ndarray] = {}
