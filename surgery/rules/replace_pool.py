@@ -218,6 +218,108 @@ class MaxPoolCeilToPad(GraphRule):
         return True
 
 
+@register
+class MaxPoolToChain(GraphRule):
+    """Split a stride-1 "same" MaxPool whose kernel the MLA rejects into a chain of smaller
+    ones (SPP's 9×9 and 13×13 pools on an MLA that pools at most 7×7).
+
+    With stride 1 and (k − 1)/2 padding each side, MaxPool(a) then MaxPool(b) takes the max
+    over a window of a + b − 1 clipped to the input, exactly what MaxPool(a + b − 1) takes
+    (padding never wins a max). The chain uses the largest odd kernel the target accepts and
+    one smaller remainder, per axis; every output is identical.
+    """
+
+    name = "maxpool-to-chain"
+    suggest_for = frozenset({"MaxPool"})
+    summary = "Stride-1 MaxPool with a kernel the MLA rejects → a chain of smaller MaxPools."
+    category = "replace"
+    example = "surgery apply maxpool-to-chain yolox_s.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("MaxPool"):
+            kernel = self._same_kernel(pat, node)
+            x = pat.ins(node)[0]
+            if kernel is None or pat.shape(x) is None:
+                continue
+            chain = self._chain(ctx, pat.spec(x), kernel)
+            if chain is None:
+                continue
+            probes = [
+                probe_node(ctx, "MaxPool", [pat.spec(x)], [pat.spec(x)], _same(k)) for k in chain
+            ]
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"MaxPool {pat.name(node)} {kernel} → {' → '.join(map(str, chain))}",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    chain=chain,
+                )
+            )
+        return found
+
+    @staticmethod
+    def _same_kernel(pat: Pattern, node: int) -> list[int] | None:
+        """The kernel of a 2-D, stride-1, undilated MaxPool padded (k − 1)/2 on every side
+        (odd k), whose Indices output is unused; else None."""
+        attrs = pat.attrs(node)
+        if attrs.get("auto_pad", "NOTSET") != "NOTSET" or not pat.unused_extra_outputs(node):
+            return None
+        kernel = list(attrs.get("kernel_shape", []))
+        if len(kernel) != 2 or any(k % 2 == 0 for k in kernel):
+            return None
+        _, strides, dilations, pads = _window_attrs(attrs, 2)
+        if any(v != 1 for v in (*strides, *dilations)):
+            return None
+        return kernel if pads == [(k - 1) // 2 for k in kernel] * 2 else None
+
+    @staticmethod
+    def _chain(ctx: RuleContext, spec: TensorSpec, kernel: list[int]) -> list[list[int]] | None:
+        """Kernels whose composition is `kernel`: as many of the largest accepted odd size as
+        fit, then the odd remainder, per axis (1 where an axis is done); None if none fits."""
+        largest = next(
+            (
+                m
+                for m in range(max(kernel) - 2, 2, -2)
+                if probe_node(ctx, "MaxPool", [spec], [spec], _same([m, m])) is None
+            ),
+            None,
+        )
+        if largest is None:
+            return None
+        per_axis = []
+        for k in kernel:
+            parts, left = [], k - 1  # a chain of kernels k_i covers 1 + Σ (k_i − 1)
+            while left > 0:
+                step = min(largest - 1, left)
+                parts.append(step + 1)
+                left -= step
+            per_axis.append(parts)
+        length = max(len(parts) for parts in per_axis)
+        padded = [parts + [1] * (length - len(parts)) for parts in per_axis]
+        return [list(pair) for pair in zip(*padded, strict=True)]
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        chain = match.data["chain"]
+        ed.detach(node)
+        current = x
+        for k, kernel in enumerate(chain):
+            last = k == len(chain) - 1
+            out = y if last else ed.var(f"{node.name}_part{k}", x.dtype, x.shape)
+            ed.node("MaxPool", f"{node.name}_part{k}", [current], [out], **_same(kernel))
+            current = out
+        return True
+
+
+def _same(kernel: Sequence[int]) -> dict:
+    """MaxPool attributes of a stride-1 window `kernel` with "same" padding."""
+    return {"kernel_shape": list(kernel), "pads": [(k - 1) // 2 for k in kernel] * 2}
+
+
 def valid_counts(size: int, out: int, kernel: int, stride: int, pad_begin: int) -> np.ndarray:
     """How many real (non-padding) inputs each output window on one axis covers."""
     starts = np.arange(out) * stride - pad_begin
