@@ -9,5 +9,6 @@ from surgery.rules import (  # noqa: F401
     replace_pool,
     replace_reduce,
     replace_resize,
+    replace_shuffle,
     replace_slicing,
 )
