@@ -938,6 +938,59 @@ def swin() -> onnx.ModelProto:
     return b.model("swin", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
 
 
+def yolo11_psa() -> onnx.ModelProto:
+    """ultralytics YOLO11 C2PSA attention on a feature map: qkv 1×1 Conv, view
+    (B, heads, 2·key_dim + head_dim, N), Split on axis 2, (qᵀ·k)·scale, Softmax(−1),
+    v·attnᵀ viewed back to (B, C, H, W), plus a depthwise positional Conv on v, projection
+    Conv, residual, then an FFN of two 1×1 Convs."""
+    b = Builder()
+    c, heads, side = 32, 2, 8
+    head_dim, key_dim, n = c // heads, c // heads // 2, side * side
+    x = b.conv("stem", "images", 3, c, stride=2, act="silu")
+    qkv = b.conv("qkv", x, c, c + 2 * key_dim * heads, kernel=1, act=None)
+    view = b.const("qkv_view", np.array([1, heads, 2 * key_dim + head_dim, n]))
+    qkv = b.node("Reshape", [qkv, view], "qkv_heads")
+    sizes = b.const("qkv_sizes", np.array([key_dim, key_dim, head_dim]))
+    q, k, v = b.nodes_out("Split", [qkv, sizes], ["q", "k", "v"], axis=2)
+    scores = b.node("MatMul", [b.node("Transpose", [q], "qT", perm=[0, 1, 3, 2]), k], "qk")
+    scale = b.const("attn_scale", np.array(key_dim**-0.5, np.float32))
+    attn = b.node("Softmax", [b.node("Mul", [scores, scale], "qk_scaled")], "attn", axis=-1)
+    mixed = b.node("MatMul", [v, b.node("Transpose", [attn], "attnT", perm=[0, 1, 3, 2])], "av")
+    shape = b.const("map_shape", np.array([1, c, side, side]))
+    mixed = b.node("Reshape", [mixed, shape], "av_map")
+    pe = b.conv("pe", b.node("Reshape", [v, shape], "v_map"), c, c, group=c, act=None)
+    attended = b.conv("proj", b.node("Add", [mixed, pe], "av_pe"), c, c, kernel=1, act=None)
+    x = b.node("Add", [x, attended], "psa_res")
+    ffn = b.conv(
+        "ffn2", b.conv("ffn1", x, c, 2 * c, kernel=1, act="silu"), 2 * c, c, kernel=1, act=None
+    )
+    b.node("Add", [x, ffn], "psa_out")
+    return b.model("yolo11_psa", {"images": [1, 3, 16, 16]}, ["psa_out"], opset=17)
+
+
+def yolov10_head() -> onnx.ModelProto:
+    """YOLOv10's NMS-free one-to-one head: boxes and class scores flattened to (1, N, 4+nc),
+    max score per anchor (ReduceMax), TopK over anchors, GatherElements of the kept rows and a
+    second TopK over the flattened class scores — the post-processing stays on the host, the
+    network before it on the MLA."""
+    b, nc, k = Builder(), 4, 8
+    x = b.conv("stem", "images", 3, 16, stride=2, act="silu")
+    x = b.conv("down", x, 16, 16, stride=2, act="silu")
+    boxes = b.conv("box", x, 16, 4, kernel=1, act=None)
+    scores = b.node("Sigmoid", [b.conv("cls", x, 16, nc, kernel=1, act=None)], "cls_sig")
+    cat = b.node("Concat", [boxes, scores], "box_cls", axis=1)
+    rows = b.node("Reshape", [cat, b.const("rows", np.array([1, 4 + nc, -1]))], "flat")
+    rows = b.node("Transpose", [rows], "per_anchor", perm=[0, 2, 1])
+    cls = b.slice("cls_part", rows, 4, 4 + nc, 2)
+    best = b.node("ReduceMax", [cls], "best", axes=[-1], keepdims=0)
+    top = b.const("top_k", np.array([k]))
+    _, index = b.nodes_out("TopK", [best, top], ["top_scores", "top_index"], axis=-1)
+    index = b.node("Unsqueeze", [index, b.const("last", np.array([-1]))], "top_index3")
+    index = b.node("Tile", [index, b.const("tile", np.array([1, 1, 4 + nc]))], "top_rows")
+    b.node("GatherElements", [rows, index], "detections", axis=1)
+    return b.model("yolov10_head", {"images": [1, 3, 32, 32]}, ["detections"], opset=13)
+
+
 ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "crnn": crnn,
     "anchor_free_head": anchor_free_head,
@@ -964,4 +1017,6 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "googlenet": googlenet,
     "bert_encoder": bert_encoder,
     "swin": swin,
+    "yolo11_psa": yolo11_psa,
+    "yolov10_head": yolov10_head,
 }

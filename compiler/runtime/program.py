@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler.intmath import dequantize_linear, quantize_linear
 from compiler.runtime.errors import ExecutionError
+from compiler.runtime.float_ops import FLOAT_OP_OVERRIDES
 from compiler.runtime.ops.base import Kernel
 from compiler.runtime.qparams import NotLowerable, QuantParams
 from surgery.edit import node_reads
@@ -115,7 +116,9 @@ class FloatStep:
             [helper.make_value_info(name, untyped) for name in self.inputs],
             [helper.make_value_info(name, untyped) for name in self.outputs if name],
         )
-        self._evaluator = ReferenceEvaluator(graph, opsets=opsets, functions=functions or None)
+        self._evaluator = ReferenceEvaluator(
+            graph, opsets=opsets, functions=functions or None, new_ops=list(FLOAT_OP_OVERRIDES)
+        )
 
     def run(self, values: Values) -> None:
         results = self._evaluator.run(None, {name: values[name] for name in self.inputs})
