@@ -6,9 +6,9 @@ model with the less common data-movement ops; ViT/DeiT and DETR encoders with La
 out (opset < 17), ConvNeXt with channels-first and channels-last LayerNorm, EfficientNet SE with
 SiLU, a ShuffleNetV2 channel shuffle, YOLOv7 / YOLOX / YOLOv8-seg / YOLOv8-pose heads, an FCOS
 head, a PaddleOCR SVTR recogniser and DBNet head, ResNet and DenseNet at opset 11 with unfused
-BatchNorm, a GoogLeNet-style block with LRN and ArgMax, a BERT encoder with an attention mask and a Swin
-block with shifted windows. Built with onnx.helper and seeded weights, small enough to run the
-whole pipeline in a second or two.
+BatchNorm, a GoogLeNet-style block with LRN and ArgMax, a BERT encoder with an attention mask, a
+Swin block with shifted windows, YOLO11's C2PSA attention and a YOLOv10 NMS-free head. Built
+with onnx.helper and seeded weights, small enough to run the whole pipeline in a second or two.
 """
 
 from __future__ import annotations
