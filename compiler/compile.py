@@ -7,6 +7,7 @@ ModelProto), names the model, writes the archive and reports what was produced i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -23,6 +24,7 @@ from compiler.lower.memory import Strategy
 from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipeline
 from compiler.lower.schedule import ComputeOrder
 from compiler.lower.tessellate import TensorTessellateParameters
+from compiler.quantize.quantizer import METADATA_KEY
 from surgery.check import check_model
 from surgery.model import read_model
 
@@ -72,7 +74,7 @@ def compile_model(
     qdq_model: onnx.ModelProto | str | os.PathLike,
     output_path: str | os.PathLike,
     *,
-    target: str = "mlsoc",
+    target: str | None = None,
     batch_size: int = 1,
     compress: bool = True,
     tessellate_parameters: Mapping[str, TensorTessellateParameters] | None = None,
@@ -90,7 +92,8 @@ def compile_model(
     outputs to `TensorTessellateParameters` (None: CVU tessellate / detessellate stages).
     `single_core_mode` uses one quad (a quarter of the arena and MAC arrays).
     `custom_string` is stored in the archive and every ELF. `model_name` defaults to the file
-    name (without `.onnx`) or the graph name; `arena_bytes` overrides the arena size.
+    name (without `.onnx`) or the graph name; `arena_bytes` overrides the arena size. `target`
+    defaults to the one the model was quantized for (its quantization record), else mlsoc.
     """
     started = time.perf_counter()
     if isinstance(qdq_model, onnx.ModelProto):
@@ -104,7 +107,8 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path)
         default_name = path.name.removesuffix(".onnx")
-    notes = _check_quantized(model, model_path, target)
+    target, notes = _resolve_target(model, target)
+    notes += _check_quantized(model, model_path, target)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(
         target=target,
@@ -146,6 +150,32 @@ def compile_model(
         notes=[*notes, *compiled.notes],
         compiled=compiled,
     )
+
+
+def _resolve_target(model: onnx.ModelProto, target: str | None) -> tuple[str, list[str]]:
+    """The target to compile for and a note when it is not the one the model was quantized
+    for: the quantizer chose each node's precision (int8, fp16 norms, bf16) for that target."""
+    recorded = quantized_for(model)
+    if target is None:
+        return recorded or "mlsoc", []
+    if recorded is not None and recorded != target:
+        return target, [
+            f"the model was quantized for {recorded}, compiled for {target}: nodes whose "
+            f"precision {target} does not run on its MLA run on the host"
+        ]
+    return target, []
+
+
+def quantized_for(model: onnx.ModelProto) -> str | None:
+    """The target in the model's quantization record (`surgery quantize` writes it)."""
+    record = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
+    if record is None:
+        return None
+    try:
+        target = json.loads(record).get("target")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return target if isinstance(target, str) else None
 
 
 def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[str]:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from compiler.runtime.compare import compare_with_reference, random_inputs
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
-from surgery.cli.options import JsonOpt, TargetOpt
+from surgery.cli.options import JsonOpt
 from surgery.errors import SurgeryError
 
 ArchiveArg = Annotated[Path, typer.Argument(help="A compiled archive (<name>_mpk.tar.gz).")]
@@ -32,7 +32,15 @@ def compile_command(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Directory for <name>_mpk.tar.gz.")
     ],
-    target: TargetOpt = "mlsoc",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            "-t",
+            help="Target profile: mlsoc, modalix, rk3588 or a profile .yaml (default: the "
+            "target the model was quantized for, else mlsoc).",
+        ),
+    ] = None,
     batch_size: Annotated[
         int,
         typer.Option(

@@ -426,8 +426,11 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         segment. Reports per-segment peak arena vs its lower bound and cycles, and whether the
         .elf count equals the MLA segments check finds, which is the goal of the surgery.
         Never overwrites: an existing archive of that name is refused."""
+        import onnx
+
         from compiler.archive import ARCHIVE_SUFFIX
         from compiler.compile import compile_model as core_compile
+        from compiler.compile import quantized_for
 
         info = ws.info(model, version)
         folder = output_folder(output_dir)
@@ -451,11 +454,12 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         await ctx.report_progress(0, 2, f"lowering {info.name} {info.id}")
         # From the version's file, so the archive records its path and checksum and
         # run_archive can find the QDQ model for the bit-exact comparison.
+        recorded = quantized_for(onnx.load(str(info.path), load_external_data=False))
         result = await anyio.to_thread.run_sync(
             lambda: core_compile(
                 info.path,
                 folder,
-                target=target or state.default_target,
+                target=target or recorded or state.default_target,
                 model_name=archive_name,
                 **options,
             )
