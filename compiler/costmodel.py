@@ -28,6 +28,7 @@ from compiler.isa import (
     ConvTranspose,
     Eltwise,
     EltwiseOp,
+    GridSampleBf16,
     Instruction,
     LayerNorm,
     Load,
@@ -41,6 +42,7 @@ from compiler.isa import (
     Reduce,
     Resize,
     ResizeMode,
+    SampleMode,
     Softmax,
     Space,
     Store,
@@ -151,6 +153,15 @@ N - 1 adds per N elements), centres, squares, sums, multiplies by r and gamma, a
 quantizes; RMS skips the mean, the centring and beta. The per-row add, sqrt and divide are a
 few lanes' work per row and not counted."""
 
+GRID_SAMPLE_POINT_PASSES = 12
+"""GRID_SAMPLE_BF16 work per sampling point (shared by every channel): dequantize x and y to
+bf16, denormalise each (three float32 operations), the border test and clamp or reflection,
+floor and the four weights."""
+
+GRID_SAMPLE_ELEMENT_PASSES = {SampleMode.NEAREST: 2, SampleMode.BILINEAR: 9}
+"""GRID_SAMPLE_BF16 work per output element: a gather and the bf16 round + quantize (nearest);
+four gathers with dequantize, six multiply / adds and the round + quantize (bilinear)."""
+
 LRN_EXTRA_PASSES = 3
 """LRN: `size` window adds, plus squaring, the table lookup and the multiply-requantize."""
 
@@ -217,6 +228,11 @@ def _compute_cycles(instruction: Instruction, hw: MlaHardware) -> tuple[int, int
         return _ceil(instruction.input.size * LAYERNORM_PASSES, lanes), 0
     if isinstance(instruction, NormFp16):
         return _ceil(instruction.input.size * NORM_FP16_PASSES[instruction.op], lanes), 0
+    if isinstance(instruction, GridSampleBf16):
+        points = math.prod(instruction.grid.shape[:3])
+        work = points * GRID_SAMPLE_POINT_PASSES
+        work += instruction.output.size * GRID_SAMPLE_ELEMENT_PASSES[instruction.mode]
+        return _ceil(work, lanes), 0
     if isinstance(instruction, Lrn):
         passes = instruction.size + LRN_EXTRA_PASSES
         return _ceil(instruction.input.size * passes, lanes), 0

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -718,6 +719,161 @@ def fp16_normalisation(
     y = fp16_normalise_rows(x, row(gamma), row(beta), epsilon, centre=centre)
     codes = fp16_quantize(y, output_scale, output_zero_point, low, high, dtype)
     return codes.reshape(q.shape)
+
+
+# --- GridSample on the bf16 sampling unit (GRID_SAMPLE_BF16) -------------------------------------
+
+GRID_SAMPLE_MODES = ("nearest", "bilinear")
+GRID_PADDING_MODES = ("zeros", "border", "reflection")
+
+
+def bf16_round(x: npt.ArrayLike) -> np.ndarray:
+    """float32 -> the nearest bfloat16, half to even, returned as float32 (it is exactly
+    representable): ONNX Cast to bfloat16 and back. ±inf and NaN stay; a value past the largest
+    bf16 rounds to ±inf as IEEE conversion does."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def bf16_dequantize(q: npt.ArrayLike, zero_point: int, scale: np.float32) -> np.ndarray:
+    """bf16(float32(q - z) * s): ONNX DequantizeLinear (float32 product of the exact centred
+    code and the float32 scale) followed by a Cast to bfloat16."""
+    centred = (np.asarray(q, dtype=np.int64) - int(zero_point)).astype(np.float32)
+    return bf16_round(centred * np.float32(scale))
+
+
+def _grid_denormalise(g: np.ndarray, size: int, align_corners: bool) -> np.ndarray:
+    """The pixel coordinate of normalised g in [-1, 1], in float32 in this order:
+    (g + 1) / 2 * (size - 1) with align_corners, else ((g + 1) * size - 1) / 2."""
+    one, two = np.float32(1.0), np.float32(2.0)
+    if align_corners:
+        return (g + one) / two * np.float32(size - 1)
+    return ((g + one) * np.float32(size) - one) / two
+
+
+def _grid_border(size: int, align_corners: bool) -> tuple[np.float32, np.float32]:
+    """The coordinate range that needs no padding: [0, size - 1], or [-0.5, size - 0.5]."""
+    if align_corners:
+        return np.float32(0.0), np.float32(size - 1)
+    return np.float32(-0.5), np.float32(size - 0.5)
+
+
+def _grid_reflect(x: np.ndarray, low: np.float32, high: np.float32) -> np.ndarray:
+    """Reflect x by the near border until it lies in [low, high], float32 (ONNX Runtime's
+    GsReflect): d = distance past the border, n = trunc(d / range), r = d - n * range, then
+    low + r or high - r by the parity of n. A one-pixel axis (range 0) reflects onto `low`."""
+    span = np.float32(high - low)
+    if span == 0:
+        return np.where((x < low) | (x > high), low, x).astype(np.float32)
+    below, above = x < low, x > high
+    distance = np.where(below, low - x, x - high).astype(np.float32)
+    turns = np.trunc(distance / span)
+    rest = distance - turns * span
+    even = np.fmod(turns, np.float32(2.0)) == 0
+    from_low, from_high = low + rest, high - rest
+    reflected = np.where(below, np.where(even, from_low, from_high), x)
+    return np.where(above, np.where(even, from_high, from_low), reflected).astype(np.float32)
+
+
+def _grid_taps(
+    values: np.ndarray, xi: np.ndarray, yi: np.ndarray, padding: str, align_corners: bool
+) -> np.ndarray:
+    """values[n, :, yi, xi] for integer tap coordinates (N, P): zeros outside the image for
+    padding "zeros", the clamped pixel for "border", the reflected pixel for "reflection"."""
+    batch, channels, height, width = values.shape
+    valid = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
+    if padding == "reflection":
+        xi = _grid_reflect(xi.astype(np.float32), *_grid_border(width, align_corners))
+        yi = _grid_reflect(yi.astype(np.float32), *_grid_border(height, align_corners))
+        xi, yi = xi.astype(np.int64), yi.astype(np.int64)
+    xi, yi = np.clip(xi, 0, width - 1), np.clip(yi, 0, height - 1)
+    flat = values.reshape(batch, channels, height * width)
+    taps = np.take_along_axis(flat, (yi * width + xi)[:, None, :], axis=2)
+    if padding == "zeros":
+        taps = np.where(valid[:, None, :], taps, np.float32(0.0))
+    return taps
+
+
+def grid_sample_float32(
+    x: np.ndarray, grid: np.ndarray, mode: str, padding: str, align_corners: bool
+) -> np.ndarray:
+    """GridSample of x (N, C, H, W) at grid (N, Ho, Wo, 2) (x then y, normalised to [-1, 1]),
+    every operation in float32 and in ONNX Runtime's CPU kernel's order:
+
+      x, y    = denormalised coordinates (`_grid_denormalise`); nearest: rounded half to even
+      if x or y lies outside the no-padding range: border clamps both to the image,
+      reflection reflects both (`_grid_reflect`)
+      nearest:  the pixel at (y, x) (`_grid_taps`: zeros outside for padding zeros)
+      bilinear: x0 = floor(x), x1 = x0 + 1 (y likewise), dx1 = x - x0, dx0 = x1 - x, then
+                dy0 * (dx0 * p[y0, x0] + dx1 * p[y0, x1]) + dy1 * (dx0 * p[y1, x0] + dx1 * p[y1, x1])
+
+    Returns float32 (N, C, Ho, Wo)."""
+    batch, channels, height, width = x.shape
+    out_h, out_w = grid.shape[1:3]
+    points = np.asarray(grid, dtype=np.float32).reshape(batch, out_h * out_w, 2)
+    px = _grid_denormalise(points[..., 0], width, align_corners)
+    py = _grid_denormalise(points[..., 1], height, align_corners)
+    if mode == "nearest":
+        px, py = np.rint(px), np.rint(py)
+    (x_low, x_high), (y_low, y_high) = (
+        _grid_border(width, align_corners),
+        _grid_border(height, align_corners),
+    )
+    outside = (px < x_low) | (px > x_high) | (py < y_low) | (py > y_high)
+    if padding == "border":
+        px = np.where(outside, np.clip(px, 0, width - 1), px).astype(np.float32)
+        py = np.where(outside, np.clip(py, 0, height - 1), py).astype(np.float32)
+    elif padding == "reflection":
+        px = np.where(outside, _grid_reflect(px, x_low, x_high), px)
+        py = np.where(outside, _grid_reflect(py, y_low, y_high), py)
+    values = np.asarray(x, dtype=np.float32)
+    if mode == "nearest":
+        result = _grid_taps(
+            values, px.astype(np.int64), py.astype(np.int64), padding, align_corners
+        )
+        return result.reshape(batch, channels, out_h, out_w)
+    x0, y0 = np.floor(px), np.floor(py)
+    x1, y1 = x0 + np.float32(1.0), y0 + np.float32(1.0)
+    dx0, dx1 = (x1 - px)[:, None, :], (px - x0)[:, None, :]
+    dy0, dy1 = (y1 - py)[:, None, :], (py - y0)[:, None, :]
+    xi0, yi0 = x0.astype(np.int64), y0.astype(np.int64)
+    xi1, yi1 = xi0 + 1, yi0 + 1
+
+    def tap(xi: np.ndarray, yi: np.ndarray) -> np.ndarray:
+        return _grid_taps(values, xi, yi, padding, align_corners)
+
+    top = dx0 * tap(xi0, yi0) + dx1 * tap(xi1, yi0)
+    bottom = dx0 * tap(xi0, yi1) + dx1 * tap(xi1, yi1)
+    result = dy0 * top + dy1 * bottom
+    return result.astype(np.float32).reshape(batch, channels, out_h, out_w)
+
+
+def bf16_grid_sample(
+    q: npt.ArrayLike,
+    grid: npt.ArrayLike,
+    *,
+    mode: str,
+    padding: str,
+    align_corners: bool,
+    input_zero_point: int,
+    input_scale: np.float32,
+    grid_zero_point: int,
+    grid_scale: np.float32,
+    output_scale: np.float32,
+    output_zero_point: int,
+    low: int,
+    high: int,
+    dtype: npt.DTypeLike,
+) -> np.ndarray:
+    """Codes in, codes out: input and grid codes to bf16 (`bf16_dequantize`), the float32
+    sampling of `grid_sample_float32`, the result rounded to bf16 (`bf16_round`), then ONNX
+    QuantizeLinear clamped to [low, high] (`fp16_quantize`: ±inf saturate, NaN gives z). The one
+    definition that the reference kernel and the MLA's GRID_SAMPLE_BF16 instruction both run;
+    it is the QDQ model's DequantizeLinear -> Cast(bf16) -> Cast(float) pairs around GridSample,
+    the Cast pair after it and its QuantizeLinear."""
+    x = bf16_dequantize(q, input_zero_point, input_scale)
+    points = bf16_dequantize(grid, grid_zero_point, grid_scale)
+    y = bf16_round(grid_sample_float32(x, points, mode, padding, align_corners))
+    return fp16_quantize(y, output_scale, output_zero_point, low, high, dtype)
 
 
 # --- elementwise and index helpers (Add, Sub, Max, Min, ArgMax) ----------------------------------

@@ -36,9 +36,9 @@ import numpy.typing as npt
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 
-ISA_VERSION = 3
+ISA_VERSION = 4
 """Bumped whenever the binary encoding or the meaning of a field changes (3: NORM_FP16 and the
-FLOAT16 dtype)."""
+FLOAT16 dtype; 4: GRID_SAMPLE_BF16)."""
 
 TEXT_MAGIC = b"MLAT"
 MAX_RANK = 8
@@ -129,6 +129,7 @@ class Opcode(IntEnum):
     LAYERNORM = 0x31
     LRN = 0x32
     NORM_FP16 = 0x33
+    GRID_SAMPLE_BF16 = 0x34
 
 
 class EltwiseOp(IntEnum):
@@ -163,6 +164,21 @@ class NormOp(IntEnum):
 
     LAYER = 0
     RMS = 1
+
+
+class SampleMode(IntEnum):
+    """How GRID_SAMPLE_BF16 reads the image at a sampling point."""
+
+    NEAREST = 0
+    BILINEAR = 1
+
+
+class SamplePadding(IntEnum):
+    """What GRID_SAMPLE_BF16 reads outside the image (ONNX GridSample's padding_mode)."""
+
+    ZEROS = 0
+    BORDER = 1
+    REFLECTION = 2
 
 
 def float32_bits(value: float) -> int:
@@ -819,6 +835,33 @@ class NormFp16(Instruction):
     high: int = _int()
 
 
+@dataclass(frozen=True, kw_only=True)
+class GridSampleBf16(Instruction):
+    """GridSample of a 4-D image at an (N, Ho, Wo, 2) grid on the bf16 sampling unit, codes in
+    and out (`compiler.intmath.bf16_grid_sample`): image and grid codes become
+    bf16(float32(code - zero_point) * scale) (`input_scale` / `grid_scale`: float32 bits),
+    coordinates, weights and the weighted sum are float32 in a fixed order, the result is rounded
+    to bf16, then output = clamp(round_half_even(float32(y) / s_out) + output_zero_point, low,
+    high), s_out the float32 with bits `output_scale`. `align_corners` is 0 or 1.
+    """
+
+    OPCODE: ClassVar[Opcode] = Opcode.GRID_SAMPLE_BF16
+    mode: SampleMode = _enum(SampleMode)
+    padding: SamplePadding = _enum(SamplePadding)
+    input: Tensor = _tensor()
+    grid: Tensor = _tensor()
+    output: Tensor = _tensor()
+    align_corners: int = _int(0)
+    input_zero_point: int = _int(0)
+    input_scale: int = _int()
+    grid_zero_point: int = _int(0)
+    grid_scale: int = _int()
+    output_scale: int = _int()
+    output_zero_point: int = _int(0)
+    low: int = _int()
+    high: int = _int()
+
+
 INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
     cls.OPCODE: cls
     for cls in (
@@ -838,6 +881,7 @@ INSTRUCTION_TYPES: dict[Opcode, type[Instruction]] = {
         LayerNorm,
         Lrn,
         NormFp16,
+        GridSampleBf16,
     )
 }
 

@@ -7,7 +7,7 @@ descriptor at the address the memory plan gave it. Data movement (Transpose, Sli
 DepthToSpace, Tile, Pad, …) becomes strided MOVEs: the layout is in the descriptors.
 
 Batches: a layer whose instruction treats axis 0 as independent samples (Conv, pools, tables,
-elementwise, LRN; Resize, Softmax, LayerNorm (integer or fp16), ArgMax and CumSum off axis 0;
+elementwise, LRN, GridSample; Resize, Softmax, LayerNorm (integer or fp16), ArgMax and CumSum off axis 0;
 MatMul on rank >= 3)
 is emitted once over all frames, so its weights are fetched once per batch; any other layer is
 emitted once per frame on that frame's view. Frames of one tensor are consecutive (see
@@ -36,6 +36,7 @@ from compiler.isa import (
     Eltwise,
     EltwiseOp,
     Fill,
+    GridSampleBf16,
     Instruction,
     LayerNorm,
     Layout,
@@ -53,6 +54,8 @@ from compiler.isa import (
     Requant,
     Resize,
     ResizeMode,
+    SampleMode,
+    SamplePadding,
     Softmax,
     Space,
     Store,
@@ -73,6 +76,7 @@ from compiler.runtime.ops.elementwise import (
     MulKernel,
 )
 from compiler.runtime.ops.geometry import resolve_pads
+from compiler.runtime.ops.grid_sample import GridSampleKernel
 from compiler.runtime.ops.lut import LookupKernel
 from compiler.runtime.ops.matmul import CumSumKernel, EinsumKernel, MatMulKernel, prefix_matrix
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
@@ -813,6 +817,38 @@ def emit_norm_fp16(e: Emission) -> list[Instruction]:
     ]
 
 
+_SAMPLE_MODES = {"nearest": SampleMode.NEAREST, "bilinear": SampleMode.BILINEAR}
+_SAMPLE_PADDINGS = {
+    "zeros": SamplePadding.ZEROS,
+    "border": SamplePadding.BORDER,
+    "reflection": SamplePadding.REFLECTION,
+}
+
+
+def emit_grid_sample(e: Emission) -> list[Instruction]:
+    """GRID_SAMPLE_BF16 reading the image and grid codes; the scales as float32 bit patterns."""
+    kernel: GridSampleKernel = e.kernel
+    return [
+        GridSampleBf16(
+            layer=e.index,
+            mode=_SAMPLE_MODES[kernel.mode],
+            padding=_SAMPLE_PADDINGS[kernel.padding],
+            input=e.inputs[0],
+            grid=e.inputs[1],
+            output=e.output,
+            align_corners=int(kernel.align_corners),
+            input_zero_point=kernel.input_zero_point,
+            input_scale=float32_bits(kernel.input_scale),
+            grid_zero_point=kernel.grid_zero_point,
+            grid_scale=float32_bits(kernel.grid_scale),
+            output_scale=float32_bits(kernel.output_scale),
+            output_zero_point=kernel.zero_point,
+            low=kernel.low,
+            high=kernel.high,
+        )
+    ]
+
+
 def emit_lrn(e: Emission) -> list[Instruction]:
     kernel: LrnKernel = e.kernel
     return [
@@ -1057,6 +1093,7 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     SoftmaxKernel: emit_softmax,
     LayerNormKernel: emit_layernorm,
     Fp16NormKernel: emit_norm_fp16,
+    GridSampleKernel: emit_grid_sample,
     LrnKernel: emit_lrn,
     MoveKernel: emit_movement,
     ConcatKernel: emit_movement,
@@ -1077,6 +1114,7 @@ _PER_SAMPLE = (
     DivKernel,
     ExtremumKernel,
     LrnKernel,
+    GridSampleKernel,
 )
 
 

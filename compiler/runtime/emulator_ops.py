@@ -48,6 +48,7 @@ from compiler.intmath import (
     FusedOutputStage,
     apply_lut,
     argmax_codes,
+    bf16_grid_sample,
     divide_round_half_up,
     dtype_range,
     fp16_normalisation,
@@ -64,6 +65,7 @@ from compiler.isa import (
     Eltwise,
     EltwiseOp,
     Fill,
+    GridSampleBf16,
     Instruction,
     LayerNorm,
     Load,
@@ -80,6 +82,8 @@ from compiler.isa import (
     Requant,
     Resize,
     ResizeMode,
+    SampleMode,
+    SamplePadding,
     Softmax,
     Space,
     Store,
@@ -1729,6 +1733,45 @@ def execute_norm_fp16(instruction: NormFp16, memory: MemoryPort) -> None:
     memory.write(instruction.output, result)
 
 
+_SAMPLE_MODES = {SampleMode.NEAREST: "nearest", SampleMode.BILINEAR: "bilinear"}
+_SAMPLE_PADDINGS = {
+    SamplePadding.ZEROS: "zeros",
+    SamplePadding.BORDER: "border",
+    SamplePadding.REFLECTION: "reflection",
+}
+
+
+def execute_grid_sample_bf16(instruction: GridSampleBf16, memory: MemoryPort) -> None:
+    """GridSample on the bf16 sampling unit (`compiler.intmath.bf16_grid_sample`): image
+    (N, C, H, W) and grid (N, Ho, Wo, 2) codes in, (N, C, Ho, Wo) codes out."""
+    image, grid = instruction.input.shape, instruction.grid.shape
+    if len(image) != 4 or len(grid) != 4 or grid[3] != 2 or grid[0] != image[0]:
+        raise EmulatorError(f"GRID_SAMPLE_BF16 of a {image} image at a {grid} grid")
+    _expect_shape("the GRID_SAMPLE_BF16 output", instruction.output.shape, (*image[:2], *grid[1:3]))
+    for name in ("input", "grid"):
+        if getattr(instruction, name).itemsize > 2:
+            raise EmulatorError(f"GRID_SAMPLE_BF16 reads 8- or 16-bit {name} codes")
+    if instruction.output.dtype.numpy.kind not in "iu" or instruction.align_corners not in (0, 1):
+        raise EmulatorError("GRID_SAMPLE_BF16 writes integer codes; align_corners is 0 or 1")
+    result = bf16_grid_sample(
+        memory.read(instruction.input),
+        memory.read(instruction.grid),
+        mode=_SAMPLE_MODES[instruction.mode],
+        padding=_SAMPLE_PADDINGS[instruction.padding],
+        align_corners=bool(instruction.align_corners),
+        input_zero_point=instruction.input_zero_point,
+        input_scale=float32_value(instruction.input_scale),
+        grid_zero_point=instruction.grid_zero_point,
+        grid_scale=float32_value(instruction.grid_scale),
+        output_scale=float32_value(instruction.output_scale),
+        output_zero_point=instruction.output_zero_point,
+        low=instruction.low,
+        high=instruction.high,
+        dtype=np.int64,
+    )
+    memory.write(instruction.output, result)
+
+
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """numpy's broadcast of `shapes`, or None where they do not broadcast."""
     try:
@@ -1754,5 +1797,6 @@ EXECUTORS: dict[type[Instruction], Callable[..., None]] = {
     LayerNorm: execute_layernorm,
     Lrn: execute_lrn,
     NormFp16: execute_norm_fp16,
+    GridSampleBf16: execute_grid_sample_bf16,
 }
 """Instruction type -> function(instruction, memory) that executes it."""

@@ -11,9 +11,11 @@ those DQ inputs and Q outputs. `build_program` finds these patterns:
 * Mul(x, Sigmoid(x) | HardSigmoid(x)) -> Q        one lookup table of x * gate(x)
 * DQ -> Cast(fp16) [-> Cast(fp32)] -> LayerNormalization | RMSNormalization
      [-> Cast(fp16)] -> Cast(fp32) -> Q             one fp16 normalisation (FP16_LOWERINGS)
+* DQ -> Cast(bf16) -> Cast(fp32) -> GridSample (image and grid so) -> Cast(bf16)
+     -> Cast(fp32) -> Q                             one bf16 sampling (BF16_LOWERINGS)
 * DQ -> Q                                         a requantization (Rescale)
 
-Casts between a DQ and an fp16 normalisation run nowhere once every reader of them is part of
+Casts between a DQ and an fp16 / bf16 op run nowhere once every reader of them is part of
 such a pattern (`_elided_casts`), just as a DQ that only integer steps read.
 
 Quantize nodes on constants are folded (weights stored as float + Q). Everything else runs as
@@ -24,6 +26,7 @@ nodes or graph outputs need, and other nodes run in float (onnx.reference).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +43,9 @@ from compiler.runtime.ops import (
     LOWERINGS,
     Lowered,
     OpContext,
+    lowerable_domain,
 )
+from compiler.runtime.ops.grid_sample import BF16_LOWERINGS
 from compiler.runtime.ops.lut import lower_gated
 from compiler.runtime.ops.movement import lower_requantize
 from compiler.runtime.ops.normalization import FP16_LOWERINGS
@@ -52,7 +57,7 @@ DEQUANTIZE = "DequantizeLinear"
 ACTIVATIONS = ("Relu", "Clip")
 GATES = ("Sigmoid", "HardSigmoid")
 CAST = "Cast"
-_FLOAT_CASTS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
+Lowering = Callable[[OpContext], Lowered]
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -276,24 +281,28 @@ def _cast_target(node: onnx.NodeProto | None) -> int | None:
     return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
-def _casts_before(graph: QdqGraph, name: str) -> tuple[str, list[onnx.NodeProto]]:
-    """Follow Casts to float32 / float16 back from `name`: (the tensor they start from, the
+def _casts_before(
+    graph: QdqGraph, name: str, narrow: int = onnx.TensorProto.FLOAT16
+) -> tuple[str, list[onnx.NodeProto]]:
+    """Follow Casts to float32 / `narrow` back from `name`: (the tensor they start from, the
     Casts, nearest first)."""
     casts = []
     producer = graph.producer.get(name)
-    while _cast_target(producer) in _FLOAT_CASTS:
+    while _cast_target(producer) in (onnx.TensorProto.FLOAT, narrow):
         casts.append(producer)
         name = producer.input[0]
         producer = graph.producer.get(name)
     return name, casts
 
 
-def _casts_after(graph: QdqGraph, name: str) -> tuple[str, list[onnx.NodeProto]]:
-    """Follow Casts to float32 / float16 forward from `name` while each is the sole reader:
+def _casts_after(
+    graph: QdqGraph, name: str, narrow: int = onnx.TensorProto.FLOAT16
+) -> tuple[str, list[onnx.NodeProto]]:
+    """Follow Casts to float32 / `narrow` forward from `name` while each is the sole reader:
     (the last tensor, the Casts in order)."""
     casts = []
     follower = graph.sole_consumer(name)
-    while _cast_target(follower) in _FLOAT_CASTS:
+    while _cast_target(follower) in (onnx.TensorProto.FLOAT, narrow):
         casts.append(follower)
         name = follower.output[0]
         follower = graph.sole_consumer(name)
@@ -314,23 +323,76 @@ def _cast_constant(graph: QdqGraph, name: str, casts: list[onnx.NodeProto]) -> O
     return ConstOperand(name, value)
 
 
-def _match_fp16(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) -> Match | None:
-    """An fp16-wrapped normalisation: DQ -> Casts -> node -> Casts -> Q with at least one Cast to
-    float16 (the quantizer's fp16 activation pairs). None when the node is not so wrapped."""
-    lowering = FP16_LOWERINGS.get(node.op_type)
-    if lowering is None or node.domain not in _DEFAULT_DOMAINS or not node.output:
+@dataclass(frozen=True)
+class _Datapath:
+    """A narrow-float unit of the MLA: the Cast type that marks its ops in the QDQ model, their
+    lowerings, and whether every activation input and the output must pass through such a Cast
+    (the unit rounds each of them; fp16 normalisation needs one Cast anywhere)."""
+
+    name: str
+    cast: int
+    lowerings: dict[str, Lowering]
+    every_operand: bool
+
+
+_DATAPATHS = (
+    _Datapath("fp16", onnx.TensorProto.FLOAT16, FP16_LOWERINGS, every_operand=False),
+    _Datapath("bf16", onnx.TensorProto.BFLOAT16, BF16_LOWERINGS, every_operand=True),
+)
+
+
+def _wrapped(
+    datapath: _Datapath, activation_casts: list[list[onnx.NodeProto]], after: list[onnx.NodeProto]
+) -> bool:
+    """Whether the Casts around a node mark it as an op of `datapath`."""
+
+    def narrow(casts: list[onnx.NodeProto]) -> bool:
+        return any(_cast_target(c) == datapath.cast for c in casts)
+
+    if datapath.every_operand:
+        return all(narrow(casts) for casts in activation_casts) and narrow(after)
+    return any(narrow(casts) for casts in (*activation_casts, after))
+
+
+def _match_narrow_float(
+    graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode
+) -> Match | None:
+    """An op wrapped in the quantizer's fp16 or bf16 activation pairs: DQ -> Casts -> node ->
+    Casts -> Q (`_DATAPATHS`). None when the node is not so wrapped."""
+    if node.domain not in _DEFAULT_DOMAINS or not node.output:
         return None
-    source, before = _casts_before(graph, node.input[0])
-    tail, after = _casts_after(graph, node.output[0])
-    wrapped = [c for c in (*before, *after) if _cast_target(c) == onnx.TensorProto.FLOAT16]
-    if not wrapped:
+    for datapath in _DATAPATHS:
+        lowering = datapath.lowerings.get(node.op_type)
+        if lowering is not None:
+            match = _match_datapath(graph, node, mode, datapath, lowering)
+            if match is not None:
+                return match
+    return None
+
+
+def _match_datapath(
+    graph: QdqGraph,
+    node: onnx.NodeProto,
+    mode: RequantizationMode,
+    datapath: _Datapath,
+    lowering: Lowering,
+) -> Match | None:
+    """`_match_narrow_float` for one datapath. Input 0 must be an integer tensor (through its
+    Casts); that is checked once the Casts say the node belongs to the datapath."""
+    inputs: list[Operand] = []
+    read_through: list[onnx.NodeProto] = []
+    activation_casts: list[list[onnx.NodeProto]] = []
+    for name in node.input:
+        source, casts = _casts_before(graph, name, datapath.cast) if name else ("", [])
+        operand = _cast_constant(graph, source, casts) if name else None
+        if isinstance(operand, QuantOperand) and operand.value is None:
+            activation_casts.append(casts)
+        inputs.append(operand)
+        read_through.extend(casts)
+    tail, after = _casts_after(graph, node.output[0], datapath.cast)
+    if not _wrapped(datapath, activation_casts, after):
         return None
-    inputs: list[Operand] = [graph.operand(source)]
-    read_through = list(before)
-    for name in node.input[1:]:
-        constant_source, constant_casts = _casts_before(graph, name)
-        inputs.append(_cast_constant(graph, constant_source, constant_casts) if name else None)
-        read_through.extend(constant_casts)
+    inputs[0] = graph.operand(_casts_before(graph, node.input[0], datapath.cast)[0])
     quantizer = graph.sole_consumer(tail)
     if quantizer is None or quantizer.op_type != QUANTIZE:
         raise NotLowerable(f"output {node.output[0]!r} is not quantized by a single QuantizeLinear")
@@ -339,10 +401,9 @@ def _match_fp16(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode)
         node=node, opset=graph.opset, mode=mode, inputs=tuple(inputs), outputs=(params,)
     )
     lowered: Lowered = lowering(ctx)
-    pattern = f"{node.op_type}(fp16)"
     step = IntegerStep(
         node.name or node.output[0],
-        pattern,
+        f"{node.op_type}({datapath.name})",
         lowered.kernel,
         lowered.inputs,
         (quantizer.output[0],),
@@ -353,11 +414,11 @@ def _match_fp16(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode)
 
 def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) -> Match:
     """Lower one node with what it fuses, or raise NotLowerable saying why not."""
-    if node.domain not in _DEFAULT_DOMAINS:
+    if not lowerable_domain(node.domain, node.op_type):
         raise NotLowerable(f"{node.domain}.{node.op_type} has no integer implementation")
-    fp16 = _match_fp16(graph, node, mode)
-    if fp16 is not None:
-        return fp16
+    wrapped = _match_narrow_float(graph, node, mode)
+    if wrapped is not None:
+        return wrapped
     absorbed: list[onnx.NodeProto] = []
     lowering = LOWERINGS.get(node.op_type)
     pattern = node.op_type

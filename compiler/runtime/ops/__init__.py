@@ -1,7 +1,7 @@
 """Integer op lowerings, one module per op family (modelled on onnx.reference.ops).
 
-`LOWERINGS` maps an ONNX op type (default domain) to the function that turns an `OpContext`
-into a `Lowered` kernel. `FUSES_ACTIVATION` lists the ops whose following Relu/Clip folds into
+`LOWERINGS` maps an ONNX op type (default domain, or a contrib op listed in `CONTRIB_OPS`) to
+the function that turns an `OpContext` into a `Lowered` kernel. `FUSES_ACTIVATION` lists the ops whose following Relu/Clip folds into
 their output clamp, `INDEX_OUTPUTS` the ops whose output is unquantized indices.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from compiler.runtime.ops import (
     conv,
     elementwise,
+    grid_sample,
     lut,
     matmul,
     movement,
@@ -32,7 +33,21 @@ LOWERINGS = {
     **resize.LOWERINGS,
     **softmax.LOWERINGS,
     **normalization.LOWERINGS,
+    **grid_sample.LOWERINGS,
 }
+
+CONTRIB_OPS: dict[str, frozenset[str]] = {"com.microsoft": frozenset({"QuickGelu"})}
+"""Ops outside the default domain lowered under their own name: ONNX Runtime's QuickGelu is
+what its transformer optimizer fuses x·sigmoid(1.702·x) into (CLIP, ViT exports), and the
+target profiles list it as an MLA op."""
+
+
+def lowerable_domain(domain: str, op_type: str) -> bool:
+    """Whether a node of `domain` may use the lowering registered for `op_type`: every op of
+    the default domain, and the contrib ops of `CONTRIB_OPS` (a custom op of the same name in
+    another domain may compute something else)."""
+    return domain in ("", "ai.onnx") or op_type in CONTRIB_OPS.get(domain, frozenset())
+
 
 FUSES_ACTIVATION = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div"}
@@ -46,10 +61,12 @@ FUSES_BIAS = frozenset({"MatMul"})
 """Ops without a bias input whose following Add of a constant folds into the accumulator."""
 
 __all__ = [
+    "CONTRIB_OPS",
     "FUSES_ACTIVATION",
     "FUSES_BIAS",
     "INDEX_OUTPUTS",
     "LOWERINGS",
     "Lowered",
     "OpContext",
+    "lowerable_domain",
 ]

@@ -98,6 +98,14 @@ def _swish(ctx: OpContext) -> RealFunction:
     return lambda x: x * _sigmoid(alpha * x)
 
 
+def _quick_gelu(ctx: OpContext) -> RealFunction:
+    """ONNX Runtime's contrib QuickGelu (com.microsoft): x·sigmoid(alpha·x), alpha 1.702 by
+    default, the CLIP / ViT activation its transformer optimizer fuses. Swish with another
+    default alpha, so the same table."""
+    alpha = float(ctx.attr("alpha", 1.702))
+    return lambda x: x * _sigmoid(alpha * x)
+
+
 def _pow(ctx: OpContext) -> RealFunction:
     """x ** e for a constant scalar exponent (target profiles place Pow on the MLA only so)."""
     exponent = ctx.constant(1)
@@ -166,9 +174,11 @@ FUNCTIONS: dict[str, Callable[[OpContext], RealFunction]] = {
     "ThresholdedRelu": _thresholded_relu,
     "Gelu": _gelu,
     "Swish": _swish,
+    "QuickGelu": _quick_gelu,
     "Pow": _pow,
 }
-"""Unary ONNX op -> builder of its float64 function (attributes bound)."""
+"""Unary op (ONNX, or a contrib op of `CONTRIB_OPS`) -> builder of its float64 function
+(attributes bound)."""
 
 
 def real_function(ctx: OpContext) -> RealFunction:
