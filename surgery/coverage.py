@@ -19,7 +19,14 @@ import onnx
 from surgery.errors import InvalidGraphError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
-from surgery.targets import PROCESSORS, NodeContext, Reason, Target, resolve_target
+from surgery.targets import (
+    PROCESSORS,
+    NodeContext,
+    Reason,
+    Target,
+    placeable_domain,
+    resolve_target,
+)
 
 PLACEMENT_METADATA_KEY = "surgery.op_target"
 """Model metadata entry (JSON {node name or op type: MLA|CVU|APU}) that pins placements."""
@@ -355,7 +362,7 @@ def analyze_coverage(
         counted = node_macs_or_unknown(view, idx)
         macs = counted or 0
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
-        if domain not in ("", "ai.onnx"):
+        if not placeable_domain(domain, op_type):
             reason = Reason(
                 "custom_op",
                 f"{op_type} is a custom op (domain {domain!r}); it runs on the APU",

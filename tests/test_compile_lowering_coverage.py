@@ -353,12 +353,6 @@ def _conv_quick_gelu_conv() -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="surgery.coverage places every op outside the default domain on the APU, so check, "
-    "the quantizer and the partition keep com.microsoft QuickGelu off the MLA although the "
-    "profiles list it and the LUT lowering exists (tests/test_lowering_quick_gelu.py)",
-)
 @pytest.mark.parametrize("target", ["mlsoc", "modalix"])
 def test_quick_gelu_stays_in_its_segment(target: str, tmp_path) -> None:
     _runs_on_the_mla(_conv_quick_gelu_conv(), tmp_path, target)

@@ -339,3 +339,25 @@ def test_pad_value_attribute_of_old_opsets_is_checked() -> None:
 def test_zero_pad_of_old_opsets_runs_on_the_mla() -> None:
     (pad,) = _coverage(_pad_model(6, pads=[0, 0, 1, 1, 0, 0, 1, 1])).placements
     assert pad.processor == "MLA"
+
+
+def _quick_gelu(domain: str) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("QuickGelu", ["x"], ["y"], domain=domain, alpha=1.702)],
+        "quick_gelu",
+        [_vi("x", [1, 4, 8, 8])],
+        [_vi("y", [1, 4, 8, 8])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_contrib_quick_gelu_is_placed_by_the_profile() -> None:
+    (node,) = _coverage(_quick_gelu("com.microsoft")).placements
+    assert node.processor == "MLA"
+
+
+def test_quick_gelu_of_another_domain_is_a_custom_op() -> None:
+    (node,) = _coverage(_quick_gelu("example.custom")).placements
+    assert node.processor == "APU"
+    assert node.reasons[0].code == "custom_op"

@@ -2,17 +2,20 @@
 
 from surgery.targets.constraints import CHECKS, NodeContext, Reason
 from surgery.targets.profile import (
+    CONTRIB_OPS,
     PROCESSORS,
     OpDecision,
     Target,
     TargetProfile,
     available_targets,
     load_target,
+    placeable_domain,
     resolve_target,
 )
 
 __all__ = [
     "CHECKS",
+    "CONTRIB_OPS",
     "PROCESSORS",
     "NodeContext",
     "OpDecision",
@@ -21,5 +24,6 @@ __all__ = [
     "TargetProfile",
     "available_targets",
     "load_target",
+    "placeable_domain",
     "resolve_target",
 ]

@@ -113,6 +113,19 @@ class Rule:
     """(check function, params) pairs, resolved once: this is the hot loop of `check`."""
 
 
+CONTRIB_OPS: dict[str, frozenset[str]] = {"com.microsoft": frozenset({"QuickGelu"})}
+"""Ops outside the default domain that profiles place by name: ONNX Runtime's QuickGelu is
+what its transformer optimizer fuses x·sigmoid(1.702·x) into (CLIP, ViT exports). Any other
+op of a non-default domain is a custom op and runs on the APU."""
+
+
+def placeable_domain(domain: str, op_type: str) -> bool:
+    """Whether a node of `domain` is placed by the profile entry named `op_type`: every op of
+    the default domain, and the contrib ops of `CONTRIB_OPS` (a custom op of the same name in
+    another domain may compute something else)."""
+    return domain in ("", "ai.onnx") or op_type in CONTRIB_OPS.get(domain, frozenset())
+
+
 class Target:
     """A loaded profile with each op's placement rules resolved once."""
 

@@ -21,6 +21,7 @@ from compiler.runtime.ops import (
     softmax,
 )
 from compiler.runtime.ops.base import Lowered, OpContext
+from surgery.targets import CONTRIB_OPS, placeable_domain
 
 LOWERINGS = {
     **conv.LOWERINGS,
@@ -36,17 +37,8 @@ LOWERINGS = {
     **grid_sample.LOWERINGS,
 }
 
-CONTRIB_OPS: dict[str, frozenset[str]] = {"com.microsoft": frozenset({"QuickGelu"})}
-"""Ops outside the default domain lowered under their own name: ONNX Runtime's QuickGelu is
-what its transformer optimizer fuses x·sigmoid(1.702·x) into (CLIP, ViT exports), and the
-target profiles list it as an MLA op."""
-
-
-def lowerable_domain(domain: str, op_type: str) -> bool:
-    """Whether a node of `domain` may use the lowering registered for `op_type`: every op of
-    the default domain, and the contrib ops of `CONTRIB_OPS` (a custom op of the same name in
-    another domain may compute something else)."""
-    return domain in ("", "ai.onnx") or op_type in CONTRIB_OPS.get(domain, frozenset())
+lowerable_domain = placeable_domain
+"""The lowering registered for an op type serves a node of that domain (`CONTRIB_OPS`)."""
 
 
 FUSES_ACTIVATION = frozenset(
