@@ -397,6 +397,47 @@ def raise_ir_version(model: onnx.ModelProto) -> None:
     model.ir_version = max(model.ir_version, needed)
 
 
+_RESIZE_ATTRIBUTES_OPSET = 11
+"""Resize gained coordinate_transformation_mode (default half_pixel) at opset 11; Upsample
+(≤ 9) and Resize-10 compute asymmetric coordinates with floor for nearest."""
+
+
+def convert_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    """ONNX's version converter, with the semantics of old resizes kept.
+
+    Converting an Upsample (opset ≤ 9) or a Resize-10 past opset 11 leaves the new Resize
+    without a coordinate_transformation_mode, so it takes the half_pixel default: a linear
+    upsample then differs from the original by up to a quarter of the input range. Here every
+    such Resize gets the asymmetric mode (and floor rounding for nearest) the old op computed,
+    and the node name the converter dropped (it keeps node order, not always tensor names).
+    Raises whatever the converter raises.
+    """
+    original = default_opset(model)
+    converted = onnx.version_converter.convert_version(model, version)
+    if original >= _RESIZE_ATTRIBUTES_OPSET or version < _RESIZE_ATTRIBUTES_OPSET:
+        return converted
+    old = [
+        node
+        for node in model.graph.node
+        if node.op_type in ("Upsample", "Resize") and node.domain in ("", "ai.onnx")
+    ]
+    new = [node for node in converted.graph.node if node.op_type == "Resize"]
+    if len(old) != len(new):  # the converter keeps node order; anything else is not ours
+        return converted
+    for source, node in zip(old, new, strict=True):
+        mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+        kept = {a.name for a in node.attribute}
+        if "coordinate_transformation_mode" not in kept:
+            node.attribute.append(
+                onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric")
+            )
+        if mode == b"nearest" and "nearest_mode" not in kept:
+            node.attribute.append(onnx.helper.make_attribute("nearest_mode", "floor"))
+        if not node.name:
+            node.name = source.name
+    return converted
+
+
 def model_nbytes(model: onnx.ModelProto) -> int:
     """Approximate serialized size without serialising (works above the 2 GB limit)."""
     total = 0

@@ -21,7 +21,7 @@ from surgery.coverage import PLACEMENT_METADATA_KEY
 from surgery.edit import finish, node_reads, rename_tensors
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
-from surgery.model import load_model, toposort_nodes
+from surgery.model import convert_opset, load_model, toposort_nodes
 
 IoMap = Sequence[tuple[str, str]] | Mapping[str, str]
 
@@ -306,7 +306,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 def _convert(model: onnx.ModelProto, version: int, which: str) -> onnx.ModelProto:
     try:
-        converted = onnx.version_converter.convert_version(model, version)
+        converted = convert_opset(model, version)
     except Exception as exc:  # the converter raises bare RuntimeErrors and others
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise SplitError(

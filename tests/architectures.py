@@ -7,8 +7,20 @@ out (opset < 17), ConvNeXt with channels-first and channels-last LayerNorm, Effi
 SiLU, a ShuffleNetV2 channel shuffle, YOLOv7 / YOLOX / YOLOv8-seg / YOLOv8-pose heads, an FCOS
 head, a PaddleOCR SVTR recogniser and DBNet head, ResNet and DenseNet at opset 11 with unfused
 BatchNorm, a GoogLeNet-style block with LRN and ArgMax, a BERT encoder with an attention mask, a
-Swin block with shifted windows, YOLO11's C2PSA attention and a YOLOv10 NMS-free head. Built
-with onnx.helper and seeded weights, small enough to run the whole pipeline in a second or two.
+Swin block with shifted windows, YOLO11's C2PSA attention and a YOLOv10 NMS-free head.
+
+A second round adds transformers beyond ViT/BERT (SegFormer efficient self-attention, MobileViT
+unfold/fold, CLIP with QuickGELU, a T5 encoder with RMS norm and relative position bias, a
+Whisper encoder with Conv1d stems, LeViT with rank-2 BatchNorm and attention biases, PARSeq-style
+positional attention, DistilBERT's masked_fill), detection heads (CenterNet's max-pool NMS,
+EfficientDet BiFPN weighted fusion, a GFL/DFL head, YOLOv9 ADown, unfused YOLOv6 RepVGG blocks,
+RetinaFace, YOLOv5's Focus slices and Detect decode), classifiers (RegNet grouped convs, GhostNet,
+SqueezeNet, Inception-v3 asymmetric convs, the TF-port EfficientNet with Pad-then-Conv) and OCR
+(a CRNN whose BiLSTM is two LSTMs with step −1 Slices, an EAST head); and export styles: a
+dynamic batch read through Shape/Gather/Concat, GroupNorm as InstanceNormalization between
+Reshapes, Einsum attention, an FPN Resize to a Shape-derived size, an opset-9 SSD with Upsample
+and attribute Clip/Slice, a multi-axis Focus Slice and an RMSNorm/SwiGLU block. Built with
+onnx.helper and seeded weights, small enough to run the whole pipeline in a second or two.
 """
 
 from __future__ import annotations
@@ -991,6 +1003,1162 @@ def yolov10_head() -> onnx.ModelProto:
     return b.model("yolov10_head", {"images": [1, 3, 32, 32]}, ["detections"], opset=13)
 
 
+def _split_heads(
+    b: Builder,
+    name: str,
+    x: str,
+    shape: tuple[int, int, int, int],
+    perm: tuple[int, ...] = (0, 2, 1, 3),
+) -> str:
+    """view(batch, tokens, heads, hd) then the transpose to heads-first (or keys-transposed)."""
+    batch, tokens, heads, hd = shape
+    y = b.node(
+        "Reshape", [x, b.const(f"{name}_hs", np.array([batch, tokens, heads, hd]))], f"{name}_split"
+    )
+    return b.node("Transpose", [y], f"{name}_heads", perm=list(perm))
+
+
+def segformer() -> onnx.ModelProto:
+    """SegFormer MiT stage: overlapping patch embed Conv 7x7/4, LayerNorm; efficient self-attention
+    with spatial-reduction Conv (sr_ratio 2) + LayerNorm on the keys/values, kv Linear split by a
+    rank-5 Reshape/Transpose; Mix-FFN with a depthwise 3x3 between Linear layers; then the
+    all-MLP decoder: Linear on tokens, back to a map, bilinear Resize, 1x1 fuse conv."""
+    b, c, side, heads = Builder(), 32, 8, 1
+    n, hd = side * side, c // heads
+    w = [b.weight("pe_w", c, 3, 7, 7), b.weight("pe_b", c)]
+    x = b.node("Conv", ["x", *w], "pe", kernel_shape=[7, 7], strides=[4, 4], pads=[3] * 4)
+    x = b.node("Reshape", [x, b.const("pe_flat", np.array([1, c, -1]))], "pe_rows")
+    x = b.layer_norm("pe_ln", b.node("Transpose", [x], "pe_tokens", perm=[0, 2, 1]), c)
+    h = b.layer_norm("ln1", x, c)
+    q = _split_heads(b, "q", b.linear("q", h, c, c), (1, n, heads, hd))
+    m = b.node("Transpose", [h], "sr_t", perm=[0, 2, 1])
+    m = b.node("Reshape", [m, b.const("sr_map", np.array([1, c, side, side]))], "sr_in")
+    w = [b.weight("sr_w", c, c, 2, 2), b.weight("sr_b", c)]
+    m = b.node("Conv", [m, *w], "sr", kernel_shape=[2, 2], strides=[2, 2])
+    m = b.node("Reshape", [m, b.const("sr_flat", np.array([1, c, -1]))], "sr_rows")
+    m = b.layer_norm("sr_ln", b.node("Transpose", [m], "sr_tokens", perm=[0, 2, 1]), c, eps=1e-5)
+    kv = b.linear("kv", m, c, 2 * c)
+    kv = b.node("Reshape", [kv, b.const("kv5", np.array([1, -1, 2, heads, hd]))], "kv_r")
+    kv = b.node("Transpose", [kv], "kv_t", perm=[2, 0, 3, 1, 4])
+    k = b.node("Gather", [kv, b.const("k_i", np.array(0))], "k", axis=0)
+    v = b.node("Gather", [kv, b.const("v_i", np.array(1))], "v", axis=0)
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "qk")
+    s = b.node("Mul", [s, b.const("scale", np.array(hd**-0.5, np.float32))], "qk_s")
+    p = b.node("Softmax", [s], "attn", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "av")], "av_t", perm=[0, 2, 1, 3])
+    o = b.linear(
+        "proj", b.node("Reshape", [o, b.const("merge", np.array([1, n, c]))], "av_m"), c, c
+    )
+    x = b.node("Add", [x, o], "res1")
+    h = b.linear("fc1", b.layer_norm("ln2", x, c), c, 2 * c)
+    h = b.node("Transpose", [h], "ffn_t", perm=[0, 2, 1])
+    h = b.node("Reshape", [h, b.const("ffn_map", np.array([1, 2 * c, side, side]))], "ffn_in")
+    h = b.conv("dw", h, 2 * c, 2 * c, act=None, group=2 * c)
+    h = b.node(
+        "Transpose",
+        [b.node("Reshape", [h, b.const("dw_flat", np.array([1, 2 * c, -1]))], "dw_rows")],
+        "dw_tok",
+        perm=[0, 2, 1],
+    )
+    x = b.node("Add", [x, b.linear("fc2", b.gelu("gelu", h), 2 * c, c)], "res2")
+    x = b.layer_norm("norm", x, c)
+    x = b.node("Reshape", [x, b.const("out_map", np.array([1, side, side, c]))], "nhwc")
+    x = b.node("Transpose", [x], "stage_out", perm=[0, 3, 1, 2])
+    d = b.node(
+        "Transpose",
+        [b.node("Reshape", [x, b.const("dec_flat", np.array([1, c, -1]))], "dec_rows")],
+        "dec_tok",
+        perm=[0, 2, 1],
+    )
+    d = b.linear("dec", d, c, 16)
+    d = b.node("Transpose", [d], "dec_t", perm=[0, 2, 1])
+    d = b.node("Reshape", [d, b.const("dec_map", np.array([1, 16, side, side]))], "dec_in")
+    d = b.node(
+        "Resize",
+        [d, "", b.const("up", np.array([1, 1, 2, 2], np.float32))],
+        "dec_up",
+        mode="linear",
+        coordinate_transformation_mode="align_corners",
+    )
+    b.conv("cls", d, 16, 5, kernel=1, act=None)
+    return b.model("segformer", {"x": [1, 3, 32, 32]}, ["cls_conv"], opset=13)
+
+
+def mobilevit() -> onnx.ModelProto:
+    """MobileViT block (ml-cvnets/timm): local 3x3 + 1x1 conv, unfold to patches
+    Reshape(C·nh, ph, nw, pw) → Transpose(1,2) → Reshape(1, C, N, P) → Transpose(1,3) →
+    Reshape(P, N, C), a transformer over P sequences, fold back, 1x1 proj, Concat with input,
+    3x3 fuse conv."""
+    b, cin, c, side, ph = Builder(), 16, 24, 8, 2
+    nh = side // ph
+    n, pa = nh * nh, ph * ph
+    x = b.conv("stem", "x", 3, cin, stride=2, act="silu")
+    y = b.conv("local", x, cin, cin, act="silu")
+    y = b.conv("proj_in", y, cin, c, kernel=1, act=None)
+    y = b.node("Reshape", [y, b.const("u1", np.array([c * nh, ph, nh, ph]))], "unfold1")
+    y = b.node("Transpose", [y], "unfold_t1", perm=[0, 2, 1, 3])
+    y = b.node("Reshape", [y, b.const("u2", np.array([1, c, n, pa]))], "unfold2")
+    y = b.node("Transpose", [y], "unfold_t2", perm=[0, 3, 2, 1])
+    t = b.node("Reshape", [y, b.const("u3", np.array([pa, n, c]))], "patches")
+    heads, hd = 2, c // 2
+    h = b.layer_norm("ln1", t, c, eps=1e-5)
+    qkv = b.linear("qkv", h, c, 3 * c)
+    qkv = b.node("Reshape", [qkv, b.const("qkv5", np.array([pa, n, 3, heads, hd]))], "qkv_r")
+    qkv = b.node("Transpose", [qkv], "qkv_t", perm=[2, 0, 3, 1, 4])
+    q, k, v = (
+        b.node("Gather", [qkv, b.const(f"i{j}", np.array(j))], f"{t_}", axis=0)
+        for j, t_ in enumerate("qkv")
+    )
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_s")
+    p = b.node(
+        "Softmax",
+        [b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "qk")],
+        "attn",
+        axis=-1,
+    )
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "av")], "av_t", perm=[0, 2, 1, 3])
+    o = b.linear(
+        "proj", b.node("Reshape", [o, b.const("merge", np.array([pa, n, c]))], "av_m"), c, c
+    )
+    t = b.node("Add", [t, o], "res1")
+    h = b.linear("fc1", b.layer_norm("ln2", t, c, eps=1e-5), c, 2 * c)
+    s = b.node("Sigmoid", [h], "fc1_sig")
+    t = b.node("Add", [t, b.linear("fc2", b.node("Mul", [h, s], "fc1_silu"), 2 * c, c)], "res2")
+    t = b.layer_norm("ln_out", t, c, eps=1e-5)
+    y = b.node("Reshape", [t, b.const("f1", np.array([1, pa, n, c]))], "fold1")
+    y = b.node("Transpose", [y], "fold_t1", perm=[0, 3, 2, 1])
+    y = b.node("Reshape", [y, b.const("f2", np.array([c * nh, nh, ph, ph]))], "fold2")
+    y = b.node("Transpose", [y], "fold_t2", perm=[0, 2, 1, 3])
+    y = b.node("Reshape", [y, b.const("f3", np.array([1, c, side, side]))], "folded")
+    y = b.conv("proj_out", y, c, cin, kernel=1, act="silu")
+    y = b.node("Concat", [x, y], "cat", axis=1)
+    b.conv("fuse", y, 2 * cin, cin, act="silu")
+    return b.model("mobilevit", {"x": [1, 3, 16, 16]}, ["fuse_silu"], opset=13)
+
+
+def clip_vit() -> onnx.ModelProto:
+    """OpenAI CLIP visual (opset 14): patch Conv without bias, class embedding Concat, ln_pre,
+    a residual block whose MLP uses QuickGELU x·Sigmoid(1.702·x), ln_post on token 0, and the
+    projection MatMul without bias, then L2 normalisation (ReduceL2 / Div)."""
+    b, c, heads = Builder(), 32, 2
+    hd, n = c // heads, 17
+    x = b.node(
+        "Conv", ["x", b.weight("conv1", c, 3, 8, 8)], "patch", kernel_shape=[8, 8], strides=[8, 8]
+    )
+    x = b.node("Reshape", [x, b.const("flat_shape", np.array([1, c, -1]))], "flat")
+    x = b.node("Transpose", [x], "tokens", perm=[0, 2, 1])
+    x = b.node("Concat", [b.weight("class_emb", 1, 1, c), x], "with_cls", axis=1)
+    x = b.node("Add", [x, b.weight("pos", n, c)], "pos_add")
+    x = b.layer_norm("ln_pre", x, c, eps=1e-5)
+    h = b.layer_norm("ln_1", x, c, eps=1e-5)
+    q, k, v = (_split_heads(b, t, b.linear(t, h, c, c), (1, n, heads, hd)) for t in "qkv")
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_s")
+    p = b.node(
+        "Softmax",
+        [b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "qk")],
+        "attn",
+        axis=-1,
+    )
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "av")], "av_t", perm=[0, 2, 1, 3])
+    o = b.linear("out", b.node("Reshape", [o, b.const("merge", np.array([1, n, c]))], "av_m"), c, c)
+    x = b.node("Add", [x, o], "res1")
+    h = b.linear("c_fc", b.layer_norm("ln_2", x, c, eps=1e-5), c, 4 * c)
+    g = b.node(
+        "Sigmoid",
+        [b.node("Mul", [h, b.const("qg", np.array(1.702, np.float32))], "qg_mul")],
+        "qg_sig",
+    )
+    x = b.node(
+        "Add", [x, b.linear("c_proj", b.node("Mul", [h, g], "quick_gelu"), 4 * c, c)], "res2"
+    )
+    cls = b.node("Gather", [x, b.const("first", np.array(0))], "cls", axis=1)
+    cls = b.layer_norm("ln_post", cls, c, eps=1e-5)
+    e = b.node("MatMul", [cls, b.weight("proj", c, 16)], "embed")
+    norm = b.node("ReduceL2", [e], "embed_norm", axes=[-1], keepdims=1)
+    b.node("Div", [e, norm], "image_embeds")
+    return b.model("clip_vit", {"x": [1, 3, 32, 32]}, ["image_embeds"], opset=14)
+
+
+def t5_encoder() -> onnx.ModelProto:
+    """HF T5 encoder (opset 13): token Gather, T5LayerNorm (Pow 2, ReduceMean, Add ε, Sqrt,
+    Div 1/·, Mul x, Mul γ — no mean subtraction), attention without scaling and with the
+    relative-position bias (Gather of a bucket table by constant bucket ids, Transpose,
+    Unsqueeze) added to the scores, gated-GELU FFN with the tanh approximation."""
+    b, c, heads, length = Builder(), 32, 2, 12
+    hd = c // heads
+
+    def rms(name: str, x: str) -> str:
+        var = b.node(
+            "ReduceMean",
+            [b.node("Pow", [x, b.const(f"{name}_two", np.array(2.0, np.float32))], f"{name}_pow")],
+            f"{name}_var",
+            axes=[-1],
+            keepdims=1,
+        )
+        std = b.node(
+            "Sqrt",
+            [
+                b.node(
+                    "Add", [var, b.const(f"{name}_eps", np.array(1e-6, np.float32))], f"{name}_ve"
+                )
+            ],
+            f"{name}_std",
+        )
+        inv = b.node(
+            "Div", [b.const(f"{name}_one", np.array(1.0, np.float32)), std], f"{name}_rsqrt"
+        )
+        y = b.node("Mul", [x, inv], f"{name}_n")
+        return b.node(
+            "Mul",
+            [b.const(f"{name}_g", (1 + b.rng.normal(0, 0.1, c)).astype(np.float32)), y],
+            f"{name}_out",
+        )
+
+    x = b.node("Gather", [b.weight("shared", 40, c), "input_ids"], "embeds", axis=0)
+    h = rms("ln0", x)
+    q, k, v = (
+        _split_heads(
+            b, t, b.node("MatMul", [h, b.weight(f"{t}_w", c, c)], f"{t}_mm"), (1, length, heads, hd)
+        )
+        for t in "qkv"
+    )
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "scores")
+    rel = np.abs(np.arange(length)[None] - np.arange(length)[:, None]).clip(0, 7)
+    bias = b.node(
+        "Gather",
+        [b.weight("rel_emb", 8, heads), b.const("buckets", rel.astype(np.int64))],
+        "rel_vals",
+        axis=0,
+    )
+    bias = b.node("Transpose", [bias], "rel_t", perm=[2, 0, 1])
+    bias = b.node("Unsqueeze", [bias, b.const("ax0", np.array([0]))], "pos_bias")
+    p = b.node("Softmax", [b.node("Add", [s, bias], "scores_b")], "attn", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "av")], "av_t", perm=[0, 2, 1, 3])
+    o = b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "av_m")
+    x = b.node("Add", [x, b.node("MatMul", [o, b.weight("o_w", c, c)], "o_mm")], "res1")
+    h = rms("ln1", x)
+    g = b.node("MatMul", [h, b.weight("wi0", c, 2 * c)], "wi0_mm")
+    cube = b.node("Pow", [g, b.const("three", np.array(3.0, np.float32))], "g_cube")
+    inner = b.node(
+        "Add",
+        [g, b.node("Mul", [cube, b.const("k044", np.array(0.044715, np.float32))], "g_c")],
+        "g_in",
+    )
+    inner = b.node(
+        "Mul", [inner, b.const("s2pi", np.array(np.sqrt(2 / np.pi), np.float32))], "g_in2"
+    )
+    t = b.node(
+        "Add",
+        [b.node("Tanh", [inner], "g_tanh"), b.const("one_t", np.array(1.0, np.float32))],
+        "g_t1",
+    )
+    g = b.node(
+        "Mul",
+        [b.node("Mul", [b.const("halfg", np.array(0.5, np.float32)), g], "g_half"), t],
+        "gelu_new",
+    )
+    lin = b.node("MatMul", [h, b.weight("wi1", c, 2 * c)], "wi1_mm")
+    f = b.node("MatMul", [b.node("Mul", [g, lin], "gated"), b.weight("wo", 2 * c, c)], "wo_mm")
+    x = b.node("Add", [x, f], "res2")
+    rms("final", x)
+    return b.model(
+        "t5_encoder",
+        {"input_ids": [1, length]},
+        ["final_out"],
+        opset=13,
+        types={"input_ids": TensorProto.INT64},
+    )
+
+
+def whisper_encoder() -> onnx.ModelProto:
+    """HF Whisper encoder: log-mel (1, 16, 32) through Conv1d k3 + erf-GELU, Conv1d k3/2 +
+    GELU on rank 3, permute to (1, T, C), + sinusoidal positions, pre-LN attention with q
+    scaled by hd^-0.5 and heads folded to (heads, T, hd) for bmm, fc1/GELU/fc2, final LN."""
+    b, mel, c, heads = Builder(), 16, 32, 2
+    hd, t = c // heads, 16
+    x = b.node(
+        "Conv",
+        ["input_features", b.weight("c1_w", c, mel, 3), b.weight("c1_b", c)],
+        "conv1",
+        kernel_shape=[3],
+        pads=[1, 1],
+    )
+    x = b.gelu("g1", x)
+    x = b.node(
+        "Conv",
+        [x, b.weight("c2_w", c, c, 3), b.weight("c2_b", c)],
+        "conv2",
+        kernel_shape=[3],
+        pads=[1, 1],
+        strides=[2],
+    )
+    x = b.gelu("g2", x)
+    x = b.node("Transpose", [x], "perm", perm=[0, 2, 1])
+    x = b.node("Add", [x, b.weight("pos", t, c)], "pos_add")
+    h = b.layer_norm("ln1", x, c, eps=1e-5)
+
+    def heads_of(name: str, bias: bool) -> str:
+        y = (
+            b.linear(name, h, c, c)
+            if bias
+            else b.node("MatMul", [h, b.weight(f"{name}_w", c, c)], f"{name}_mm")
+        )
+        if name == "q":
+            y = b.node("Mul", [y, b.const("scaling", np.array(hd**-0.5, np.float32))], "q_s")
+        y = _split_heads(b, name, y, (1, -1, heads, hd))
+        return b.node(
+            "Reshape", [y, b.const(f"{name}_bh", np.array([heads, -1, hd]))], f"{name}_3d"
+        )
+
+    q, k, v = heads_of("q", True), heads_of("k", False), heads_of("v", True)
+    p = b.node(
+        "Softmax",
+        [b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 2, 1])], "qk")],
+        "attn",
+        axis=-1,
+    )
+    o = b.node(
+        "Reshape",
+        [b.node("MatMul", [p, v], "av"), b.const("o4", np.array([1, heads, t, hd]))],
+        "av4",
+    )
+    o = b.node("Transpose", [o], "av_t", perm=[0, 2, 1, 3])
+    o = b.linear("out", b.node("Reshape", [o, b.const("merge", np.array([1, t, c]))], "av_m"), c, c)
+    x = b.node("Add", [x, o], "res1")
+    h2 = b.gelu("g3", b.linear("fc1", b.layer_norm("ln2", x, c, eps=1e-5), c, 2 * c))
+    x = b.node("Add", [x, b.linear("fc2", h2, 2 * c, c)], "res2")
+    b.layer_norm("ln_post", x, c, eps=1e-5)
+    return b.model("whisper_encoder", {"input_features": [1, mel, 32]}, ["ln_post_out"], opset=14)
+
+
+def centernet() -> onnx.ModelProto:
+    """CenterNet: backbone, ConvTranspose up, heads (heatmap Sigmoid, wh, reg) and the
+    heatmap NMS heat·Cast(Equal(MaxPool3x3(heat), heat)) in the graph."""
+    b = Builder()
+    x = b.conv("c1", "x", 3, 16, stride=2)
+    x = b.conv("c2", x, 16, 32, stride=2)
+    x = b.node(
+        "ConvTranspose",
+        [x, b.weight("up_w", 32, 16, 4, 4), b.weight("up_b", 16)],
+        "up",
+        kernel_shape=[4, 4],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+    )
+    x = b.node("Relu", [x], "up_relu")
+    heat = b.node(
+        "Sigmoid", [b.conv("hm2", b.conv("hm1", x, 16, 16), 16, 4, kernel=1, act=None)], "heat"
+    )
+    wh = b.conv("wh2", b.conv("wh1", x, 16, 16), 16, 2, kernel=1, act=None)
+    reg = b.conv("reg2", b.conv("reg1", x, 16, 16), 16, 2, kernel=1, act=None)
+    hmax = b.node("MaxPool", [heat], "hmax", kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1])
+    keep = b.node("Cast", [b.node("Equal", [hmax, heat], "is_peak")], "keep", to=TensorProto.FLOAT)
+    b.node("Mul", [heat, keep], "peaks")
+    return b.model("centernet", {"x": [1, 3, 32, 32]}, ["peaks", wh, reg], opset=11)
+
+
+def efficientdet_bifpn() -> onnx.ModelProto:
+    """EfficientDet BiFPN node: fast normalised fusion w = Relu(w)/(Σw + ε) on an initializer,
+    Gather of each weight, weighted sum of a feature and a nearest-upsampled coarser one, Swish,
+    depthwise-separable conv with BN folded; class and box heads Transposed/Reshaped."""
+    b = Builder()
+    p3 = b.conv(
+        "p3", b.conv("stem", "x", 3, 16, stride=2, act="silu"), 16, 16, stride=2, act="silu"
+    )
+    p4 = b.conv("p4", p3, 16, 16, stride=2, act="silu")
+    w = b.node("Relu", [b.const("fuse_w", np.array([1.0, 0.7], np.float32))], "w_relu")
+    w = b.node(
+        "Div",
+        [
+            w,
+            b.node(
+                "Add",
+                [
+                    b.node("ReduceSum", [w], "w_sum", keepdims=1),
+                    b.const("eps", np.array(1e-4, np.float32)),
+                ],
+                "w_den",
+            ),
+        ],
+        "w_norm",
+    )
+    w0 = b.node("Gather", [w, b.const("i0", np.array(0))], "w0", axis=0)
+    w1 = b.node("Gather", [w, b.const("i1", np.array(1))], "w1", axis=0)
+    up = b.node(
+        "Resize",
+        [p4, "", b.const("up", np.array([1, 1, 2, 2], np.float32))],
+        "p4_up",
+        mode="nearest",
+    )
+    f = b.node("Add", [b.node("Mul", [w0, p3], "wp3"), b.node("Mul", [w1, up], "wp4")], "fused")
+    f = b.node("Mul", [f, b.node("Sigmoid", [f], "f_sig")], "f_swish")
+    f = b.conv(
+        "sep_pw", b.conv("sep_dw", f, 16, 16, act=None, group=16), 16, 16, kernel=1, act=None
+    )
+    outs = []
+    for kind, width in (("cls", 3), ("box", 4)):
+        y = b.conv(f"{kind}_head", f, 16, 9 * width, act=None)
+        y = b.node("Transpose", [y], f"{kind}_nhwc", perm=[0, 2, 3, 1])
+        outs.append(
+            b.node(
+                "Reshape", [y, b.const(f"{kind}_shape", np.array([1, -1, width]))], f"{kind}_out"
+            )
+        )
+    b.node("Sigmoid", [outs[0]], "scores")
+    return b.model("efficientdet_bifpn", {"x": [1, 3, 32, 32]}, ["scores", outs[1]], opset=13)
+
+
+def gfl_head() -> onnx.ModelProto:
+    """NanoDet / PicoDet GFL head: per stride cls Sigmoid and reg 4·(R+1) maps, flattened to
+    (1, HW, ·), the distribution Reshape(1, HW, 4, R+1) → Softmax(-1) → MatMul with the
+    projection arange(R+1) (DFL integral), Concat over strides."""
+    b, reg_max = Builder(), 7
+    x = b.conv("stem", "x", 3, 16, stride=2, act="relu")
+    scores, dists = [], []
+    for k in range(2):
+        x = b.conv(f"s{k}", x, 16, 16, stride=2)
+        hw = (32 // 2 ** (k + 2)) ** 2
+        for kind, width in (("cls", 3), ("reg", 4 * (reg_max + 1))):
+            y = b.conv(f"{kind}{k}", x, 16, width, kernel=1, act=None)
+            y = b.node(
+                "Reshape",
+                [y, b.const(f"{kind}{k}_rows", np.array([1, width, -1]))],
+                f"{kind}{k}_flat",
+            )
+            y = b.node("Transpose", [y], f"{kind}{k}_t", perm=[0, 2, 1])
+            if kind == "cls":
+                scores.append(b.node("Sigmoid", [y], f"cls{k}_sig"))
+            else:
+                y = b.node(
+                    "Reshape",
+                    [y, b.const(f"reg{k}_d", np.array([1, hw, 4, reg_max + 1]))],
+                    f"reg{k}_dist",
+                )
+                y = b.node("Softmax", [y], f"reg{k}_p", axis=-1)
+                dists.append(
+                    b.node(
+                        "MatMul",
+                        [y, b.const(f"proj{k}", np.arange(reg_max + 1, dtype=np.float32))],
+                        f"reg{k}_ltrb",
+                    )
+                )
+    b.node("Concat", scores, "scores", axis=1)
+    b.node("Concat", dists, "distances", axis=1)
+    return b.model("gfl_head", {"x": [1, 3, 32, 32]}, ["scores", "distances"], opset=11)
+
+
+def yolov9_adown() -> onnx.ModelProto:
+    """YOLOv9 ADown: AveragePool 2x2/1, Split in channel halves, 3x3/2 conv on one, MaxPool
+    3x3/2 + 1x1 conv on the other, Concat; then RepNCSPELAN-style Split/Concat of convs."""
+    b = Builder()
+    x = b.conv("stem", "x", 3, 16, stride=2, act="silu")
+    x = b.node("AveragePool", [x], "ad_avg", kernel_shape=[2, 2], strides=[1, 1])
+    a, c = b.nodes_out("Split", [x, b.const("halves", np.array([8, 8]))], ["ad_a", "ad_b"], axis=1)
+    a = b.conv("ad_cv1", a, 8, 8, stride=2, act="silu")
+    c = b.node("MaxPool", [c], "ad_max", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    c = b.conv("ad_cv2", c, 8, 8, kernel=1, act="silu")
+    x = b.node("Concat", [a, c], "adown", axis=1)
+    y = b.conv("elan_cv1", x, 16, 16, kernel=1, act="silu")
+    p, q = b.nodes_out(
+        "Split", [y, b.const("elan_halves", np.array([8, 8]))], ["elan_a", "elan_b"], axis=1
+    )
+    r = b.conv("elan_cv2", q, 8, 8, act="silu")
+    s = b.conv("elan_cv3", r, 8, 8, act="silu")
+    y = b.node("Concat", [p, q, r, s], "elan_cat", axis=1)
+    b.conv("elan_cv4", y, 32, 16, kernel=1, act="silu")
+    return b.model("yolov9_adown", {"x": [1, 3, 32, 32]}, ["elan_cv4_silu"], opset=13)
+
+
+def yolov6_repvgg() -> onnx.ModelProto:
+    """YOLOv6 / RepVGG training-time blocks exported unfused (opset 12): 3x3 Conv+BN,
+    1x1 Conv+BN and an identity BN summed, Relu."""
+    b, c = Builder(), 16
+    x = b.conv("stem", "x", 3, c, stride=2)
+    for k in range(2):
+        w3 = b.weight(f"r{k}_w3", c, c, 3, 3)
+        d = b.batch_norm(
+            f"r{k}_bn3", b.node("Conv", [x, w3], f"r{k}_c3", kernel_shape=[3, 3], pads=[1] * 4), c
+        )
+        w1 = b.weight(f"r{k}_w1", c, c, 1, 1)
+        o = b.batch_norm(f"r{k}_bn1", b.node("Conv", [x, w1], f"r{k}_c1", kernel_shape=[1, 1]), c)
+        i = b.batch_norm(f"r{k}_id", x, c)
+        x = b.node(
+            "Relu",
+            [b.node("Add", [b.node("Add", [d, o], f"r{k}_add1"), i], f"r{k}_add2")],
+            f"r{k}_out",
+        )
+    b.conv("head", x, c, 8, kernel=1, act=None)
+    return b.model("yolov6_repvgg", {"x": [1, 3, 32, 32]}, ["head_conv"], opset=12)
+
+
+def retinaface() -> onnx.ModelProto:
+    """RetinaFace: FPN (1x1 laterals, nearest Resize with sizes, Add, 3x3 merge), SSH-less heads
+    per stride: ClassHead Transpose + Reshape(1, -1, 2), BboxHead (·, 4), LandmarkHead (·, 10),
+    Concat over strides, Softmax(-1) on classes."""
+    b = Builder()
+    c3 = b.conv("b1", b.conv("b0", "x", 3, 16, stride=2), 16, 16, stride=2)
+    c4 = b.conv("b2", c3, 16, 32, stride=2)
+    l3 = b.conv("lat3", c3, 16, 16, kernel=1)
+    l4 = b.conv("lat4", c4, 32, 16, kernel=1)
+    empty = b.const("no_scales", np.array([], np.float32))
+    up = b.node(
+        "Resize",
+        [
+            l4,
+            b.const("no_roi", np.array([], np.float32)),
+            empty,
+            b.const("sizes", np.array([1, 16, 8, 8])),
+        ],
+        "up4",
+        mode="nearest",
+    )
+    l3 = b.conv("merge3", b.node("Add", [l3, up], "sum3"), 16, 16)
+    outs = {"cls": [], "box": [], "ldm": []}
+    for k, f in enumerate((l3, l4)):
+        for kind, width in (("cls", 2), ("box", 4), ("ldm", 10)):
+            y = b.conv(f"{kind}{k}", f, 16, 2 * width, kernel=1, act=None)
+            y = b.node("Transpose", [y], f"{kind}{k}_t", perm=[0, 2, 3, 1])
+            outs[kind].append(
+                b.node(
+                    "Reshape",
+                    [y, b.const(f"{kind}{k}_s", np.array([1, -1, width]))],
+                    f"{kind}{k}_r",
+                )
+            )
+    b.node("Softmax", [b.node("Concat", outs["cls"], "cls_cat", axis=1)], "conf", axis=-1)
+    b.node("Concat", outs["box"], "loc", axis=1)
+    b.node("Concat", outs["ldm"], "landms", axis=1)
+    return b.model("retinaface", {"x": [1, 3, 32, 32]}, ["loc", "conf", "landms"], opset=11)
+
+
+def yolov5_focus() -> onnx.ModelProto:
+    """YOLOv5 v5.0 Focus: x[..., ::2, ::2] etc. as two step-2 Slices each (H then W), Concat of
+    the four, conv; then a Detect layer Reshape(1, 3, 85, H, W) → Transpose(0,1,3,4,2) →
+    Sigmoid → grid/anchor decode → Reshape(1, -1, 85)."""
+    b, no = Builder(), 9
+    parts = []
+    for k, (i, j) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        y = "images"
+        for axis, start in ((2, i), (3, j)):
+            names = [
+                b.const(f"f{k}_{axis}_{m}", np.array([v]))
+                for m, v in enumerate((start, 2**62, axis, 2))
+            ]
+            y = b.node("Slice", [y, *names], f"focus{k}_{axis}")
+        parts.append(y)
+    x = b.conv("focus", b.node("Concat", parts, "focus_cat", axis=1), 12, 16, act="silu")
+    x = b.conv("down", x, 16, 16, stride=2, act="silu")
+    y = b.conv("detect", x, 16, 3 * no, kernel=1, act=None)
+    y = b.node("Reshape", [y, b.const("d5", np.array([1, 3, no, 8, 8]))], "d_r")
+    y = b.node("Sigmoid", [b.node("Transpose", [y], "d_t", perm=[0, 1, 3, 4, 2])], "d_sig")
+    xy = b.slice("xy", y, 0, 2, 4)
+    wh = b.slice("wh", y, 2, 4, 4)
+    rest = b.slice("rest", y, 4, no, 4)
+    grid = (
+        np.stack(np.meshgrid(np.arange(8), np.arange(8)), -1)
+        .reshape(1, 1, 8, 8, 2)
+        .astype(np.float32)
+        - 0.5
+    )
+    xy = b.node(
+        "Mul",
+        [
+            b.node(
+                "Add",
+                [
+                    b.node("Mul", [xy, b.const("two", np.array(2.0, np.float32))], "xy2"),
+                    b.const("grid", grid),
+                ],
+                "xyg",
+            ),
+            b.const("stride", np.array(4.0, np.float32)),
+        ],
+        "xy_out",
+    )
+    wh2 = b.node("Mul", [wh, b.const("two_b", np.array(2.0, np.float32))], "wh2")
+    anchors = b.rng.uniform(4, 16, (1, 3, 1, 1, 2)).astype(np.float32)
+    wh = b.node("Mul", [b.node("Mul", [wh2, wh2], "wh_sq"), b.const("anchors", anchors)], "wh_out")
+    y = b.node("Concat", [xy, wh, rest], "decoded", axis=4)
+    b.node("Reshape", [y, b.const("rows", np.array([1, -1, no]))], "output")
+    return b.model("yolov5_focus", {"images": [1, 3, 32, 32]}, ["output"], opset=12)
+
+
+def regnet() -> onnx.ModelProto:
+    """RegNetY / ResNeXt: grouped 3x3 convs (group width 8), SE with ReduceMean, residual."""
+    b, c = Builder(), 32
+    x = b.conv("stem", "x", 3, c, stride=2)
+    for k in range(2):
+        h = b.conv(f"b{k}_a", x, c, c, kernel=1)
+        h = b.conv(f"b{k}_b", h, c, c, stride=1, group=4)
+        s = b.node("ReduceMean", [h], f"b{k}_se_m", axes=[2, 3], keepdims=1)
+        s = b.conv(f"b{k}_se_e", b.conv(f"b{k}_se_r", s, c, 8, kernel=1), 8, c, kernel=1, act=None)
+        h = b.node("Mul", [h, b.node("Sigmoid", [s], f"b{k}_se_g")], f"b{k}_se")
+        h = b.conv(f"b{k}_c", h, c, c, kernel=1, act=None)
+        x = b.node("Relu", [b.node("Add", [x, h], f"b{k}_add")], f"b{k}_out")
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat")
+    b.node("Gemm", [x, b.weight("fc_w", 10, c), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("regnet", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
+def ghostnet() -> onnx.ModelProto:
+    """GhostNet module: primary 1x1 conv, cheap depthwise 3x3, Concat, Slice [:, :oup]; SE with
+    hard_sigmoid spelled out (Add 3, Clip 0..6, Div 6); GAP, 1x1 conv head, Flatten, Gemm."""
+    b = Builder()
+    x = b.conv("stem", "x", 3, 16, stride=2)
+    for k in range(2):
+        p = b.conv(f"g{k}_p", x, 16, 8, kernel=1)
+        cheap = b.conv(f"g{k}_c", p, 8, 8, group=8)
+        y = b.node("Concat", [p, cheap], f"g{k}_cat", axis=1)
+        y = b.slice(f"g{k}_out", y, 0, 14 if k == 0 else 16, 1)
+        if k == 0:
+            y = b.conv("g0_fix", y, 14, 16, kernel=1, act=None)
+        s = b.node("ReduceMean", [y], f"se{k}_m", axes=[2, 3], keepdims=1)
+        s = b.conv(f"se{k}_e", b.conv(f"se{k}_r", s, 16, 4, kernel=1), 4, 16, kernel=1, act=None)
+        s = b.node("Add", [s, b.const(f"se{k}_3", np.array(3.0, np.float32))], f"se{k}_a3")
+        s = b.node(
+            "Clip",
+            [
+                s,
+                b.const(f"se{k}_lo", np.array(0.0, np.float32)),
+                b.const(f"se{k}_hi", np.array(6.0, np.float32)),
+            ],
+            f"se{k}_clip",
+        )
+        s = b.node("Div", [s, b.const(f"se{k}_6", np.array(6.0, np.float32))], f"se{k}_hs")
+        x = b.node("Add", [x, b.node("Mul", [y, s], f"se{k}_mul")], f"g{k}_res")
+    x = b.node("GlobalAveragePool", [x], "gap")
+    x = b.node("Flatten", [b.conv("head", x, 16, 32, kernel=1)], "flat")
+    b.node("Gemm", [x, b.weight("fc_w", 10, 32), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("ghostnet", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
+def squeezenet() -> onnx.ModelProto:
+    """SqueezeNet 1.1: MaxPool ceil_mode, Fire modules (squeeze 1x1, expand 1x1 ‖ 3x3 Concat),
+    final 1x1 conv + Relu, GAP, Flatten, Softmax."""
+    b = Builder()
+    x = b.conv("stem", "x", 3, 16, stride=2)
+    x = b.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    for k in range(2):
+        s = b.conv(f"f{k}_sq", x, 16, 4, kernel=1)
+        x = b.node(
+            "Concat",
+            [b.conv(f"f{k}_e1", s, 4, 8, kernel=1), b.conv(f"f{k}_e3", s, 4, 8)],
+            f"f{k}",
+            axis=1,
+        )
+    x = b.node("GlobalAveragePool", [b.conv("cls", x, 16, 10, kernel=1)], "gap")
+    b.node("Softmax", [b.node("Flatten", [x], "flat")], "probs", axis=1)
+    return b.model("squeezenet", {"x": [1, 3, 33, 33]}, ["probs"], opset=11)
+
+
+def inception_v3() -> onnx.ModelProto:
+    """Inception-v3 block C: asymmetric 1x7 / 7x1 convs (pads (0,3)/(3,0)), an AveragePool 3x3/1
+    with count_include_pad=0 branch, Concat."""
+    b, c = Builder(), 16
+    x = b.conv("stem", "x", 3, c, stride=2)
+
+    def asym(name: str, y: str, cin: int, cout: int, kh: int, kw: int) -> str:
+        w = [b.weight(f"{name}_w", cout, cin, kh, kw), b.weight(f"{name}_b", cout)]
+        y = b.node(
+            "Conv",
+            [y, *w],
+            f"{name}_conv",
+            kernel_shape=[kh, kw],
+            pads=[kh // 2, kw // 2, kh // 2, kw // 2],
+        )
+        return b.node("Relu", [y], f"{name}_relu")
+
+    b1 = b.conv("b1", x, c, 8, kernel=1)
+    b7 = asym("b7_3", asym("b7_2", b.conv("b7_1", x, c, 8, kernel=1), 8, 8, 1, 7), 8, 8, 7, 1)
+    bp = b.node(
+        "AveragePool", [x], "bp_pool", kernel_shape=[3, 3], pads=[1] * 4, count_include_pad=0
+    )
+    bp = b.conv("bp", bp, c, 8, kernel=1)
+    x = b.node("Concat", [b1, b7, bp], "mixed", axis=1)
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flat")
+    b.node("Gemm", [x, b.weight("fc_w", 10, 24), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("inception_v3", {"x": [1, 3, 32, 32]}, ["logits"], opset=11)
+
+
+def efficientnet_tf() -> onnx.ModelProto:
+    """EfficientNet-B0 TF port (opset 11): 'same' padding as an explicit asymmetric Pad
+    (0 before, 1 after) then an unpadded stride-2 Conv, Swish, depthwise with Pad, SE."""
+    b = Builder()
+
+    def same(name: str, y: str, cin: int, cout: int, k: int, stride: int, group: int = 1) -> str:
+        total = max(k - stride, 0)
+        pads = np.array(
+            [0, 0, total // 2, total // 2, 0, 0, total - total // 2, total - total // 2]
+        )
+        y = b.node("Pad", [y, b.const(f"{name}_pads", pads)], f"{name}_pad", mode="constant")
+        w = [b.weight(f"{name}_w", cout, cin // group, k, k), b.weight(f"{name}_b", cout)]
+        y = b.node(
+            "Conv",
+            [y, *w],
+            f"{name}_conv",
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            group=group,
+        )
+        return b.node("Mul", [y, b.node("Sigmoid", [y], f"{name}_sig")], f"{name}_swish")
+
+    x = same("stem", "x", 3, 16, 3, 2)
+    h = same("dw", x, 16, 16, 3, 2, group=16)
+    s = b.node("ReduceMean", [h], "se_m", axes=[2, 3], keepdims=1)
+    s = b.conv("se_e", b.conv("se_r", s, 16, 4, kernel=1, act="silu"), 4, 16, kernel=1, act=None)
+    h = b.node("Mul", [h, b.node("Sigmoid", [s], "se_g")], "se")
+    h = b.conv("proj", h, 16, 24, kernel=1, act=None)
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [h], "gap")], "flat")
+    b.node("Gemm", [x, b.weight("fc_w", 10, 24), b.weight("fc_b", 10)], "logits", transB=1)
+    return b.model("efficientnet_tf", {"x": [1, 3, 32, 32]}, ["logits"], opset=11)
+
+
+def crnn_bilstm() -> onnx.ModelProto:
+    """CRNN (PaddleOCR / old torch port): BiLSTM written as a forward LSTM and a backward one on
+    the time-reversed sequence (Slice step −1), reversed back, Concat; Linear, Softmax and the
+    greedy CTC decode ArgMax(−1)."""
+    b, hidden = Builder(), 16
+    x = b.conv("c1", "x", 3, 16, stride=2)
+    x = b.conv("c2", x, 16, 32, stride=2)
+    x = b.node("MaxPool", [x], "pool", kernel_shape=[8, 1], strides=[8, 1])
+    x = b.node("Squeeze", [x, b.const("h_ax", np.array([2]))], "seq")
+    x = b.node("Transpose", [x], "tm", perm=[2, 0, 1])
+
+    def rev(name: str, y: str) -> str:
+        names = [b.const(f"{name}_{m}", np.array([v])) for m, v in enumerate((-1, -(2**63), 0, -1))]
+        return b.node("Slice", [y, *names], name)
+
+    outs = []
+    for d, seq in (("fw", x), ("bw", rev("rev_in", x))):
+        w = [
+            b.weight(f"{d}_w", 1, 4 * hidden, 32),
+            b.weight(f"{d}_r", 1, 4 * hidden, hidden),
+            b.weight(f"{d}_b", 1, 8 * hidden),
+        ]
+        y = b.node(
+            "Squeeze",
+            [
+                b.node("LSTM", [seq, *w], f"{d}_lstm", hidden_size=hidden),
+                b.const(f"{d}_ax", np.array([1])),
+            ],
+            f"{d}_out",
+        )
+        outs.append(y if d == "fw" else rev("rev_out", y))
+    x = b.node("Concat", outs, "bi", axis=-1)
+    x = b.linear("fc", x, 2 * hidden, 11)
+    x = b.node("Softmax", [x], "probs", axis=-1)
+    b.node("ArgMax", [x], "labels", axis=-1, keepdims=0)
+    return b.model(
+        "crnn_bilstm",
+        {"x": [1, 3, 32, 64]},
+        ["probs", "labels"],
+        opset=13,
+        types={"labels": TensorProto.INT64},
+    )
+
+
+def east() -> onnx.ModelProto:
+    """EAST: U-shaped merge (Resize up, Concat, 1x1 + 3x3), score Sigmoid, geometry
+    Sigmoid·scale, angle (Sigmoid − 0.5)·π/2, Concat of geometry and angle."""
+    b = Builder()
+    f1 = b.conv("f1", "x", 3, 16, stride=2)
+    f2 = b.conv("f2", f1, 16, 32, stride=2)
+    up = b.node(
+        "Resize",
+        [f2, "", b.const("up_scales", np.array([1, 1, 2, 2], np.float32))],
+        "up",
+        mode="linear",
+    )
+    h = b.conv(
+        "m2", b.conv("m1", b.node("Concat", [up, f1], "cat", axis=1), 48, 16, kernel=1), 16, 16
+    )
+    score = b.node("Sigmoid", [b.conv("score", h, 16, 1, kernel=1, act=None)], "score_map")
+    geo = b.node(
+        "Mul",
+        [
+            b.node("Sigmoid", [b.conv("geo", h, 16, 4, kernel=1, act=None)], "geo_sig"),
+            b.const("scope", np.array(512.0, np.float32)),
+        ],
+        "geo_map",
+    )
+    ang = b.node(
+        "Sub",
+        [
+            b.node("Sigmoid", [b.conv("ang", h, 16, 1, kernel=1, act=None)], "ang_sig"),
+            b.const("half", np.array(0.5, np.float32)),
+        ],
+        "ang_c",
+    )
+    ang = b.node("Mul", [ang, b.const("quarter_pi", np.array(np.pi / 2, np.float32))], "angle")
+    b.node("Concat", [geo, ang], "geometry", axis=1)
+    return b.model("east", {"x": [1, 3, 32, 32]}, [score, "geometry"], opset=13)
+
+
+def parseq_decoder() -> onnx.ModelProto:
+    """ABINet / PARSeq-style positional attention: a constant positional query (1, T, C) over
+    visual tokens (flatten(2).transpose), cross-attention (q from the queries, k/v Linear of the
+    memory), LayerNorm, classifier Linear and greedy ArgMax."""
+    b, c, t, heads = Builder(), 32, 8, 2
+    hd = c // heads
+    x = b.conv("c2", b.conv("c1", "x", 3, 16, stride=2), 16, c, stride=2)
+    x = b.node("Reshape", [x, b.const("flat", np.array([1, c, -1]))], "mem_rows")
+    mem = b.layer_norm("mem_ln", b.node("Transpose", [x], "memory", perm=[0, 2, 1]), c, eps=1e-5)
+    q = _split_heads(
+        b, "q", b.linear("q", b.weight("pos_queries", 1, t, c), c, c), (1, t, heads, hd)
+    )
+    k = _split_heads(b, "k", b.linear("k", mem, c, c), (1, 64, heads, hd), perm=(0, 2, 3, 1))
+    v = _split_heads(b, "v", b.linear("v", mem, c, c), (1, 64, heads, hd))
+    s = b.node(
+        "Mul",
+        [b.node("MatMul", [q, k], "qk"), b.const("scale", np.array(hd**-0.5, np.float32))],
+        "qk_s",
+    )
+    o = b.node(
+        "Transpose",
+        [b.node("MatMul", [b.node("Softmax", [s], "attn", axis=-1), v], "av")],
+        "av_t",
+        perm=[0, 2, 1, 3],
+    )
+    o = b.linear("out", b.node("Reshape", [o, b.const("merge", np.array([1, t, c]))], "av_m"), c, c)
+    o = b.layer_norm("dec_ln", o, c, eps=1e-5)
+    logits = b.linear("head", o, c, 20)
+    b.node("ArgMax", [logits], "labels", axis=-1, keepdims=0)
+    return b.model(
+        "parseq_decoder",
+        {"x": [1, 3, 16, 64]},
+        [logits, "labels"],
+        opset=14,
+        types={"labels": TensorProto.INT64},
+    )
+
+
+def levit() -> onnx.ModelProto:
+    """LeViT (timm, opset 14): Linear+BatchNorm1d applied on flatten(0,1) (Reshape to (N·L, C),
+    BatchNormalization rank 2, Reshape back), Hardswish op, attention with a learned bias
+    gathered by constant indices (attention_biases[:, idxs]) added to scaled scores."""
+    b, c, heads, n = Builder(), 32, 2, 16
+    kd, hd = 8, 16
+    x = b.node("HardSwish", [b.conv("stem", "x", 3, c, stride=2, act=None)], "stem_hs")
+    x = b.conv("stem2", x, c, c, stride=2, act=None)
+    x = b.node(
+        "Transpose",
+        [b.node("Reshape", [x, b.const("flat", np.array([1, c, -1]))], "rows")],
+        "tok",
+        perm=[0, 2, 1],
+    )
+
+    def lin_bn(name: str, y: str, cin: int, cout: int) -> str:
+        y = b.node("MatMul", [y, b.weight(f"{name}_w", cin, cout)], f"{name}_mm")
+        y = b.node("Reshape", [y, b.const(f"{name}_2d", np.array([n, cout]))], f"{name}_flat")
+        y = b.batch_norm(f"{name}_bn", y, cout)
+        return b.node("Reshape", [y, b.const(f"{name}_3d", np.array([1, n, cout]))], f"{name}_out")
+
+    qkv = lin_bn("qkv", x, c, heads * (2 * kd + hd))
+    qkv = b.node("Reshape", [qkv, b.const("qkv4", np.array([1, n, heads, 2 * kd + hd]))], "qkv_h")
+    q, k, v = b.nodes_out(
+        "Split", [qkv, b.const("sizes", np.array([kd, kd, hd]))], ["q", "k", "v"], axis=3
+    )
+    q = b.node("Transpose", [q], "q_t", perm=[0, 2, 1, 3])
+    k = b.node("Transpose", [k], "k_t", perm=[0, 2, 3, 1])
+    v = b.node("Transpose", [v], "v_t", perm=[0, 2, 1, 3])
+    s = b.node(
+        "Mul",
+        [b.node("MatMul", [q, k], "qk"), b.const("scale", np.array(kd**-0.5, np.float32))],
+        "qk_s",
+    )
+    idx = np.abs(np.arange(n)[:, None] - np.arange(n)[None]).astype(np.int64)
+    bias = b.node(
+        "Gather", [b.weight("attn_biases", heads, n), b.const("bias_idxs", idx)], "bias", axis=1
+    )
+    s = b.node("Add", [s, bias], "qk_b")
+    o = b.node("MatMul", [b.node("Softmax", [s], "attn", axis=-1), v], "av")
+    o = b.node(
+        "Reshape",
+        [
+            b.node("Transpose", [o], "av_t", perm=[0, 2, 1, 3]),
+            b.const("merge", np.array([1, n, heads * hd])),
+        ],
+        "av_m",
+    )
+    o = lin_bn("proj", b.node("HardSwish", [o], "proj_hs"), heads * hd, c)
+    x = b.node("Add", [x, o], "res")
+    x = b.node("ReduceMean", [x], "pool", axes=[1], keepdims=0)
+    x = b.batch_norm("head_bn", x, c)
+    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    return b.model("levit", {"x": [1, 3, 16, 16]}, ["logits"], opset=14)
+
+
+def distilbert() -> onnx.ModelProto:
+    """HF DistilBERT (opset 14): word + position Gather embeddings, LayerNorm spelled out, the
+    mask applied by masked_fill: Equal(mask, 0) → Reshape(1,1,1,L) → Expand → Where(mask,
+    finfo.min, scores), q divided by √hd before the MatMul, post-LN FFN with erf-GELU."""
+    b, c, heads, length = Builder(), 32, 2, 12
+    hd = c // heads
+    x = b.node("Gather", [b.weight("word_emb", 40, c), "input_ids"], "words", axis=0)
+    x = b.node("Add", [x, b.weight("pos_emb", 1, length, c)], "emb")
+    x = b.layer_norm("emb_ln", x, c, eps=1e-12)
+    q = _split_heads(b, "q", b.linear("q", x, c, c), (1, -1, heads, hd))
+    q = b.node("Div", [q, b.const("sqrt_d", np.array(np.sqrt(hd), np.float32))], "q_s")
+    k = _split_heads(b, "k", b.linear("k", x, c, c), (1, -1, heads, hd))
+    v = _split_heads(b, "v", b.linear("v", x, c, c), (1, -1, heads, hd))
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "scores")
+    m = b.node("Equal", ["attention_mask", b.const("zero", np.array(0, np.int64))], "mask0")
+    m = b.node("Reshape", [m, b.const("mask_shape", np.array([1, 1, 1, length]))], "mask4")
+    m = b.node("Expand", [m, b.const("mask_full", np.array([1, heads, length, length]))], "mask_x")
+    s = b.node(
+        "Where", [m, b.const("neg", np.array(np.finfo(np.float32).min, np.float32)), s], "masked"
+    )
+    o = b.node(
+        "Transpose",
+        [b.node("MatMul", [b.node("Softmax", [s], "attn", axis=-1), v], "av")],
+        "av_t",
+        perm=[0, 2, 1, 3],
+    )
+    o = b.linear(
+        "out", b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "av_m"), c, c
+    )
+    x = b.layer_norm("sa_ln", b.node("Add", [o, x], "res1"), c, eps=1e-12)
+    h = b.linear("lin2", b.gelu("gelu", b.linear("lin1", x, c, 2 * c)), 2 * c, c)
+    b.layer_norm("out_ln", b.node("Add", [h, x], "res2"), c, eps=1e-12)
+    return b.model(
+        "distilbert",
+        {"input_ids": [1, length], "attention_mask": [1, length]},
+        ["out_ln_out"],
+        opset=14,
+        types={"input_ids": TensorProto.INT64, "attention_mask": TensorProto.INT64},
+    )
+
+
+def _shape_dim(b: Builder, name: str, x: str, index: int) -> str:
+    """x.shape[index] as torch exports it for a dynamic dim: Shape → Gather → Unsqueeze."""
+    s = b.node("Shape", [x], f"{name}_shape")
+    g = b.node("Gather", [s, b.const(f"{name}_idx", np.array(index))], f"{name}_dim", axis=0)
+    return b.node("Unsqueeze", [g, b.const(f"{name}_ax", np.array([0]))], f"{name}_u")
+
+
+def dynamic_vit() -> onnx.ModelProto:
+    """torch.onnx with dynamic_axes={'x': {0: 'batch'}}: every view reads its batch size from
+    Shape → Gather → Unsqueeze → Concat."""
+    b, c, heads = Builder(), 32, 2
+    hd = c // heads
+    x = b.node(
+        "Conv",
+        ["x", b.weight("pw", c, 3, 8, 8), b.weight("pb", c)],
+        "patch",
+        kernel_shape=[8, 8],
+        strides=[8, 8],
+    )
+    bs = _shape_dim(b, "b0", x, 0)
+    shp = b.node("Concat", [bs, b.const("c_m1", np.array([c, -1]))], "flat_shape", axis=0)
+    x = b.node("Transpose", [b.node("Reshape", [x, shp], "flat")], "tok", perm=[0, 2, 1])
+    h = b.layer_norm("ln", x, c)
+    qkv = b.linear("qkv", h, c, 3 * c)
+    bs1 = _shape_dim(b, "b1", h, 0)
+    n1 = _shape_dim(b, "n1", h, 1)
+    shp = b.node(
+        "Concat", [bs1, n1, b.const("qkv_rest", np.array([3, heads, hd]))], "qkv_shape", axis=0
+    )
+    qkv = b.node("Transpose", [b.node("Reshape", [qkv, shp], "qkv5")], "qkvT", perm=[2, 0, 3, 1, 4])
+    q, k, v = (
+        b.node("Gather", [qkv, b.const(f"i{j}", np.array(j))], t, axis=0)
+        for j, t in enumerate("qkv")
+    )
+    s = b.node(
+        "Mul",
+        [
+            b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "qk"),
+            b.const("scale", np.array(hd**-0.5, np.float32)),
+        ],
+        "qk_s",
+    )
+    o = b.node(
+        "Transpose",
+        [b.node("MatMul", [b.node("Softmax", [s], "attn", axis=-1), v], "av")],
+        "avT",
+        perm=[0, 2, 1, 3],
+    )
+    shp = b.node("Concat", [bs1, n1, b.const("c_only", np.array([c]))], "merge_shape", axis=0)
+    o = b.linear("proj", b.node("Reshape", [o, shp], "merged"), c, c)
+    x = b.node("Add", [x, o], "res")
+    x = b.node("ReduceMean", [x], "pool", axes=[1], keepdims=0)
+    b.node("Gemm", [x, b.weight("hw", 10, c), b.weight("hb", 10)], "logits", transB=1)
+    m = b.model("dynamic_vit", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return m
+
+
+def groupnorm_head() -> onnx.ModelProto:
+    """FCOS / mmdet GroupNorm at opset < 18: Reshape(1, G, -1) → InstanceNormalization (ones,
+    zeros) → Reshape(shape of x) → Mul γ(C,1,1) → Add β → Relu."""
+    b, c, g = Builder(), 16, 4
+    x = b.conv("stem", "x", 3, c, stride=2, act=None)
+    for k in range(2):
+        y = b.node("Reshape", [x, b.const(f"gn{k}_grp", np.array([1, g, -1]))], f"gn{k}_r")
+        y = b.node(
+            "InstanceNormalization",
+            [
+                y,
+                b.const(f"gn{k}_one", np.ones(g, np.float32)),
+                b.const(f"gn{k}_zero", np.zeros(g, np.float32)),
+            ],
+            f"gn{k}_in",
+            epsilon=1e-5,
+        )
+        y = b.node("Reshape", [y, b.node("Shape", [x], f"gn{k}_shape")], f"gn{k}_back")
+        y = b.node(
+            "Mul",
+            [y, b.const(f"gn{k}_g", (1 + b.rng.normal(0, 0.1, (c, 1, 1))).astype(np.float32))],
+            f"gn{k}_mul",
+        )
+        y = b.node("Add", [y, b.weight(f"gn{k}_b", c, 1, 1)], f"gn{k}_add")
+        x = b.conv(f"c{k}", b.node("Relu", [y], f"gn{k}_relu"), c, c, act=None)
+    b.node("Sigmoid", [b.conv("cls", x, c, 3, act=None)], "scores")
+    return b.model("groupnorm_head", {"x": [1, 3, 32, 32]}, ["scores"], opset=13)
+
+
+def einsum_attention() -> onnx.ModelProto:
+    """Attention written with torch.einsum (exported as Einsum at opset 12+)."""
+    b, c, heads, n = Builder(), 32, 2, 16
+    hd = c // heads
+    x = b.node(
+        "Conv",
+        ["x", b.weight("pw", c, 3, 8, 8), b.weight("pb", c)],
+        "patch",
+        kernel_shape=[8, 8],
+        strides=[8, 8],
+    )
+    x = b.node(
+        "Transpose",
+        [b.node("Reshape", [x, b.const("fs", np.array([1, c, -1]))], "flat")],
+        "tok",
+        perm=[0, 2, 1],
+    )
+
+    def heads_of(t: str) -> str:
+        y = b.node(
+            "Reshape",
+            [b.linear(t, x, c, c), b.const(f"{t}_s", np.array([1, n, heads, hd]))],
+            f"{t}_h",
+        )
+        return y
+
+    q, k, v = heads_of("q"), heads_of("k"), heads_of("v")
+    s = b.node("Einsum", [q, k], "qk", equation="bqhd,bkhd->bhqk")
+    p = b.node(
+        "Softmax",
+        [b.node("Mul", [s, b.const("scale", np.array(hd**-0.5, np.float32))], "qk_s")],
+        "attn",
+        axis=-1,
+    )
+    o = b.node("Einsum", [p, v], "av", equation="bhqk,bkhd->bqhd")
+    o = b.linear("proj", b.node("Reshape", [o, b.const("m", np.array([1, n, c]))], "merged"), c, c)
+    b.node("Add", [x, o], "y")
+    return b.model("einsum_attention", {"x": [1, 3, 32, 32]}, ["y"], opset=13)
+
+
+def fpn_size_resize() -> onnx.ModelProto:
+    """torchvision / mmdet FPN: F.interpolate(top, size=lateral.shape[-2:]) exported as
+    Shape → Slice [2:4] → Concat(N, C from the top) → Resize(sizes), then Add."""
+    b = Builder()
+    c3 = b.conv("c3", b.conv("c2", "x", 3, 16, stride=2), 16, 16, stride=2)
+    c4 = b.conv("c4", c3, 16, 16, stride=2)
+    l3 = b.conv("l3", c3, 16, 16, kernel=1, act=None)
+    l4 = b.conv("l4", c4, 16, 16, kernel=1, act=None)
+    hw = b.slice("hw", b.node("Shape", [l3], "l3_shape"), 2, 4, 0)
+    nc = b.slice("nc", b.node("Shape", [l4], "l4_shape"), 0, 2, 0)
+    sizes = b.node("Concat", [nc, hw], "sizes", axis=0)
+    up = b.node(
+        "Resize",
+        [
+            l4,
+            b.const("roi", np.array([], np.float32)),
+            b.const("sc", np.array([], np.float32)),
+            sizes,
+        ],
+        "up",
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )
+    p3 = b.conv("p3", b.node("Add", [l3, up], "sum"), 16, 16, act=None)
+    return b.model("fpn_size_resize", {"x": [1, 3, 32, 32]}, [p3], opset=11)
+
+
+def opset9_ssd() -> onnx.ModelProto:
+    """An old (opset 9) MobileNet-SSD style export: Clip with min/max attributes (ReLU6),
+    Upsample with scales input, Slice with attributes, Flatten + Concat."""
+    b = Builder()
+    x = b.node("Clip", [b.conv("c1", "x", 3, 16, stride=2, act=None)], "relu6", min=0.0, max=6.0)
+    x = b.conv("c2", x, 16, 16, stride=2)
+    up = b.node(
+        "Upsample", [x, b.const("scales", np.array([1, 1, 2, 2], np.float32))], "up", mode="nearest"
+    )
+    x = b.node("Concat", [up, b.conv("lat", "x", 3, 16, stride=2)], "cat", axis=1)
+    x = b.node("Slice", [x], "first", starts=[0], ends=[24], axes=[1])
+    loc = b.node("Transpose", [b.conv("loc", x, 24, 8, act=None)], "loc_t", perm=[0, 2, 3, 1])
+    b.node("Flatten", [loc], "loc_flat", axis=1)
+    return b.model("opset9_ssd", {"x": [1, 3, 32, 32]}, ["loc_flat"], opset=9)
+
+
+def focus_multi_axis() -> onnx.ModelProto:
+    """YOLOv5 Focus after onnx-simplifier: one Slice per quarter over axes (2, 3), step 2."""
+    b = Builder()
+    parts = []
+    for k, (i, j) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        names = [
+            b.const(f"f{k}_{m}", np.array(v))
+            for m, v in enumerate(([i, j], [2**62, 2**62], [2, 3], [2, 2]))
+        ]
+        parts.append(b.node("Slice", ["images", *names], f"focus{k}"))
+    x = b.conv("focus", b.node("Concat", parts, "cat", axis=1), 12, 16, act="silu")
+    b.conv("out", x, 16, 8, kernel=1, act=None)
+    return b.model("focus_multi_axis", {"images": [1, 3, 32, 32]}, ["out_conv"], opset=13)
+
+
+def rmsnorm_llama_like() -> onnx.ModelProto:
+    """An encoder with RMSNorm spelled as Pow/ReduceMean/Add/Sqrt/Reciprocal/Mul (rsqrt → Reciprocal
+    at newer torch), SwiGLU FFN (SiLU(x·W1)·(x·W3))·W2."""
+    b, c = Builder(), 32
+    x = b.node(
+        "Conv",
+        ["x", b.weight("pw", c, 3, 8, 8), b.weight("pb", c)],
+        "patch",
+        kernel_shape=[8, 8],
+        strides=[8, 8],
+    )
+    x = b.node(
+        "Transpose",
+        [b.node("Reshape", [x, b.const("fs", np.array([1, c, -1]))], "flat")],
+        "tok",
+        perm=[0, 2, 1],
+    )
+    var = b.node(
+        "ReduceMean",
+        [b.node("Pow", [x, b.const("two", np.array(2.0, np.float32))], "sq")],
+        "var",
+        axes=[-1],
+        keepdims=1,
+    )
+    r = b.node(
+        "Reciprocal",
+        [
+            b.node(
+                "Sqrt",
+                [b.node("Add", [var, b.const("eps", np.array(1e-6, np.float32))], "ve")],
+                "std",
+            )
+        ],
+        "rstd",
+    )
+    h = b.node("Mul", [b.node("Mul", [x, r], "n"), b.weight("g", c)], "normed")
+    g = b.node("MatMul", [h, b.weight("w1", c, 2 * c)], "up1")
+    g = b.node("Mul", [g, b.node("Sigmoid", [g], "up1_sig")], "silu")
+    u = b.node("MatMul", [h, b.weight("w3", c, 2 * c)], "up3")
+    y = b.node("MatMul", [b.node("Mul", [g, u], "glu"), b.weight("w2", 2 * c, c)], "down")
+    b.node("Add", [x, y], "y")
+    return b.model("rmsnorm_llama_like", {"x": [1, 3, 32, 32]}, ["y"], opset=17)
+
+
 ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "crnn": crnn,
     "anchor_free_head": anchor_free_head,
@@ -1019,4 +2187,33 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "swin": swin,
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
+    "segformer": segformer,
+    "mobilevit": mobilevit,
+    "clip_vit": clip_vit,
+    "t5_encoder": t5_encoder,
+    "whisper_encoder": whisper_encoder,
+    "centernet": centernet,
+    "efficientdet_bifpn": efficientdet_bifpn,
+    "gfl_head": gfl_head,
+    "yolov9_adown": yolov9_adown,
+    "yolov6_repvgg": yolov6_repvgg,
+    "retinaface": retinaface,
+    "yolov5_focus": yolov5_focus,
+    "regnet": regnet,
+    "ghostnet": ghostnet,
+    "squeezenet": squeezenet,
+    "inception_v3": inception_v3,
+    "efficientnet_tf": efficientnet_tf,
+    "crnn_bilstm": crnn_bilstm,
+    "east": east,
+    "parseq_decoder": parseq_decoder,
+    "levit": levit,
+    "distilbert": distilbert,
+    "dynamic_vit": dynamic_vit,
+    "groupnorm_head": groupnorm_head,
+    "einsum_attention": einsum_attention,
+    "fpn_size_resize": fpn_size_resize,
+    "opset9_ssd": opset9_ssd,
+    "focus_multi_axis": focus_multi_axis,
+    "rmsnorm_llama_like": rmsnorm_llama_like,
 }

@@ -2,7 +2,8 @@
 fix → quantize → compile → emulator. `fix` brings each family to the fewest MLA segments its
 host-only ops allow, the archive holds as many `.elf` files as `check` counts for the fixed
 model, and every MLA stage equals the integer reference bit for bit; outputs behind float host
-stages (the CRNN's LSTM) may differ only there."""
+stages (the CRNN's LSTM) may differ only there. A few transformer and detection families also go
+through the pipeline for rk3588 (fp16 norms) and modalix."""
 
 from __future__ import annotations
 
@@ -28,10 +29,22 @@ FEWEST_SEGMENTS = {"two_inputs": 2}
 the convolutions); every other family is one segment after `fix`."""
 
 
+OTHER_TARGETS = [
+    ("segformer", "rk3588"),
+    ("clip_vit", "rk3588"),
+    ("distilbert", "rk3588"),
+    ("yolov5_focus", "rk3588"),
+    ("whisper_encoder", "modalix"),
+    ("centernet", "modalix"),
+]
+"""Families whose norms run in fp16 on rk3588 (LayerNorm feeding LayerNorm), or whose
+host-side masks and post-processing differ per target."""
+
+
 @cache
-def _fixed(name: str) -> onnx.ModelProto:
+def _fixed(name: str, target: str = "mlsoc") -> onnx.ModelProto:
     """The family after `surgery fix` (computed once for both tests)."""
-    return fix_model(load_model(ARCHITECTURES[name]()), "mlsoc").model
+    return fix_model(load_model(ARCHITECTURES[name]()), target).model
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -58,3 +71,19 @@ def test_architecture_compiles_to_checks_segments_and_runs_bit_exact(name: str, 
         for name_, verdict in comparison.outputs.items():
             assert verdict["max_abs_diff_vs_reference"] < 1e-4, (name_, verdict)
     assert all(np.isfinite(value).all() for value in outputs.values())
+
+
+@pytest.mark.parametrize(("name", "target"), OTHER_TARGETS)
+def test_architecture_runs_bit_exact_on_other_targets(name: str, target: str, tmp_path) -> None:
+    fixed = _fixed(name, target)
+    segments = check_model(fixed, target, suggest=False).mla_segments
+    assert segments == FEWEST_SEGMENTS.get(name, 1)
+    calibration = [make_inputs(fixed, seed=seed) for seed in range(3)]
+    qdq = quantize_model(fixed, calibration, target=target).model
+    result = compile_model(qdq, tmp_path, target=target, model_name=name)
+    assert len(result.elf_files) == segments, result.notes
+    archive = read_archive(result.archive)
+    feed = make_inputs(fixed, seed=9)
+    outputs, stats = run_archive(archive, feed, keep_tensors=True)
+    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    assert comparison.mla_stages and comparison.mla_bit_exact, comparison.mla_stages

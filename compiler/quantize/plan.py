@@ -139,6 +139,11 @@ class QuantPlan:
     """Tensors inside an elementwise group: no Q/DQ."""
     unquantized: dict[str, str] = field(default_factory=dict)
     decisions: list[dict[str, str]] = field(default_factory=list)
+    integer_interface: dict[str, QuantizationScheme] = field(default_factory=dict)
+    """Node name → the integer scheme of its inputs and outputs, for nodes moved to a float
+    precision because the MLA runs them only so (an fp16 LayerNorm on rk3588). The MLA keeps
+    such a node's operands integer and computes in float inside it, so a tensor between two of
+    them is still quantized: the reader gets Q → DQ → Cast pair, never the producer's float."""
 
     def observed(self) -> dict[str, ActivationSpec]:
         return {k: a for k, a in self.activations.items() if a.needs_observer}
@@ -219,6 +224,7 @@ def _node_config(
         plan.decisions.append(
             {"node": name, "decision": "bf16", "reason": "the op runs on the MLA in bf16 only"}
         )
+        plan.integer_interface[name] = act
         return NodeQuantizationConfig(
             config.calibration_method, bfloat16_scheme(), bfloat16_scheme()
         )
@@ -226,6 +232,7 @@ def _node_config(
         plan.decisions.append(
             {"node": name, "decision": "fp16", "reason": "the op runs on the MLA in fp16 only"}
         )
+        plan.integer_interface[name] = act
         return NodeQuantizationConfig(
             config.calibration_method, float16_scheme(), config.weight_quantization_scheme
         )
@@ -358,6 +365,17 @@ def _consume(
                 tensor, tensor, out_scheme, out_method, produced_by_quantized=True
             )
             plan.activations[tensor] = primary
+        interface = plan.integer_interface.get(
+            view.names[idx], plan.integer_interface.get(view.names[producer])
+        )
+        if primary.scheme.is_float and act.is_float and interface is not None:
+            integer = f"{tensor}::{interface.describe()}"
+            plan.activations.setdefault(
+                integer, ActivationSpec(integer, tensor, interface, method, False)
+            )
+            pair = _float_pair(plan, tensor, act, method, reads=integer)
+            pair.consumers.append((idx, k))
+            return pair.key
         if primary.scheme.is_float == act.is_float:
             return tensor
         key = f"{tensor}::{act.describe()}"
@@ -404,12 +422,18 @@ def _consume_mixed(
 
 
 def _float_pair(
-    plan: QuantPlan, tensor: str, scheme: QuantizationScheme, method: CalibrationMethod
+    plan: QuantPlan,
+    tensor: str,
+    scheme: QuantizationScheme,
+    method: CalibrationMethod,
+    reads: str | None = None,
 ) -> ActivationSpec:
+    """The Cast pair of `tensor` in `scheme`, after the DequantizeLinear of the integer spec
+    keyed `reads` (default: the tensor's own key)."""
     key = f"{tensor}::{scheme.describe()}"
     return plan.activations.setdefault(
         key,
-        ActivationSpec(key, tensor, scheme, method, False, reads_dequantized=tensor),
+        ActivationSpec(key, tensor, scheme, method, False, reads_dequantized=reads or tensor),
     )
 
 

@@ -32,13 +32,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper, version_converter
+from onnx import numpy_helper
 
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from surgery.coverage import NON_FOLDABLE_OPS
 from surgery.graph import GraphView, default_opset, node_label
-from surgery.model import infer_model_shapes, load_model, raise_ir_version, toposort_nodes
+from surgery.model import (
+    convert_opset,
+    infer_model_shapes,
+    load_model,
+    raise_ir_version,
+    toposort_nodes,
+)
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
@@ -131,7 +137,7 @@ def _initializers_not_inputs(model: onnx.ModelProto) -> None:
 
 def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
-        converted = version_converter.convert_version(model, opset)
+        converted = convert_opset(model, opset)
     except Exception as exc:  # the converter raises bare RuntimeError/IndexError on gaps
         raise QuantizationError(
             f"the model uses opset {model_opset(model)}; the QDQ form needs opset {opset} and ONNX's "

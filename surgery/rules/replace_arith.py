@@ -1,8 +1,10 @@
-"""Elementwise arithmetic in the cheapest exact form: sub-div-to-add-mul, pow2-to-mul."""
+"""Elementwise arithmetic in the cheapest exact form: sub-div-to-add-mul, pow2-to-mul,
+where-to-mask-arith."""
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.graph_edit import bypass_node
@@ -11,6 +13,7 @@ from surgery.rules.replace_common import (
     Editor,
     GraphRule,
     Pattern,
+    TensorSpec,
     close,
     constant_array,
     net_freed,
@@ -172,4 +175,80 @@ class Pow2ToMul(GraphRule):
         else:
             root = ed.op("Sqrt", "sqrt", [x], shape, dtype)
             ed.node("Reciprocal", "reciprocal", [root], [y])
+        return True
+
+
+@register
+class WhereToMaskArith(GraphRule):
+    """Rewrite Where(cond, c, x) with a constant scalar c as x·keep + fill, where
+    keep = 1 − Cast(cond) and fill = c·Cast(cond) (mirrored for Where(cond, x, c)).
+
+    This is torch's `masked_fill` (DistilBERT, HF attention masks, Longformer, T5 padding): the
+    scores between two MLA MatMuls pass through a Where the MLA cannot run, which cuts the
+    attention in two segments. After the rewrite the mask arithmetic (Cast, Sub, Mul of the
+    condition) depends only on the condition — usually a model input — and runs as a host
+    pre-stage, while the Mul and Add on the scores run on the MLA. It is exact for finite x and
+    c: x·1 + c·0 = x and x·0 + c·1 = c in float arithmetic. Only Wheres the target blocks,
+    with a finite constant scalar branch, a float tensor branch and a non-constant condition.
+    """
+
+    name = "where-to-mask-arith"
+    suggest_for = frozenset({"Where"})
+    summary = "Where(cond, c, x) with a constant c (masked_fill) → x·(1−cond) + c·cond."
+    category = "replace"
+    example = "surgery apply where-to-mask-arith distilbert.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Where"):
+            cond, a, b = pat.ins(node)[:3]
+            filled = 1 if pat.is_const(a) else 2 if pat.is_const(b) else 0
+            if not filled or pat.is_const(cond) or (pat.is_const(a) and pat.is_const(b)):
+                continue
+            fill, x = (a, b) if filled == 1 else (b, a)
+            c = pat.scalar(fill)
+            out = pat.outs(node)[0]
+            shape, mask_shape = pat.shape(out), pat.shape(cond)
+            if c is None or not np.isfinite(c) or not pat.is_float(x) or not pat.is_float(fill):
+                continue
+            if shape is None or mask_shape is None:
+                continue
+            mask = TensorSpec(mask_shape)
+            probes = [
+                probe_node(ctx, "Mul", [pat.spec(x), mask], [TensorSpec(shape)]),
+                probe_node(ctx, "Add", [TensorSpec(shape), mask], [TensorSpec(shape)]),
+            ]
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"Where {pat.name(node)} filling {c:g} → x·keep + fill on the MLA",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    fill_first=filled == 1,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        cond, a, b = node.inputs[:3]
+        fill, x = (a, b) if match.data["fill_first"] else (b, a)
+        value = ed.value(fill, fill.name)
+        if value is None:
+            return False
+        y = node.outputs[0]
+        ed.detach(node)
+        dtype = np.asarray(value).dtype
+        hit = ed.op(
+            "Cast", "mask", [cond], cond.shape, dtype, to=helper.np_dtype_to_tensor_dtype(dtype)
+        )
+        miss = ed.op(
+            "Sub", "mask_not", [ed.const("one", np.ones((), dtype)), hit], cond.shape, dtype
+        )
+        keep, put = (miss, hit) if match.data["fill_first"] else (hit, miss)
+        scalar = ed.const("fill", np.asarray(value, dtype).reshape(()))
+        filled = ed.op("Mul", "mask_fill", [put, scalar], cond.shape, dtype)
+        kept = ed.op("Mul", "masked", [x, keep], y.shape, dtype)
+        ed.node("Add", "mask_filled", [kept, filled], [y])
         return True

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper, version_converter
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from surgery.graph import GraphView, TensorInfo, attribute_values, default_opset
+from surgery.model import convert_opset
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import import_graph, nodes_by_name
@@ -249,7 +250,7 @@ def opset_upgrade_error(ctx: RuleContext, version: int) -> str | None:
 
 def _try_upgrade(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto | None, str | None]:
     try:
-        converted = version_converter.convert_version(model, version)
+        converted = convert_opset(model, version)
         onnx.checker.check_model(converted, full_check=False)
     except Exception as exc:  # noqa: BLE001 - the converter raises many unrelated types
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__

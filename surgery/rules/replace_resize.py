@@ -1,5 +1,5 @@
-"""Nearest-neighbour resizes the MLA rejects, in an exactly equivalent form it accepts:
-resize-to-supported."""
+"""Resizes in a form the MLA accepts: resize-to-supported (nearest resizes the MLA rejects, in
+an exactly equivalent form), upsample-to-resize (the pre-opset-10 Upsample op)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    conversion_note,
+    freed_blockers,
     model_opset,
+    opset_upgrade_error,
     probe_node,
+    upgrade_graph,
 )
 from surgery.targets import Reason
 
@@ -330,3 +334,88 @@ def _build_slice(
         for what, v in (("starts", starts), ("ends", ends), ("axes", [2, 3]), ("steps", steps))
     ]
     ed.node("Slice", "resize_slice", [x, *consts], [y])
+
+
+RESIZE_ATTRIBUTES_OPSET = 11
+"""The first opset whose Resize states its coordinate mode (Upsample's is asymmetric)."""
+
+
+@register
+class UpsampleToResize(GraphRule):
+    """Rewrite the Upsample op of old exports (opset 7–9: torch ≤ 1.2, Keras/TF converters,
+    darknet ports) as the Resize that computes the same thing.
+
+    Upsample is deprecated since opset 10 and no target runs it on the MLA, so an old FPN or
+    YOLOv3 neck leaves the accelerator at every upsampling. The model is converted to opset 11
+    with ONNX's version converter, which turns each Upsample into a Resize; the conversion
+    states Upsample's asymmetric coordinates (and floor rounding for nearest), which the
+    converter itself leaves at Resize's half_pixel default. Identical results, nearest or
+    linear. Only Upsamples with constant scales (for the placement probe).
+    """
+
+    name = "upsample-to-resize"
+    suggest_for = frozenset({"Upsample"})
+    summary = "Upsample (opset ≤ 9) → Resize with the same asymmetric coordinates (opset 11)."
+    category = "replace"
+    example = "surgery apply upsample-to-resize yolov3_opset9.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        if opset_upgrade_error(ctx, RESIZE_ATTRIBUTES_OPSET) is not None:
+            return []
+        pat = Pattern(ctx)
+        opset = max(model_opset(ctx), RESIZE_ATTRIBUTES_OPSET)
+        found = []
+        for node in pat.blocked("Upsample"):
+            ins, attrs = pat.ins(node), pat.attrs(node)
+            scales = pat.value(ins[1]) if len(ins) > 1 and ins[1] else attrs.get("scales")
+            shape, out = pat.shape(ins[0]), pat.shape(pat.outs(node)[0])
+            if scales is None or shape is None or out is None:
+                continue
+            mode = attrs.get("mode", "nearest")
+            mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+            resize_attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+            if mode == "nearest":
+                resize_attrs["nearest_mode"] = "floor"
+            roi = TensorSpec.const(np.zeros(0, np.float32))
+            factors = TensorSpec.const(np.asarray(scales, np.float32).reshape(-1))
+            probe = probe_node(
+                ctx,
+                "Resize",
+                [TensorSpec(shape), roi, factors],
+                [TensorSpec(out)],
+                resize_attrs,
+                opset=opset,
+            )
+            name = pat.name(node)
+            found.append(
+                self.match(
+                    [name],
+                    f"Upsample {name} ({mode}) → Resize" + conversion_note(ctx, opset),
+                    freed_blockers(ctx, [name], probe is None),
+                    opset=opset,
+                )
+            )
+        return found
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
+        return super().apply_all(graph, matches, params, ctx)
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        """The conversion has replaced the Upsample; one left behind (an Upsample-10 the
+        converter kept) is rewritten here."""
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        if node.op == "Resize":
+            return True
+        if node.op != "Upsample" or len(node.inputs) < 2:
+            return False
+        mode = str(node.attrs.get("mode", "nearest"))
+        node.op = "Resize"
+        node.inputs = [node.inputs[0], ed.const("roi", np.zeros(0, np.float32)), node.inputs[1]]
+        node.attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+        if mode == "nearest":
+            node.attrs["nearest_mode"] = "floor"
+        return True
