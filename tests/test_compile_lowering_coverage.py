@@ -4,6 +4,8 @@ files than `surgery check` counted."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +18,7 @@ from compiler.runtime.compare import reference_outputs
 from compiler.runtime.ops import LOWERINGS
 from compiler.runtime.ops.matmul import einsum_plan
 from compiler.runtime.pipeline import run_archive
+from compiler.runtime.qparams import NotLowerable
 from surgery.check import check_model
 from surgery.targets import resolve_target
 
@@ -198,20 +201,44 @@ def test_einsum_as_a_batched_matmul_stays_in_its_segment(equation: str, tmp_path
 
 
 @pytest.mark.parametrize(
-    ("equation", "plan"),
+    ("equation", "views"),
     [
-        ("bhid,bhjd->bhij", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3))),
-        ("ik,kj->ji", ((0, 1), (0, 1), (1, 0))),
-        ("bij,bjk->bik", ((0, 1, 2), (0, 1, 2), (0, 1, 2))),
-        ("bij,jk->bik", None),  # a batch index missing from B
-        ("ii,ij->ij", None),  # a repeated index
-        ("ij,jk->ik->x", None),  # not an equation
-        ("bhid,bhjd->bhj", None),  # a row index summed away
+        # (A perm, A groups), (B perm, B groups), (output perm, output groups)
+        ("bhid,bhjd->bhij", ((0, 1, 2, 3), (1, 1, 1, 1), (0, 1, 3, 2), (1, 1, 1, 1))),
+        ("ik,kj->ji", ((0, 1), (1, 1), (0, 1), (1, 1))),
+        ("bij,jk->bik", ((0, 1, 2), (1, 1, 1), (0, 1), (0, 1, 1))),  # B broadcasts over b
+        ("bnhd,hdc->bnc", ((0, 1, 2, 3), (1, 1, 2), (0, 1, 2), (0, 2, 1))),  # K = h·d
     ],
 )
-def test_einsum_plans(equation: str, plan) -> None:
-    found = einsum_plan(equation)
-    assert (found.a, found.b, found.output) == plan if plan else found is None
+def test_einsum_plans(equation: str, views) -> None:
+    plan = einsum_plan(equation)
+    a_perm, a_groups, b_perm, b_groups = views
+    assert (plan.a.perm, plan.a.groups, plan.b.perm, plan.b.groups) == (
+        a_perm,
+        a_groups,
+        b_perm,
+        b_groups,
+    )
+
+
+@pytest.mark.parametrize(
+    ("equation", "reason"),
+    [
+        ("ii,ij->ij", "repeats an index"),
+        ("ij,jk->ik->x", "not an equation"),
+        ("bhid,bhjd->bhj", "sums 'i' within one operand"),
+        ("...ij,...jk->...ik", "ellipsis"),
+        ("hdn,hdc->nc", None),  # adjacent contracted indices in the same order: accepted
+        ("dhn,hdc->nc", "not adjacent and in A's order in the run-time B"),
+        ("hnd,hdc->nc", "not adjacent in A"),
+    ],
+)
+def test_einsum_plan_refusals(equation: str, reason: str | None) -> None:
+    if reason is None:
+        assert einsum_plan(equation) is not None
+        return
+    with pytest.raises(NotLowerable, match=re.escape(reason)):
+        einsum_plan(equation)
 
 
 def _two_convs_op_conv(op: str, constant: np.ndarray | None) -> onnx.ModelProto:

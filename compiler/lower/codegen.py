@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import pairwise
 
 import numpy as np
 
@@ -78,7 +79,14 @@ from compiler.runtime.ops.elementwise import (
 from compiler.runtime.ops.geometry import resolve_pads
 from compiler.runtime.ops.grid_sample import GridSampleKernel
 from compiler.runtime.ops.lut import LookupKernel
-from compiler.runtime.ops.matmul import CumSumKernel, EinsumKernel, MatMulKernel, prefix_matrix
+from compiler.runtime.ops.matmul import (
+    AxisView,
+    CumSumKernel,
+    EinsumKernel,
+    EinsumSumKernel,
+    MatMulKernel,
+    prefix_matrix,
+)
 from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
 from compiler.runtime.ops.normalization import (
     OUTPUT_FRACTION_BITS,
@@ -393,18 +401,73 @@ def emit_matmul(e: Emission) -> list[Instruction]:
     return _matmul(e, e.kernel, *e.inputs, e.values[1], e.output)
 
 
+def axis_view(tensor: Tensor, view: AxisView) -> Tensor:
+    """`view` (an Einsum operand's MATMUL view) as a descriptor: the permuted tensor with each
+    group of axes merged, which only strides can do when the group is laid out in C order."""
+    permuted = tensor.transpose(view.perm)
+    shape: list[int] = []
+    strides: list[int] = []
+    start = 0
+    for count in view.groups:
+        axes = range(start, start + count)
+        start += count
+        sized = [a for a in axes if permuted.shape[a] != 1]
+        for outer, inner in pairwise(sized):
+            if permuted.strides[outer] != permuted.strides[inner] * permuted.shape[inner]:
+                raise CompileError(
+                    f"axes of shape {permuted.shape} with strides {permuted.strides} do not "
+                    "merge into one MATMUL axis"
+                )
+        shape.append(math.prod(permuted.shape[a] for a in axes))
+        strides.append(permuted.strides[sized[-1]] if sized else 0)
+    return replace(permuted, shape=tuple(shape), strides=tuple(strides))
+
+
 def emit_einsum(e: Emission) -> list[Instruction]:
-    """The MATMUL of permuted views: operands read as (batch…, M, K) and (batch…, K, N), the
-    product written through the view of the output that has the product's axis order."""
+    """The MATMUL of the plan's views: operands read as (batch…, M, K) and (batch…, K, N) with
+    broadcast row / column axes, the product written through the view of the output that has
+    the product's axis order. A constant B is read through the same view of its stored codes
+    when strides can express it (one copy in `.rodata`), else stored already permuted; a
+    per-column zero point is folded into a centred copy as for MatMul."""
     kernel: EinsumKernel = e.kernel
+    plan = kernel.plan
     a, b = e.inputs
     value = e.values[1]
-    if value is None:
-        b = b.transpose(kernel.plan.b)
+    if value is not None and not np.ndim(kernel.matmul.b_zero_point):
+        try:
+            b, value = axis_view(b, plan.b), None
+        except CompileError:
+            value = plan.b(value)
+    elif value is not None:
+        value = plan.b(value)
     else:
-        value = np.transpose(value, kernel.plan.b)
-    out = e.output.transpose(list(np.argsort(kernel.plan.output)))
-    return _matmul(e, kernel.matmul, a.transpose(kernel.plan.a), b, value, out)
+        b = axis_view(b, plan.b)
+    out = axis_view(e.output, plan.output)
+    return _matmul(e, kernel.matmul, axis_view(a, plan.a), b, value, out)
+
+
+def emit_einsum_sum(e: Emission) -> list[Instruction]:
+    """A one-operand Einsum: REDUCE SUM over the trailing axes of the permuted input view (the
+    kept ones already in output order), or a MOVE with its rescale for a transposition."""
+    kernel: EinsumSumKernel = e.kernel
+    x = e.inputs[0].transpose(kernel.perm)
+    requant = average_requant(kernel.reduce.stage, 1)
+    zero_point = kernel.reduce.input_zero_point
+    if not kernel.summed:
+        return [
+            Move(layer=e.index, src=x, dst=e.output, input_zero_point=zero_point, requant=requant)
+        ]
+    return [
+        Reduce(
+            layer=e.index,
+            op=ReduceOp.SUM,
+            input=x,
+            output=e.output,
+            requant=requant,
+            axes=_axes_mask(tuple(range(x.ndim - kernel.summed, x.ndim))),
+            input_zero_point=zero_point,
+        )
+    ]
 
 
 def emit_cumsum(e: Emission) -> list[Instruction]:
@@ -1076,6 +1139,7 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     ConvTransposeKernel: emit_conv_transpose,
     MatMulKernel: emit_matmul,
     EinsumKernel: emit_einsum,
+    EinsumSumKernel: emit_einsum_sum,
     CumSumKernel: emit_cumsum,
     AddKernel: emit_eltwise,
     MulKernel: emit_eltwise,

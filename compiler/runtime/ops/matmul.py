@@ -5,8 +5,10 @@ y   = clamp(requantize(acc, alpha * s_A * s_B[n] / s_y) + z_y)
 
 B may be per-axis quantized along its output-column axis (the last axis of MatMul's B; axis 1,
 or 0 with transB, for Gemm). A MatMul followed by an Add of a constant (its bias) fuses.
-An Einsum that is a batched matrix product (e.g. "bhid,bhjd->bhij") is the same MatMul on
-permuted operands, its product permuted to the equation's output order.
+A two-operand Einsum (batch, row, column and contracted indices, any number of each) is the
+same MatMul on views of its operands (`EinsumPlan`): extra rows and columns broadcast as batch
+axes, contracted indices merge into one depth axis; a one-operand Einsum is ReduceSum on the
+permuted input.
 
 CumSum along an axis of length L is the product of the centred codes (that axis moved last)
 with a constant L x L matrix of zeros and ones (`prefix_matrix`: T[j, i] = 1 where input j
@@ -15,12 +17,16 @@ enters output i), requantized by s_in / s_out: exact prefix sums, one rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from compiler.intmath import int_matmul
+from compiler.isa import MAX_RANK
 from compiler.runtime.ops.base import Lowered, OpContext, OutputStage, align_bias
+from compiler.runtime.ops.pool import average_stage
+from compiler.runtime.ops.reduce import ReduceSumKernel, Reduction
 from compiler.runtime.qparams import NotLowerable, QuantOperand
 
 
@@ -55,13 +61,18 @@ class MatMulKernel:
         return self.stage(acc + self.bias)
 
 
-def lower_matmul(ctx: OpContext) -> Lowered:
-    a, a_scale, a_zero_point = ctx.activation_input(0)
-    b = ctx.quant(1)
-    b_scale, b_zero_point = column_params(b, -1)
+def _matmul_kernel(
+    ctx: OpContext,
+    a_scale: float,
+    a_zero_point: int,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray,
+) -> MatMulKernel:
+    """The MatMul of centred operands with the fused bias and one output stage: the single
+    definition that MatMul and Einsum share."""
     output = ctx.output(0)
     accumulator_scale = a_scale * b_scale
-    kernel = MatMulKernel(
+    return MatMulKernel(
         a_zero_point=a_zero_point,
         b_zero_point=b_zero_point,
         bias=align_bias(ctx.bias, accumulator_scale),
@@ -69,6 +80,13 @@ def lower_matmul(ctx: OpContext) -> Lowered:
             accumulator_scale / output.scalar_scale(), output, ctx.mode, ctx.activation
         ),
     )
+
+
+def lower_matmul(ctx: OpContext) -> Lowered:
+    a, a_scale, a_zero_point = ctx.activation_input(0)
+    b = ctx.quant(1)
+    b_scale, b_zero_point = column_params(b, -1)
+    kernel = _matmul_kernel(ctx, a_scale, a_zero_point, b_scale, b_zero_point)
     return Lowered(kernel, (a.name, b.name))
 
 
@@ -96,63 +114,216 @@ def lower_gemm(ctx: OpContext) -> Lowered:
 
 
 @dataclass(frozen=True)
+class AxisView:
+    """How an Einsum operand is seen by MATMUL: its axes permuted by `perm`, then consecutive
+    permuted axes grouped into the view's axes (`groups[i]` axes merged into axis i, in C order;
+    0 inserts a size-1 axis). The reference reshapes; the code generator builds the same view
+    from strides, which is why a group of several axes must be adjacent in the operand."""
+
+    perm: tuple[int, ...]
+    groups: tuple[int, ...]
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The view's shape for an operand of `shape`."""
+        permuted = [shape[p] for p in self.perm]
+        sizes, start = [], 0
+        for count in self.groups:
+            sizes.append(math.prod(permuted[start : start + count]))
+            start += count
+        return tuple(sizes)
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        return np.transpose(array, self.perm).reshape(self.shape(array.shape))
+
+
+@dataclass(frozen=True)
 class EinsumPlan:
-    """An Einsum as a batched matrix product: A and B permuted to (batch…, M, K) and
-    (batch…, K, N); the product (batch…, M, N) permuted by `output` to the equation's order."""
+    """A two-operand Einsum as one batched, broadcasting MatMul.
 
-    a: tuple[int, ...]
-    b: tuple[int, ...]
-    output: tuple[int, ...]
+    Indices in both operands and the output are batch indices, in A and the output rows, in B
+    and the output columns, in A and B only contracted. The views are A (batch…, rows…, 1…,
+    M, K), B (batch…, 1…, columns…, K, N) and the product (batch…, rows…, columns…, M, N): every
+    row but the last (M) and every column but the last (N) is a broadcast batch axis, so they
+    need no merging; the contracted indices merge into K. An absent M, N or K is a size-1 axis.
+    `output` views the equation's output as the product (its groups are 0 or 1).
+    """
+
+    a: AxisView
+    b: AxisView
+    output: AxisView
+
+    def product_to_output(self, product: np.ndarray) -> np.ndarray:
+        """The product (batch…, rows…, columns…, M, N) in the equation's output order."""
+        kept = [
+            size for size, count in zip(product.shape, self.output.groups, strict=True) if count
+        ]
+        return np.transpose(product.reshape(kept), np.argsort(self.output.perm))
 
 
-def einsum_plan(equation: str) -> EinsumPlan | None:
-    """The plan of a two-operand Einsum in which every index is a batch index (in both operands
-    and the output) or one of exactly one row (A and output), one column (B and output) and one
-    contracted (A and B) index; None for any other equation."""
+def _parse_einsum(equation: str) -> tuple[list[str], str]:
+    """Operand terms and output term; the implicit output is the indices seen once, sorted."""
     eq = equation.replace(" ", "")
-    if "..." in eq or eq.count("->") != 1:
-        return None
-    lhs, out = eq.split("->")
-    operands = lhs.split(",")
-    if len(operands) != 2 or any(len(set(t)) != len(t) for t in (*operands, out)):
-        return None
-    ta, tb = operands
+    if "." in eq:
+        raise NotLowerable(f"Einsum {equation!r}: an ellipsis broadcasts unnamed axes")
+    if eq.count("->") > 1:
+        raise NotLowerable(f"Einsum {equation!r} is not an equation")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        letters = "".join(terms)
+        out = "".join(sorted(i for i in set(letters) if letters.count(i) == 1))
+    for term in (*terms, out):
+        if len(set(term)) != len(term) or not all(i.isalpha() for i in term):
+            raise NotLowerable(f"Einsum {equation!r} repeats an index within one term")
+    if not set(out) <= set("".join(terms)):
+        raise NotLowerable(f"Einsum {equation!r} has an output index no operand has")
+    return terms, out
+
+
+def _adjacent(term: str, indices: list[str]) -> bool:
+    """Whether `indices` occupy consecutive positions of `term`, in this order."""
+    start = term.index(indices[0])
+    return term[start : start + len(indices)] == "".join(indices)
+
+
+def einsum_plan(
+    equation: str, *, constant_b: bool = False, column: str | None = None
+) -> EinsumPlan:
+    """The MatMul plan of a two-operand Einsum, or NotLowerable saying why there is none.
+
+    Several contracted indices must merge into one depth axis: run-time operands are C-ordered,
+    so they have to be adjacent and in the same order in A and in a run-time B (a constant B is
+    permuted at build time). `column` names the column index that must be N (B's per-axis
+    quantized axis), otherwise N is the output's last column.
+    """
+    terms, out = _parse_einsum(equation)
+    if len(terms) != 2:
+        raise NotLowerable(f"Einsum {equation!r} has {len(terms)} operands, not two")
+    ta, tb = terms
+    for term, other in ((ta, tb), (tb, ta)):
+        summed = [i for i in term if i not in other and i not in out]
+        if summed:
+            raise NotLowerable(
+                f"Einsum {equation!r} sums {''.join(summed)!r} within one operand "
+                "(a reduction before the product, not a contraction)"
+            )
     batch = [i for i in out if i in ta and i in tb]
-    rows = [i for i in ta if i in out and i not in tb]
-    columns = [i for i in tb if i in out and i not in ta]
+    rows = [i for i in out if i in ta and i not in tb]
+    columns = [i for i in out if i in tb and i not in ta]
     contracted = [i for i in ta if i in tb and i not in out]
-    if not (len(rows) == len(columns) == len(contracted) == 1):
-        return None
-    if len(batch) + 2 != len(ta) or len(batch) + 2 != len(tb) or len(batch) + 2 != len(out):
-        return None
-    product = [*batch, *rows, *columns]
+    if column is not None:
+        if column not in columns:
+            raise NotLowerable(
+                f"Einsum {equation!r}: B is quantized per axis {column!r}, not per output column"
+            )
+        columns = [i for i in columns if i != column] + [column]
+    if len(contracted) > 1:
+        if not _adjacent(ta, contracted):
+            raise NotLowerable(
+                f"Einsum {equation!r}: the contracted indices {''.join(contracted)!r} are not "
+                "adjacent in A, so no strided view merges them into one depth axis"
+            )
+        if not constant_b and not _adjacent(tb, contracted):
+            raise NotLowerable(
+                f"Einsum {equation!r}: the contracted indices {''.join(contracted)!r} are not "
+                "adjacent and in A's order in the run-time B, so no strided view merges them "
+                "into one depth axis"
+            )
+    extra_rows, m = rows[:-1], rows[-1:]
+    extra_columns, n = columns[:-1], columns[-1:]
+    product = [*batch, *extra_rows, *extra_columns, *m, *n]
+    if len(batch) + len(extra_rows) + len(extra_columns) + 2 > MAX_RANK:
+        raise NotLowerable(f"Einsum {equation!r} needs a product of more than {MAX_RANK} axes")
+    broadcast_columns = [0] * len(extra_columns)  # size-1 axes of A facing B's extra columns
+    a_order = [*batch, *rows, *contracted]
+    b_order = [*batch, *extra_columns, *contracted, *n]
     return EinsumPlan(
-        a=tuple(ta.index(i) for i in (*batch, *rows, *contracted)),
-        b=tuple(tb.index(i) for i in (*batch, *contracted, *columns)),
-        output=tuple(product.index(i) for i in out),
+        a=AxisView(
+            tuple(ta.index(i) for i in a_order),
+            (*[1] * (len(batch) + len(extra_rows)), *broadcast_columns, len(m), len(contracted)),
+        ),
+        b=AxisView(
+            tuple(tb.index(i) for i in b_order),
+            (*[1] * len(batch), *[0] * len(extra_rows), *[1] * len(extra_columns))
+            + (len(contracted), len(n)),
+        ),
+        output=AxisView(
+            tuple(out.index(i) for i in product),
+            (*[1] * (len(batch) + len(extra_rows) + len(extra_columns)), len(m), len(n)),
+        ),
     )
 
 
 @dataclass(frozen=True, eq=False)
 class EinsumKernel:
-    """Einsum (attention's QK^T and PV written as equations) as a permuted MatMul."""
+    """A two-operand Einsum: `MatMulKernel` (the one MatMul arithmetic) on the plan's views
+    of both operands, its product permuted to the equation's output order."""
 
     matmul: MatMulKernel
     plan: EinsumPlan
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        product = self.matmul(np.transpose(a, self.plan.a), np.transpose(b, self.plan.b))
-        return np.transpose(product, self.plan.output)
+        product = self.matmul(self.plan.a(a), self.plan.b(b))
+        return self.plan.product_to_output(product)
+
+
+@dataclass(frozen=True, eq=False)
+class EinsumSumKernel:
+    """A one-operand Einsum: the input permuted by `perm` (kept indices in output order, then
+    the summed ones), the trailing `summed` axes added by `ReduceSumKernel` (REDUCE SUM; a
+    pure transposition is its rescale alone, a MOVE)."""
+
+    perm: tuple[int, ...]
+    summed: int
+    reduce: ReduceSumKernel
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.reduce(np.transpose(x, self.perm))
+
+
+def _lower_einsum_sum(ctx: OpContext, term: str, out: str) -> Lowered:
+    x, x_scale, x_zero_point = ctx.activation_input(0)
+    summed = [i for i in term if i not in out]
+    perm = tuple(term.index(i) for i in (*out, *summed))
+    axes = tuple(range(len(out), len(term)))
+    kernel = EinsumSumKernel(
+        perm,
+        len(summed),
+        ReduceSumKernel(
+            Reduction(axes, keepdims=False, noop_with_empty_axes=True),
+            x_zero_point,
+            False,
+            average_stage(ctx, x_scale),
+        ),
+    )
+    return Lowered(kernel, (x.name,))
 
 
 def lower_einsum(ctx: OpContext) -> Lowered:
-    plan = einsum_plan(str(ctx.attr("equation", "")))
-    if plan is None:
-        raise NotLowerable(f"Einsum {ctx.attr('equation')!r} is not a batched matrix product")
-    if not ctx.quant(1).params.per_tensor:
-        raise NotLowerable("Einsum operands must be quantized per tensor")
-    lowered = lower_matmul(ctx)
-    return Lowered(EinsumKernel(lowered.kernel, plan), lowered.inputs)
+    """Einsum as a MatMul (two operands) or a REDUCE SUM / MOVE (one operand).
+
+    A constant first operand with a run-time second one swaps them (Einsum is symmetric in
+    its operands), so that the constant is B: MATMUL's weight, which may be per-column."""
+    equation = str(ctx.attr("equation", ""))
+    terms, out = _parse_einsum(equation)
+    if len(terms) == 1 and len(ctx.inputs) == 1:
+        return _lower_einsum_sum(ctx, terms[0], out)
+    if len(terms) != 2 or len(ctx.inputs) != 2:
+        raise NotLowerable(f"Einsum {equation!r} has {len(terms)} operands, not one or two")
+    first, second = ctx.quant(0), ctx.quant(1)
+    if first.value is not None and second.value is None:
+        terms.reverse()
+        ctx = replace(ctx, inputs=(second, first))
+    ta, tb = terms
+    b = ctx.quant(1)
+    column = None
+    if not b.params.per_tensor and b.value is not None and b.params.axis is not None:
+        column = tb[b.params.axis % len(tb)]
+    plan = einsum_plan(f"{ta},{tb}->{out}", constant_b=b.value is not None, column=column)
+    a, a_scale, a_zero_point = ctx.activation_input(0)
+    b_scale, b_zero_point = column_params(b, tb.index(column) if column else -1)
+    kernel = _matmul_kernel(ctx, a_scale, a_zero_point, b_scale, b_zero_point)
+    return Lowered(EinsumKernel(kernel, plan), (a.name, b.name))
 
 
 def prefix_matrix(length: int, *, exclusive: bool, reverse: bool) -> np.ndarray:
