@@ -265,10 +265,13 @@ def test_einsum_compiles_into_checks_segments_bit_exact(
 
 def test_an_einsum_whose_contraction_no_view_merges_splits_the_segment(tmp_path) -> None:
     """c and h are contracted in opposite orders: merging them into one depth axis would need
-    a copy, so the Einsum runs on a host and the MLA work is two segments, as the reason says."""
+    a copy, so check keeps the Einsum off the MLA (the two Conv branches before it and the Conv
+    after it are three segments) and compile writes the .elf files check counts."""
     model = _conv_einsum_conv(
         "chij,hckl->ijkl", ((2, 4, 4, 4), (4, 2, 4, 4), (1, 16, 4, 4)), weight=None
     )
-    assert check_model(model, target="mlsoc").mla_segments == 1
-    elf_files, exact = _compile_and_run(model, tmp_path)
-    assert (elf_files, exact) == (2, True)
+    report = check_model(model, target="mlsoc")
+    einsum = next(p for p in report.placements if p.op_type == "Einsum")
+    assert einsum.processor != "MLA" and "one run of axes" in einsum.reasons[-1].message
+    assert report.mla_segments == 3
+    assert _compile_and_run(model, tmp_path) == (3, True)

@@ -699,7 +699,32 @@ def check_einsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
                 f"einsum {eq!r}: index {idx!r} appears in only one tensor",
                 ctx.processor,
             )
+    constant = (ctx.input_is_constant(0), ctx.input_is_constant(1))
+    if not _contracted_as_one_axis(terms[0], terms[1], out, *constant):
+        return Reason(
+            "attribute",
+            f"einsum {eq!r}: the summed indices are not one run of axes in the same order in "
+            "both operands (the product would need a copy, not a view)",
+            ctx.processor,
+        )
     return None
+
+
+def _contracted_as_one_axis(a: str, b: str, out: str, a_constant: bool, b_constant: bool) -> bool:
+    """Whether the indices summed over can be read as one axis: one run of adjacent axes in
+    each operand computed at run time, in the same order in both (a constant operand is stored
+    in whatever order the product wants)."""
+    summed = [i for i in a if i in b and i not in out]
+    if len(summed) < 2:
+        return True
+    if a_constant:
+        summed = [i for i in b if i in summed]
+
+    def one_run(term: str) -> bool:
+        first = term.index(summed[0])
+        return term[first : first + len(summed)] == "".join(summed)
+
+    return (a_constant or one_run(a)) and (b_constant or one_run(b))
 
 
 @check("cumsum", "max_length")
