@@ -918,8 +918,12 @@ def quantize_linear(
     This is the float-to-integer boundary (graph inputs, the end of float islands), not part of
     the integer program; it follows the ONNX operator exactly so it agrees with ONNX Runtime.
     """
-    ratio = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
-    return saturate(np.rint(ratio).astype(np.int64) + np.asarray(zero_point, np.int64), dtype)
+    with np.errstate(over="ignore"):  # a ratio past float32 saturates like any large one
+        ratio = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+    # Bounded before the cast: int64 of ±inf (an attention mask's finfo.min over a fine scale)
+    # is undefined in numpy; every |ratio| ≥ 2**62 saturates the same way.
+    ratio = np.clip(np.rint(ratio), -(2.0**62), 2.0**62)
+    return saturate(ratio.astype(np.int64) + np.asarray(zero_point, np.int64), dtype)
 
 
 def quantize_linear_fast(

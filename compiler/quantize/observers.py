@@ -16,6 +16,10 @@ and cast in place, then `np.bincount`. It computes exactly what the straightforw
 `floor(x / width) - origin` over the whole array does (same float32 division, same floor; the
 shift and clip act on small integers, exact in float32), about four times faster on large
 tensors because the intermediates never leave the cache.
+
+A tensor read only by a Softmax is observed by `SoftmaxInputObserver`, which passes on only the
+values the Softmax's output can resolve (within `softmax_span` of their row's maximum): an
+attention mask's −3.4e38 would otherwise set the range, and the histogram's bins, by itself.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ __all__ = [
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "Observer",
+    "SoftmaxInputObserver",
+    "softmax_span",
 ]
 
 
@@ -84,11 +90,15 @@ class Observer:
         if extent is None:
             return
         finite, lo, hi = extent
+        self._record(size, lo, hi)
+        self._update(finite, lo, hi)
+
+    def _record(self, size: int, lo: float, hi: float) -> None:
+        """Count one sample of `size` elements whose finite values lie in [lo, hi]."""
         self.samples += 1
         self.elements += size
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
-        self._update(finite, lo, hi)
 
     def _update(self, x: np.ndarray, lo: float, hi: float) -> None:
         """Fold one sample's finite values (between lo and hi) into the state."""
@@ -226,3 +236,98 @@ class HistogramObserver(Observer):
             np.clip(v, 0, top, out=v)
             np.copyto(i, v, casting="unsafe")
             self.counts += np.bincount(i, minlength=self.num_bins)
+
+
+_SPAN_MARGIN = 1.0
+"""Nats added to the Softmax span: the input's own rounding moves a value and its row's maximum
+by half an input step each (< 0.1 for 8-bit inputs over spans of ~10–30), a factor e^0.1 on a
+term that the margin's factor e already covers."""
+
+
+def softmax_span(row_length: int, output_bits: int) -> float:
+    """How far below its row's maximum a Softmax input can be clamped without changing any output
+    by as much as half an output step: ln(N) + (b + 1)·ln 2 + margin nats.
+
+    With row maximum m, normaliser Z = Σ exp(v − m) ≥ 1 and largest probability p_max = 1/Z, a
+    value v ≤ m − S has probability ≤ p_max·e^−S, and moving any such values to other points
+    ≤ m − S changes Z by at most N·e^−S relative to its exp(0) term, so every output in the row
+    moves by at most p_max·N·e^−S. The output's step is at least p_max·2^−b (b bits over a range
+    that covers p_max: 2^b − 1 levels, or the mantissa of a float output), so
+    S = ln N + (b + 1)·ln 2 keeps the change under half a step; `_SPAN_MARGIN` pays for the
+    input's own rounding. For b = 8 that is 12.1 nats over N = 128 keys, and 20.9 nats for a
+    float32 output (b = 24) over N = 512.
+    """
+    return math.log(max(row_length, 1)) + (output_bits + 1) * math.log(2.0) + _SPAN_MARGIN
+
+
+@dataclass
+class SoftmaxInputObserver(Observer):
+    """Observer of a tensor read only by a Softmax, blind to values its output cannot see.
+
+    Attention masks add finfo(float32).min (or −1e4, −1e9) to the scores of masked keys; a
+    range that covered them would give every real score the same 8-bit code. Softmax is
+    shift-invariant, and a value more than `softmax_span` below its row's maximum contributes
+    under half an output step however low it is, so only the row's *significant* values
+    (≥ row max − span) reach `inner`, the method's own observer (histograms are binned on the
+    scores, not on a 1e38 span). `floor` is the lowest `row max − span` among rows that had
+    insignificant values: the range must reach down to it, so those values, clamped there by
+    QuantizeLinear, stay insignificant. Where no value is insignificant `inner` sees every
+    sample unchanged and the range is exactly the method's.
+
+    `axis` and `flatten` are the Softmax's: one axis from opset 13 on, all axes from `axis`
+    flattened into the row before. `output_bits` is the resolution of the Softmax's output.
+    """
+
+    inner: Observer = field(default_factory=MinMaxObserver)
+    axis: int = -1
+    flatten: bool = False
+    output_bits: int = 8
+    floor: float = math.inf
+    dropped: int = 0
+    span: float = 0.0
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        extent = _finite_min_max(x)
+        if extent is None:
+            return
+        _, lo, hi = extent
+        self._record(int(x.size), lo, hi)
+        self.inner.update(self._significant(x))
+
+    def _rows(self, x: np.ndarray) -> np.ndarray:
+        """`x` with each Softmax row along the last axis (a view when the layout allows)."""
+        axis = self.axis % x.ndim
+        if self.flatten:
+            return x.reshape(math.prod(x.shape[:axis]), -1)
+        return np.moveaxis(x, axis, -1)
+
+    def _significant(self, x: np.ndarray) -> np.ndarray:
+        """`x` itself when every value is within the span of its row's maximum, else the values
+        that are (flattened); records the floor and the count of the others."""
+        if x.ndim == 0:
+            return x
+        rows = self._rows(x)
+        length = rows.shape[-1]
+        if rows.size == 0 or length <= 1:
+            return x
+        span = softmax_span(length, self.output_bits)
+        self.span = max(self.span, span)
+        cut = np.max(rows, axis=-1, keepdims=True) - np.asarray(span, dtype=rows.dtype)
+        low = rows < cut  # NaN rows and -inf rows compare False: nothing of theirs is dropped
+        if not low.any():
+            return x
+        floors = cut[..., 0][low.any(axis=-1)]
+        floors = floors[np.isfinite(floors)]
+        if floors.size:
+            self.floor = min(self.floor, float(floors.min()))
+        self.dropped += int(np.count_nonzero(low))
+        return rows[~low]
+
+    @property
+    def clamped(self) -> bool:
+        """Whether some value was left out as insignificant (the range then reaches `floor`)."""
+        return self.dropped > 0
+
+    def state_arrays(self) -> list[np.ndarray]:
+        return self.inner.state_arrays()

@@ -68,6 +68,8 @@ class _Builder:
         self.new_nodes: list[onnx.NodeProto] = []
         self.result = BuildResult(self.model)
         self._param_cache: dict[tuple, str] = {}
+        self._float_io = [(list(n.input), list(n.output)) for n in model.graph.node]
+        """Each node's tensor names in the float model (rewiring renames them in `g`)."""
         self._qparam_names: dict[str, tuple[str, str]] = {}
         self.dequantized: dict[str, str] = {}
         """Key of a spec on an unquantized producer's tensor → its dequantized tensor."""
@@ -163,7 +165,12 @@ class _Builder:
         value: np.ndarray,
         scales_out: dict[tuple[str, int], np.ndarray],
     ) -> str:
-        key = ("int", spec.tensor, spec.scheme, spec.axis, spec.block_size)
+        limit = self._saturating_limit(spec, node) if spec.role == "constant" else None
+        if limit is not None and float(np.max(np.abs(value), initial=0.0)) > limit:
+            value = np.clip(value, -limit, limit).astype(value.dtype)
+        else:
+            limit = None
+        key = ("int", spec.tensor, spec.scheme, spec.axis, spec.block_size, limit)
         if key in self._param_cache:
             return self._param_cache[key]
         scale = weight_scales(value, spec.scheme, spec.axis, spec.block_size)
@@ -187,6 +194,27 @@ class _Builder:
         self._record(spec, spec.scheme, q.axis, q.block_size, q.scale)
         self._param_cache[key] = out
         return out
+
+    def _saturating_limit(self, spec: ParamSpec, node: onnx.NodeProto) -> float | None:
+        """For the constant factor c of a quantized Mul(a, c): the magnitude beyond which every
+        nonzero dequantized a (|a| ≥ its step s_a) puts a·c past twice the product's range, so
+        the product's QuantizeLinear saturates either way. An attention mask's
+        mask·finfo(float32).min would otherwise store c at a scale of ~1e36 and ask the integer
+        Mul for a ~1e35 requantization multiplier; clipped to this limit the stored constant and
+        the saturated products are unchanged in effect."""
+        inputs, outputs = self._float_io[spec.node]
+        if node.op_type != "Mul" or len(inputs) != 2 or spec.axis is not None:
+            return None
+        a_spec = self.plan.activations.get(inputs[1 - spec.input_index])
+        out_spec = self.plan.activations.get(outputs[0])
+        if a_spec is None or out_spec is None:
+            return None
+        a_qp = self.qparams.get(a_spec.share_with or a_spec.key)
+        out_qp = self.qparams.get(out_spec.share_with or out_spec.key)
+        if a_qp is None or out_qp is None or a_qp.scale <= 0:
+            return None
+        reach = max(-out_qp.range.lo, out_qp.range.hi)
+        return 2.0 * reach / a_qp.scale if reach > 0 else None
 
     def _bias_safe(self, spec: ParamSpec, node: onnx.NodeProto, scale: np.ndarray) -> np.ndarray:
         bias_spec = next(

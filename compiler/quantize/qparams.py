@@ -42,6 +42,23 @@ def _pow2(scale: float) -> float:
     return float(2.0 ** math.ceil(math.log2(scale)))
 
 
+def _finite_steps(scale: np.ndarray, codes: int, power_of_two: bool) -> np.ndarray:
+    """float32 `scale`, lowered where `codes` steps of it overflow float32.
+
+    DequantizeLinear computes (q − zero_point)·scale in float32: a constant or range at
+    ±finfo(float32).max (attention-mask fills) gives a scale that rounds up, so the extreme code
+    would dequantize to ±inf and 0·inf = NaN downstream. One ulp lower (a power of two lower for
+    power-of-two scales) keeps it finite, clipping the extreme by a relative 1e-7."""
+    out = np.asarray(scale, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        while True:
+            overflow = ~np.isfinite(out * np.float32(codes)) & np.isfinite(out)
+            if not overflow.any():
+                return out
+            lower = out / np.float32(2) if power_of_two else np.nextafter(out, np.float32(0))
+            out = np.where(overflow, lower, out).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class ActivationQParams:
     scale: float
@@ -68,7 +85,7 @@ def activation_qparams(rng: Range, scheme: QuantizationScheme) -> ActivationQPar
         return ActivationQParams(1.0, 0, scheme, Range(lo, hi))
     if scheme.power_of_two:
         scale = _pow2(scale)
-    scale = float(np.float32(scale))
+    scale = float(_finite_steps(np.float32(scale), qmax - qmin, scheme.power_of_two))
     zero_point = 0
     if scheme.asymmetric:
         zero_point = int(np.clip(round(qmin - lo / scale), qmin, qmax))
@@ -127,7 +144,7 @@ def weight_scales(
     scale = np.where(amax > 0, amax / qmax, 1.0)
     if scheme.power_of_two:
         scale = 2.0 ** np.ceil(np.log2(scale))
-    return scale.astype(np.float32)
+    return _finite_steps(scale.astype(np.float32), qmax, scheme.power_of_two)
 
 
 def bias_safe_weight_scales(

@@ -30,15 +30,17 @@ from compiler.quantize.bias_correction import correct_biases
 from compiler.quantize.calibrate import DEFAULT_MAX_OUTPUT_BYTES, Progress, calibrate
 from compiler.quantize.equalize import EqualizationReport, equalize
 from compiler.quantize.errors import QuantizationError
-from compiler.quantize.observers import Observer
+from compiler.quantize.observers import Observer, SoftmaxInputObserver
 from compiler.quantize.plan import QuantPlan, check_target_precisions, make_plan
 from compiler.quantize.prepare import PreparedModel, prepare_model
 from compiler.quantize.qdq import BuildResult, build_qdq
 from compiler.quantize.qparams import ActivationQParams, activation_qparams
-from compiler.quantize.ranges import make_observer, select_range
+from compiler.quantize.ranges import Range, make_observer, select_range
 from compiler.quantize.samples import CalibrationData, SamplePasses
+from compiler.quantize.softmax import mask_operand_floors, observer_for, softmax_inputs
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.errors import first_line
+from surgery.graph import GraphView
 from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.targets import Target, resolve_target
 
@@ -122,14 +124,11 @@ def quantize_model(
         }
         equalization = equalize(prepared.model, eligible)
     plan = make_plan(prepared.model, coverage, params, elementwise_groups=elementwise_groups)
-    observers = {key: make_observer(spec.method) for key, spec in plan.observed().items()}
-    by_tensor: dict[str, list[Observer]] = {}
-    for key, obs in observers.items():
-        by_tensor.setdefault(plan.activations[key].tensor, []).append(obs)
+    observers, by_tensor = _observers(prepared.model, plan)
     stats = calibrate(
         prepared.model, by_tensor, data, progress=progress, max_output_bytes=max_output_bytes
     )
-    qparams = _activation_qparams(plan, observers)
+    qparams = _activation_qparams(prepared.model, plan, observers)
     built = build_qdq(prepared.model, plan, qparams)
     corrections: dict[str, dict[str, float]] = {}
     if params.bias_correction:
@@ -191,14 +190,46 @@ def _check_names(params: QuantizationParams, prepared: PreparedModel) -> None:
             )
 
 
+def _observers(
+    model: onnx.ModelProto, plan: QuantPlan
+) -> tuple[dict[str, Observer], dict[str, list[Observer]]]:
+    """Each observed activation's observer, and the tensors that feed them. An activation read
+    only by a Softmax is observed at the Softmax's input, blind to what the Softmax cannot
+    resolve (`compiler.quantize.softmax`): attention masks would otherwise set its range."""
+    softmax = softmax_inputs(GraphView(model), plan)
+    observers: dict[str, Observer] = {}
+    by_tensor: dict[str, list[Observer]] = {}
+    for key, spec in plan.observed().items():
+        obs = make_observer(spec.method)
+        tensor = spec.tensor
+        found = softmax.get(key)
+        if found is not None:
+            obs, tensor = observer_for(obs, found), found.tensor
+        observers[key] = obs
+        by_tensor.setdefault(tensor, []).append(obs)
+    return observers, by_tensor
+
+
 def _activation_qparams(
-    plan: QuantPlan, observers: Mapping[str, Observer]
+    model: onnx.ModelProto, plan: QuantPlan, observers: Mapping[str, Observer]
 ) -> dict[str, ActivationQParams]:
-    qparams: dict[str, ActivationQParams] = {}
-    for key, obs in observers.items():
-        spec = plan.activations[key]
-        qparams[key] = activation_qparams(select_range(spec.method, obs, spec.scheme), spec.scheme)
-    return qparams
+    """Each observed activation's scale and zero point from its calibrated range; mask operands
+    of Softmax-clamped sums stop where the sum no longer sees them (`mask_operand_floors`)."""
+    ranges = {
+        key: select_range(plan.activations[key].method, obs, plan.activations[key].scheme)
+        for key, obs in observers.items()
+    }
+    clamped = [
+        key
+        for key, obs in observers.items()
+        if isinstance(obs, SoftmaxInputObserver) and obs.clamped
+    ]
+    if clamped:
+        for key, floor in mask_operand_floors(GraphView(model), plan, ranges, clamped).items():
+            ranges[key] = Range(floor, ranges[key].hi)
+    return {
+        key: activation_qparams(rng, plan.activations[key].scheme) for key, rng in ranges.items()
+    }
 
 
 def _report(
@@ -224,6 +255,9 @@ def _report(
             entry["method"] = spec.method.name
             entry["observed_min"] = obs.min if not obs.empty else None
             entry["observed_max"] = obs.max if not obs.empty else None
+            if isinstance(obs, SoftmaxInputObserver) and obs.clamped:
+                entry["softmax_floor"] = obs.floor
+                entry["softmax_span"] = obs.span
         tensors[key] = entry
     hybrid = list(plan.decisions)
     hybrid += [{"node": n, "decision": "float", "reason": r} for n, r in plan.unquantized.items()]

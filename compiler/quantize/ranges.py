@@ -13,6 +13,9 @@ Three histogram criteria, all vectorised and O(bins) or O(bins·candidates) per 
   are clipped; with 128 bins and 128 levels (ONNX Runtime's default) it cannot.
 - **Percentile**: the (100 − p)-th and p-th percentiles (|x|'s p-th for symmetric schemes),
   interpolated inside bins.
+
+A Softmax input observed by `SoftmaxInputObserver` gets the method's range over the values its
+Softmax can resolve, reaching down to the observer's floor when it left values out.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from compiler.quantize.observers import (
     MinMaxObserver,
     MovingAverageMinMaxObserver,
     Observer,
+    SoftmaxInputObserver,
 )
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "mse_range",
     "percentile_range",
     "select_range",
+    "softmax_input_range",
 ]
 
 _COARSE_CANDIDATES = 192
@@ -79,6 +84,8 @@ def select_range(
     """The range `method` picks from `observer` for tensors quantized with `scheme`."""
     if observer.empty:
         return Range(0.0, 0.0)
+    if isinstance(observer, SoftmaxInputObserver):
+        return softmax_input_range(method, observer, scheme)
     if isinstance(observer, MovingAverageMinMaxObserver):
         return Range(observer.ema_min, observer.ema_max)
     if not isinstance(observer, HistogramObserver):
@@ -92,6 +99,19 @@ def select_range(
     if isinstance(method, HistogramPercentileMethod):
         return percentile_range(observer, method.percentile, symmetric)
     return Range(observer.min, observer.max)
+
+
+def softmax_input_range(
+    method: CalibrationMethod, observer: SoftmaxInputObserver, scheme: QuantizationScheme
+) -> Range:
+    """The method's range over the values the Softmax can resolve, reaching down to the floor
+    when values below it were left out: QuantizeLinear clamps them there, and at or below each
+    row's `max − span` they stay invisible in the output (`softmax_span`). Unchanged when no
+    value was left out."""
+    chosen = select_range(method, observer.inner, scheme)
+    if not observer.clamped:
+        return chosen
+    return Range(min(chosen.lo, observer.floor), chosen.hi)
 
 
 # --------------------------------------------------------------------------- MSE
