@@ -35,12 +35,13 @@ from compiler.defines import QuantizationParams, default_quantization
 from compiler.quantize.calibrate import Progress, reference_session
 from compiler.quantize.data import load_calibration_data
 from compiler.quantize.errors import QuantizationError
-from compiler.quantize.quantizer import METADATA_KEY, quantize_model
+from compiler.quantize.quantizer import quantize_model
 from compiler.quantize.rknn_config import RknnConfig
 from compiler.quantize.samples import CalibrationData, as_feed, input_signature
 from surgery.errors import ModelNotFoundError
 from surgery.model import load_model as _load_float
 from surgery.model import read_model, save_model
+from surgery.qdq import quantization_record
 from surgery.targets import resolve_target
 
 __all__ = ["LoadedNet", "Model", "load_model"]
@@ -299,9 +300,7 @@ class Model:
                 f"{onnx_path}: does not match the checksum recorded in {sidecar_path.name}"
             )
         proto = read_model(onnx_path)
-        report = next(
-            (json.loads(p.value) for p in proto.metadata_props if p.key == METADATA_KEY), {}
-        )
+        report = quantization_record(proto)
         params = QuantizationParams.from_dict(sidecar["params"])
         return cls(proto, sidecar["target"], sidecar["name"], params, report)
 

@@ -7,7 +7,6 @@ ModelProto), names the model, writes the archive and reports what was produced i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -24,9 +23,9 @@ from compiler.lower.memory import Strategy
 from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipeline
 from compiler.lower.schedule import ComputeOrder
 from compiler.lower.tessellate import TensorTessellateParameters
-from compiler.quantize.quantizer import METADATA_KEY
-from surgery.check import check_model
+from surgery.check import DEFAULT_TARGET, check_model
 from surgery.model import read_model
+from surgery.qdq import quantized_for
 
 
 @dataclass
@@ -157,25 +156,13 @@ def _resolve_target(model: onnx.ModelProto, target: str | None) -> tuple[str, li
     for: the quantizer chose each node's precision (int8, fp16 norms, bf16) for that target."""
     recorded = quantized_for(model)
     if target is None:
-        return recorded or "mlsoc", []
+        return recorded or DEFAULT_TARGET, []
     if recorded is not None and recorded != target:
         return target, [
             f"the model was quantized for {recorded}, compiled for {target}: nodes whose "
             f"precision {target} does not run on its MLA run on the host"
         ]
     return target, []
-
-
-def quantized_for(model: onnx.ModelProto) -> str | None:
-    """The target in the model's quantization record (`surgery quantize` writes it)."""
-    record = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
-    if record is None:
-        return None
-    try:
-        target = json.loads(record).get("target")
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return target if isinstance(target, str) else None
 
 
 def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[str]:

@@ -12,13 +12,16 @@ import onnx
 import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
 from surgery.coverage import CoverageReport, analyze_coverage
 from surgery.model import open_model
-from surgery.qdq import float_view, is_qdq
+from surgery.qdq import float_view, is_qdq, quantized_for
 from surgery.targets import Target, resolve_target
+
+DEFAULT_TARGET = "mlsoc"
+"""The target when none is given and the model records none."""
 
 
 def check_model(
     model: str | os.PathLike | onnx.ModelProto,
-    target: str | Target = "mlsoc",
+    target: str | Target | None = None,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     op_target: Mapping[str, str] | None = None,
@@ -27,15 +30,17 @@ def check_model(
     """Which nodes run on the MLA/CVU/APU of `target`, the MLA segments, and the blockers.
 
     `suggest` also asks every rewrite rule which blockers it removes (`suggested_rules`).
+    `target=None` means the target a quantized model was quantized for, else mlsoc.
     """
-    tgt = resolve_target(target)  # fail fast on a bad target before reading a big model
+    # Fail fast on a bad target before reading a big model.
+    tgt = resolve_target(target) if target is not None else None
     with gc_paused():
         return _analyse(model, tgt, input_shapes, op_target, suggest)
 
 
 def _analyse(
     model: str | os.PathLike | onnx.ModelProto,
-    target: Target,
+    target: Target | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
     op_target: Mapping[str, str] | None,
     suggest: bool,
@@ -45,7 +50,9 @@ def _analyse(
     only walks the report, not every object of the analysis."""
     loaded, view = open_model(model, input_shapes)
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
+        target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)
         loaded, view = open_model(float_view(loaded))
+    target = target or resolve_target(DEFAULT_TARGET)
     return analyze_coverage(loaded, target, op_target=op_target, view=view, suggest=suggest)
 
 

@@ -12,10 +12,16 @@ the same kind and are removed alike.
 from __future__ import annotations
 
 import copy
+import json
+from typing import Any
 
 import onnx
 
 from surgery.graph import GraphView
+
+QUANTIZATION_METADATA_KEY = "surgery.quantization"
+"""`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
+requantization mode, per-node decisions)."""
 
 _QUANTIZE = "QuantizeLinear"
 _DEQUANTIZE = "DequantizeLinear"
@@ -128,3 +134,21 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.value_info[:]
     graph.value_info.extend(keep)
     return model
+
+
+def quantization_record(model: onnx.ModelProto) -> dict[str, Any]:
+    """The quantizer's JSON record of `model` ({} when absent or unreadable)."""
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZATION_METADATA_KEY:
+            try:
+                record = json.loads(prop.value)
+            except json.JSONDecodeError:
+                return {}
+            return record if isinstance(record, dict) else {}
+    return {}
+
+
+def quantized_for(model: onnx.ModelProto) -> str | None:
+    """The target the model was quantized for, from its quantization record."""
+    target = quantization_record(model).get("target")
+    return target if isinstance(target, str) else None

@@ -8,9 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.compile import compile_model, quantized_for
+from compiler.compile import compile_model
 from compiler.quantize import quantize_model
+from surgery.check import check_model
 from surgery.model import load_model
+from surgery.qdq import quantized_for
 from surgery.verify import make_inputs
 
 
@@ -51,3 +53,8 @@ def test_model_without_a_record_compiles_for_mlsoc(rk3588_qdq, tmp_path) -> None
     del bare.metadata_props[:]
     assert quantized_for(bare) is None
     assert compile_model(bare, tmp_path, model_name="conv").target == "mlsoc"
+
+
+def test_check_counts_a_quantized_model_on_the_target_it_was_quantized_for(rk3588_qdq) -> None:
+    assert check_model(rk3588_qdq).target == "rk3588"
+    assert check_model(rk3588_qdq, "mlsoc").target == "mlsoc"

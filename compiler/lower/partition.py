@@ -26,7 +26,6 @@ on the same processor; neighbouring non-MLA units with the same kernel merge int
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -48,11 +47,10 @@ from compiler.runtime.program import (
 from compiler.runtime.qparams import QuantParams
 from surgery.coverage import CoverageReport, analyze_coverage
 from surgery.errors import first_line
-from surgery.qdq import float_view
+from surgery.qdq import float_view, quantization_record
 from surgery.targets import Target, resolve_target
 
 Processor = Literal["MLA", "CVU", "APU"]
-QUANTIZATION_METADATA_KEY = "surgery.quantization"
 
 
 @dataclass(frozen=True)
@@ -95,14 +93,8 @@ class Partition:
 
 def requantization_mode_of(model: onnx.ModelProto) -> RequantizationMode:
     """The mode the quantizer recorded in the model metadata ("sima" when absent)."""
-    for prop in model.metadata_props:
-        if prop.key == QUANTIZATION_METADATA_KEY:
-            try:
-                mode = json.loads(prop.value).get("requantization_mode", "sima")
-            except (json.JSONDecodeError, AttributeError):
-                return "sima"
-            return mode if mode in REQUANTIZATION_MODES else "sima"
-    return "sima"
+    mode = quantization_record(model).get("requantization_mode", "sima")
+    return mode if mode in REQUANTIZATION_MODES else "sima"
 
 
 def with_unique_names(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -42,12 +42,13 @@ from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.errors import first_line
 from surgery.graph import GraphView
 from surgery.model import PROTOBUF_LIMIT, model_nbytes
+from surgery.qdq import QUANTIZATION_METADATA_KEY
 from surgery.targets import Target, resolve_target
 
 __all__ = ["METADATA_KEY", "QuantizedModel", "quantize_model", "required_opset"]
 
-METADATA_KEY = "surgery.quantization"
-"""`metadata_props` key of the JSON quantization record."""
+METADATA_KEY = QUANTIZATION_METADATA_KEY
+"""`metadata_props` key of the JSON quantization record (defined in surgery.qdq)."""
 
 _QDQ_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}

@@ -430,7 +430,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
 
         from compiler.archive import ARCHIVE_SUFFIX
         from compiler.compile import compile_model as core_compile
-        from compiler.compile import quantized_for
+        from surgery.qdq import quantized_for
 
         info = ws.info(model, version)
         folder = output_folder(output_dir)

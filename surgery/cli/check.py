@@ -9,7 +9,7 @@ from rich.table import Table
 
 from surgery.check import check_model
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
-from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
+from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
 from surgery.coverage import CoverageReport
 from surgery.model import parse_input_shapes
 
@@ -18,7 +18,15 @@ from surgery.model import parse_input_shapes
 @handle_errors
 def check_command(
     model: ModelArg,
-    target: TargetOpt = "mlsoc",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            "-t",
+            help="Target profile: mlsoc, modalix, rk3588 (see `surgery targets`) or a profile "
+            ".yaml (default: the target a quantized model was quantized for, else mlsoc).",
+        ),
+    ] = None,
     input_shape: InputShapeOpt = None,
     blockers: Annotated[
         int, typer.Option(help="How many blocker groups to show on the terminal.")
