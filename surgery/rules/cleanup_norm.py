@@ -12,13 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
-    GraphRule,
+    OpsetGraphRule,
     Pattern,
     TensorSpec,
     conversion_note,
@@ -27,7 +26,6 @@ from surgery.rules.replace_common import (
     opset_upgrade_error,
     probe_node,
     reduce_axes,
-    upgrade_graph,
 )
 
 LAYERNORM_OPSET = 17
@@ -220,7 +218,7 @@ class _Decomposed:
 
 
 @register
-class FuseLayerNorm(GraphRule):
+class FuseLayerNorm(OpsetGraphRule):
     """Fold a LayerNorm written out as ReduceMean, Sub, Pow(2) (or x·x), ReduceMean, Add ε,
     Sqrt (or Pow 0.5), Div — and the Mul by γ and Add of β after it — into one
     LayerNormalization(axis, epsilon).
@@ -267,12 +265,6 @@ class FuseLayerNorm(GraphRule):
                 )
             )
         return found
-
-    def apply_all(
-        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
-    ) -> list[Match]:
-        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
-        return super().apply_all(graph, matches, params, ctx)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         site = LayerNormSite(**match.data["site"])

@@ -13,7 +13,7 @@ from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
-    GraphRule,
+    OpsetGraphRule,
     Pattern,
     TensorSpec,
     close,
@@ -23,7 +23,6 @@ from surgery.rules.replace_common import (
     net_freed,
     opset_upgrade_error,
     probe_node,
-    upgrade_graph,
 )
 
 SIXTH = 1.0 / 6.0
@@ -219,7 +218,7 @@ class _Finder:
 
 
 @register
-class NormaliseActivations(GraphRule):
+class NormaliseActivations(OpsetGraphRule):
     """Fold activations that exporters spell out with arithmetic back into one op:
 
     - x·HardSigmoid(x) (alpha 1/6, beta 1/2), x·Clip(x+3, 0, 6)/6 and (x·Clip(x+3, 0, 6))/6
@@ -303,12 +302,6 @@ class NormaliseActivations(GraphRule):
             attrs = act.attrs or ({"alpha": 1.0} if act.op == "Swish" else {})
             probe = probe_node(ctx, act.op, [x], [x], attrs, opset=opset)
         return net_freed(ctx, act.nodes, [probe])
-
-    def apply_all(
-        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
-    ) -> list[Match]:
-        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
-        return super().apply_all(graph, matches, params, ctx)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         act = Activation(**match.data["act"])

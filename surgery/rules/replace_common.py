@@ -579,6 +579,18 @@ class GraphRule(Rule):
         return applied
 
 
+class OpsetGraphRule(GraphRule):
+    """A GraphRule whose replacement may need a newer opset than the model's (each match's
+    `data["opset"]`): the whole graph is converted once, before any edit, so matches found
+    on the original model still address the same nodes."""
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
+        return super().apply_all(graph, matches, params, ctx)
+
+
 def close(value: float, target: float, tol: float = 1e-4) -> bool:
     """Float constants in exports are rounded (0.7071068, 1.4142135): compare with a tolerance."""
     return abs(value - target) <= tol * max(1.0, abs(target))

@@ -13,7 +13,7 @@ from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
-    GraphRule,
+    OpsetGraphRule,
     Pattern,
     TensorSpec,
     close,
@@ -22,7 +22,6 @@ from surgery.rules.replace_common import (
     net_freed,
     opset_upgrade_error,
     probe_node,
-    upgrade_graph,
 )
 from surgery.targets import Reason
 
@@ -129,7 +128,7 @@ def gelu_nodes(pat: Pattern, approximations: tuple[str, ...]) -> list[GeluSite]:
     return found
 
 
-class _GeluRule(GraphRule):
+class _GeluRule(OpsetGraphRule):
     """Shared plumbing: sites → matches with a replacement plan; opset upgrade before edits."""
 
     def _site_match(
@@ -144,12 +143,6 @@ class _GeluRule(GraphRule):
             plan=plan,
             opset=opset,
         )
-
-    def apply_all(
-        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
-    ) -> list[Match]:
-        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
-        return super().apply_all(graph, matches, params, ctx)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         site = GeluSite(**match.data["site"])

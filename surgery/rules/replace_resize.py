@@ -14,6 +14,7 @@ from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
     GraphRule,
+    OpsetGraphRule,
     Pattern,
     TensorSpec,
     conversion_note,
@@ -21,7 +22,6 @@ from surgery.rules.replace_common import (
     model_opset,
     opset_upgrade_error,
     probe_node,
-    upgrade_graph,
 )
 from surgery.targets import Reason
 
@@ -341,7 +341,7 @@ RESIZE_ATTRIBUTES_OPSET = 11
 
 
 @register
-class UpsampleToResize(GraphRule):
+class UpsampleToResize(OpsetGraphRule):
     """Rewrite the Upsample op of old exports (opset 7–9: torch ≤ 1.2, Keras/TF converters,
     darknet ports) as the Resize that computes the same thing.
 
@@ -396,12 +396,6 @@ class UpsampleToResize(GraphRule):
                 )
             )
         return found
-
-    def apply_all(
-        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
-    ) -> list[Match]:
-        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
-        return super().apply_all(graph, matches, params, ctx)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         """The conversion has replaced the Upsample; one left behind (an Upsample-10 the

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import onnx_graphsurgeon as gs
-
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
-    GraphRule,
+    OpsetGraphRule,
     Pattern,
     conversion_note,
     model_opset,
     net_freed,
     opset_upgrade_error,
     probe_node,
-    upgrade_graph,
 )
 
 MODE_OPSET = 11
@@ -65,7 +62,7 @@ _FORMS = (
 
 
 @register
-class ShuffleToDepthToSpace(GraphRule):
+class ShuffleToDepthToSpace(OpsetGraphRule):
     """Fold Reshape → Transpose → Reshape that moves r×r blocks between channels and space
     into one DepthToSpace (CRD: torch's PixelShuffle; DCR) or SpaceToDepth.
 
@@ -134,12 +131,6 @@ class ShuffleToDepthToSpace(GraphRule):
             attrs = {"blocksize": r} | ({"mode": form.mode} if form.mode else {})
             return [first, transpose, last], x, y, form.op, attrs
         return None
-
-    def apply_all(
-        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
-    ) -> list[Match]:
-        upgrade_graph(graph, ctx, max(m.data["opset"] for m in matches))
-        return super().apply_all(graph, matches, params, ctx)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         ed.detach(*(n for n in (ed.node_named(name) for name in match.nodes) if n is not None))
