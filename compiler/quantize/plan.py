@@ -104,6 +104,11 @@ class ActivationSpec:
     dequantized value this pair reads. A tensor no quantized node produces (a graph input)
     with both integer and fp16/bf16 readers gets Q → DQ, and the Cast pair after the DQ, so
     every reader starts from the same integer codes."""
+    narrow: QuantizationScheme | None = None
+    """Integer outputs of a node moved to fp16/bf16 (`QuantPlan.integer_interface`) only: the
+    float precision the node computes in. Its output is rounded to that precision (a Cast pair)
+    and then quantized, because the MLA hands over integer codes; every reader, quantized or not,
+    and a graph output see the dequantized value, as for any other quantized producer."""
 
     @property
     def needs_observer(self) -> bool:
@@ -339,9 +344,19 @@ def _plan_node(
         _plan_weight(view, idx, plan, act, weight, input_key, constants)
     for out in node.output:
         if out and out not in plan.fused and out not in plan.internal and _is_float(view, out):
-            plan.activations[out] = ActivationSpec(
-                out, out, act, method, produced_by_quantized=True
-            )
+            plan.activations[out] = _output_spec(view, plan, idx, out)
+
+
+def _output_spec(view: GraphView, plan: QuantPlan, idx: int, tensor: str) -> ActivationSpec:
+    """The Q/DQ (or Cast) pair on output `tensor` of quantized node `idx`. A node moved to a float
+    precision the MLA runs it in keeps its integer interface on the output too (`narrow`)."""
+    config = plan.configs[idx]
+    act, method = config.activation_quantization_scheme, config.calibration_method
+    assert act is not None and method is not None
+    interface = plan.integer_interface.get(view.names[idx])
+    if act.is_float and interface is not None:
+        return ActivationSpec(tensor, tensor, interface, method, True, narrow=act)
+    return ActivationSpec(tensor, tensor, act, method, produced_by_quantized=True)
 
 
 def _consume(
@@ -358,12 +373,7 @@ def _consume(
     if producer is not None and producer in plan.configs:
         primary = plan.activations.get(tensor)
         if primary is None:  # producer planned later in a non-topological order: plan it first
-            out_scheme = plan.configs[producer].activation_quantization_scheme
-            out_method = plan.configs[producer].calibration_method
-            assert out_scheme is not None and out_method is not None
-            primary = ActivationSpec(
-                tensor, tensor, out_scheme, out_method, produced_by_quantized=True
-            )
+            primary = _output_spec(view, plan, producer, tensor)
             plan.activations[tensor] = primary
         interface = plan.integer_interface.get(
             view.names[idx], plan.integer_interface.get(view.names[producer])

@@ -96,6 +96,8 @@ class _Builder:
                 if out == spec.tensor:
                     producer.output[k] = raw
             src, dst = raw, spec.tensor
+            if spec.narrow is not None:
+                src = self.cast_pair(src, f"{spec.key}_{spec.narrow.kind}", spec.narrow)
         else:
             src = self.dequantized.get(spec.reads_dequantized or "", spec.tensor)
             dst = self.fresh(f"{spec.key.replace('::', '_')}_dequantized")
@@ -104,9 +106,7 @@ class _Builder:
                 self.g.node[idx].input[k] = dst
         base = spec.key.replace("::", "_")
         if spec.scheme.is_float:
-            cast = self.fresh(f"{base}_{spec.scheme.kind}")
-            self.add_node("Cast", [src], [cast], f"{base}_Cast", to=_CAST_TYPES[spec.scheme.kind])
-            self.add_node("Cast", [cast], [dst], f"{base}_CastBack", to=onnx.TensorProto.FLOAT)
+            self.cast_pair(src, base, spec.scheme, dst)
             return
         scale_name, zp_name = self.qparam_names(spec)
         quantized = self.fresh(f"{base}_quantized")
@@ -116,6 +116,17 @@ class _Builder:
         self.add_node(
             "DequantizeLinear", [quantized, scale_name, zp_name], [dst], f"{base}_DequantizeLinear"
         )
+
+    def cast_pair(
+        self, src: str, base: str, scheme: QuantizationScheme, dst: str | None = None
+    ) -> str:
+        """Round `src` to the float `scheme` and back to float32 (into `dst`, or a fresh name)."""
+        base = base.replace("::", "_")
+        cast = self.fresh(f"{base}_{scheme.kind}")
+        dst = dst or self.fresh(f"{base}_{scheme.kind}_float")
+        self.add_node("Cast", [src], [cast], f"{base}_Cast", to=_CAST_TYPES[scheme.kind])
+        self.add_node("Cast", [cast], [dst], f"{base}_CastBack", to=onnx.TensorProto.FLOAT)
+        return dst
 
     def qparam_names(self, spec: ActivationSpec) -> tuple[str, str]:
         root = spec.share_with or spec.key

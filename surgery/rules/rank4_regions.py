@@ -3,7 +3,9 @@
 A node is a candidate when coverage blocks it, its op has a lift (`rank4_ops.SUPPORT`) that
 admits it exactly, and lifting changes something: a data tensor is not 4-D, or the op is one the
 lift re-expresses (Softmax/LayerNorm moved to the channel axis, Gather → Slice, Gemm → Conv, …).
-Candidates connected through tensors form a region; each region is one match.
+Candidates connected through tensors form a region; each region is one match. An MLA node at a
+rank the target allows by exception (rk3588's rank-2 Gemm) that touches a region is lifted
+with it, so the lift does not rebuild its operands on the host around it.
 
 Regions are then sorted into the three rule families by what they contain, so each rule claims
 its own regions and `surgery fix` sees them as separate, named steps:
@@ -96,10 +98,17 @@ def _find_regions(ctx: RuleContext) -> list[Region]:
         if info is not None:
             infos[idx] = info
     exits = _exit_only(view, infos, order)
+    passengers = _passengers(ctx, infos, order, opset)
     groups = _components(view, order, set(infos))
     found = []
     for members in groups:
-        counted = [i for i in members if i not in exits and _lands_on_mla(ctx, infos[i])]
+        if all(i in passengers for i in members):
+            continue
+        counted = [
+            i
+            for i in members
+            if i not in exits and i not in passengers and _lands_on_mla(ctx, infos[i])
+        ]
         replaced = sum(1 for i in members if i in exits)  # output reshapes become the exit
         if len(counted) + replaced <= _boundary_cost(view, members, ctx.constants):
             continue
@@ -115,21 +124,60 @@ def _find_regions(ctx: RuleContext) -> list[Region]:
 
 
 def _candidate(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
+    if not ctx.coverage.placements[idx].is_blocker:
+        return None
+    info = _liftable(ctx, idx, opset)
+    if info is None or (all(r == 4 for r in info.ranks()) and info.op not in _REEXPRESSED):
+        return None
+    return info
+
+
+def _liftable(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
+    """The node's lift info when its op has a lift that admits it exactly; else None."""
     view = ctx.view
-    placement = ctx.coverage.placements[idx]
     support = SUPPORT.get(view.op_types[idx])
-    if support is None or not placement.is_blocker or view.domains[idx] not in ("", "ai.onnx"):
+    if support is None or view.domains[idx] not in ("", "ai.onnx"):
         return None
     info = NodeInfo(view, idx, ctx.constants, opset)
     try:
         admitted = support.accept(info)
     except (ValueError, IndexError, KeyError, TypeError):
         admitted = False  # an attribute or constant we do not understand: leave the node alone
-    if not admitted:
-        return None
-    if all(r == 4 for r in info.ranks()) and info.op not in _REEXPRESSED:
-        return None
-    return info
+    return info if admitted else None
+
+
+def _passengers(
+    ctx: RuleContext, infos: dict[int, NodeInfo], order: list[int], opset: int
+) -> set[int]:
+    """MLA nodes at a rank the target allows by exception (rk3588's rank-2 Gemm) connected to a
+    candidate by a tensor: they join its region (and are lifted) but remove no blocker.
+
+    Left out, the lift would cut the region around such a node and rebuild its non-4-D tensors
+    with Reshapes on the host, on both sides of an MLA node: more segments, not fewer."""
+    view = ctx.view
+    waiting: dict[int, NodeInfo] = {}
+    for idx in order:
+        if idx in infos or ctx.coverage.placements[idx].processor != "MLA":
+            continue
+        tensors = [t for t in (*view.node_inputs[idx], *view.node_outputs[idx]) if t]
+        if all(view.tensor(t).rank == 4 or t in ctx.constants for t in tensors):
+            continue
+        info = _liftable(ctx, idx, opset)
+        if info is not None and not all(r == 4 for r in info.ranks()):
+            waiting[idx] = info
+    added: set[int] = set()
+    frontier = list(infos)
+    while frontier and waiting:
+        idx = frontier.pop()
+        for t in (*view.node_inputs[idx], *view.node_outputs[idx]):
+            if not t or t in ctx.constants:
+                continue
+            for other in (view.producer.get(t), *view.consumers.get(t, ())):
+                if other in waiting:
+                    infos[other] = waiting.pop(other)
+                    added.add(other)
+                    frontier.append(other)
+    return added
 
 
 def _exit_only(view: GraphView, infos: dict[int, NodeInfo], order: list[int]) -> set[int]:

@@ -238,3 +238,140 @@ class GatherToSlice(GraphRule):
         else:
             ed.node("Squeeze", "gather_squeeze", [window], [out], axes=[d["axis"]])
         return True
+
+
+@register
+class StridedSliceToSpaceToDepth(GraphRule):
+    """Rewrite step-s Slices over two axes (Swin patch merging x[:, 0::2, 1::2, :], a Focus
+    layer inside the network) as SpaceToDepth(s) and a channel Slice, for a target whose MLA
+    slices with step 1 only.
+
+    A Slice starting at (i, j) with 0 ≤ i, j < s and step s on both axes of a 4-D tensor takes
+    exactly block (i, j) of every s×s tile, which SpaceToDepth puts on channels
+    [(i·s + j)·C, (i·s + j + 1)·C). The two axes are moved last by a Transpose when they are not
+    already H and W (and moved back after), and every such Slice of one tensor shares the one
+    SpaceToDepth. Both sliced axes must divide by s and run to their end; the other axes must be
+    whole. Data movement only: exact. Only Slices the target keeps off its MLA are matched.
+    """
+
+    name = "strided-slice-to-space-to-depth"
+    suggest_for = frozenset({"Slice"})
+    summary = "Step-s Slices over two axes → SpaceToDepth(s) + a channel Slice (shared per input)."
+    category = "replace"
+    example = "surgery apply strided-slice-to-space-to-depth swin_tiny.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        groups: dict[tuple[str, tuple[int, int], int], list[tuple[str, int]]] = {}
+        for node in pat.blocked("Slice"):
+            plan = self._plan(pat, node)
+            if plan is not None:
+                x, axes, step, block = plan
+                groups.setdefault((x, axes, step), []).append((pat.name(node), block))
+        found = []
+        for (x, axes, step), slices in groups.items():
+            shape = pat.shape(x)
+            assert shape is not None
+            perm = _last_two(axes)
+            moved = tuple(shape[p] for p in perm)
+            depth = (moved[0], moved[1] * step * step, moved[2] // step, moved[3] // step)
+            window = (depth[0], moved[1], depth[2], depth[3])
+            probes = [
+                probe_node(
+                    ctx,
+                    "SpaceToDepth",
+                    [TensorSpec(moved)],
+                    [TensorSpec(depth)],
+                    {"blocksize": step},
+                ),
+                probe_slice(ctx, TensorSpec(depth), TensorSpec(window), [0], [moved[1]], [1]),
+            ]
+            if perm != [0, 1, 2, 3]:
+                probes.append(
+                    probe_node(ctx, "Transpose", [pat.spec(x)], [TensorSpec(moved)], {"perm": perm})
+                )
+            names = [name for name, _ in slices]
+            found.append(
+                self.match(
+                    names,
+                    f"{len(names)} step-{step} Slice(s) of {x} over axes {list(axes)} → "
+                    f"SpaceToDepth({step}) + channel Slice",
+                    net_freed(ctx, names, probes),
+                    perm=perm,
+                    step=step,
+                    blocks=dict(slices),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _plan(pat: Pattern, node: int) -> tuple[str, tuple[int, int], int, int] | None:
+        """(input, the two stepped axes, step, block index i·s + j), or None when the Slice is
+        not a whole-tensor step-s sampling of two axes of a static 4-D float tensor."""
+        ins = pat.ins(node)
+        if len(ins) < 5 or pat.is_const(ins[0]) or not pat.is_float(ins[0]):
+            return None
+        shape = pat.shape(ins[0])
+        values = [pat.value(t) for t in ins[1:5]]
+        if shape is None or len(shape) != 4 or any(v is None for v in values):
+            return None
+        starts, ends, axes, steps = (
+            [int(e) for e in np.asarray(v).reshape(-1)]
+            for v in values  # type: ignore[arg-type]
+        )
+        per_axis: dict[int, tuple[int, int, int]] = {}
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
+            dim = shape[axis % 4]
+            start = start + dim if start < 0 else start
+            end = end + dim if end < 0 else end
+            per_axis[axis % 4] = (start, end, step)
+        stepped = sorted(a for a, (_, _, step) in per_axis.items() if step != 1)
+        if len(stepped) != 2 or len(per_axis) != len(starts):
+            return None
+        step = per_axis[stepped[0]][2]
+        for axis, (start, end, s) in per_axis.items():
+            dim = shape[axis]
+            if axis in stepped:
+                if s != step or step < 2 or dim % step or not 0 <= start < step or end < dim:
+                    return None
+            elif start > 0 or end < dim:
+                return None
+        i, j = (per_axis[a][0] for a in stepped)
+        return ins[0], (stepped[0], stepped[1]), step, i * step + j
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        perm, step = match.data["perm"], match.data["step"]
+        slices = [ed.node_named(name) for name in match.nodes]
+        if any(node is None for node in slices):
+            return False
+        x = slices[0].inputs[0]  # type: ignore[union-attr]
+        shape = [int(d) for d in x.shape]
+        moved_shape = [shape[p] for p in perm]
+        moved = x
+        if perm != [0, 1, 2, 3]:
+            moved = ed.op("Transpose", "s2d_in", [x], moved_shape, x.dtype, perm=perm)
+        depth_shape = [
+            moved_shape[0],
+            moved_shape[1] * step * step,
+            moved_shape[2] // step,
+            moved_shape[3] // step,
+        ]
+        depth = ed.op("SpaceToDepth", "s2d", [moved], depth_shape, x.dtype, blocksize=step)
+        channels = moved_shape[1]
+        back = [perm.index(k) for k in range(4)]
+        for node in slices:
+            assert node is not None
+            out = node.outputs[0]
+            block = match.data["blocks"][node.name]
+            ed.detach(node)
+            window_shape = [depth_shape[0], channels, depth_shape[2], depth_shape[3]]
+            window = out if perm == [0, 1, 2, 3] else ed.var("s2d_block", x.dtype, window_shape)
+            add_slice(ed, depth, window, [block * channels], [(block + 1) * channels], [1])
+            if window is not out:
+                ed.node("Transpose", "s2d_out", [window], [out], perm=back)
+        return True
+
+
+def _last_two(axes: tuple[int, int]) -> list[int]:
+    """The permutation of a 4-D tensor that keeps the other axes in order and puts `axes` last."""
+    return [a for a in range(4) if a not in axes] + list(axes)

@@ -1,0 +1,139 @@
+"""Rewrites that make stricter targets reach one MLA segment where mlsoc already does (rk3588:
+Slice steps of 1 only; Gemm on the MLA at any rank).
+
+- strided-slice-to-space-to-depth: Swin's patch merging (four step-2 Slices of a channels-last
+  map) becomes one SpaceToDepth and channel Slices, exactly;
+- transformer-to-4d lifts a rank-2 Gemm the target already runs on the MLA together with the
+  Reshapes around it (DETR's out-projection on (HW·N, C)); left out, the lift rebuilt its rank-2
+  operands on the host and split the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery.check import check_model
+from surgery.model import load_model
+from surgery.rules import apply_rule, find_matches
+from surgery.rules.fix import fix_model
+
+RULE = "strided-slice-to-space-to-depth"
+
+
+def _model(nodes, inits, inputs, outputs, opset: int = 13) -> onnx.ModelProto:
+    for node in nodes:
+        node.name = node.name or node.output[0]
+    graph = helper.make_graph(nodes, "m", inputs, outputs, inits)
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+def _patch_merging(channels_last: bool, side: int = 8, c: int = 4) -> onnx.ModelProto:
+    """Conv → (Transpose to NHWC) → four x[..., i::2, j::2] Slices → Concat → Conv, so the
+    slices sit between two MLA convolutions."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (c, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (5, 4 * c, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"])]
+    src, axes, cat = "c", [2, 3], 1
+    if channels_last:
+        nodes.append(helper.make_node("Transpose", ["c"], ["nhwc"], perm=[0, 2, 3, 1]))
+        src, axes, cat = "nhwc", [1, 2], 3
+    quads = []
+    for k, (i, j) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        names = [f"q{k}_{m}" for m in range(4)]
+        for name, value in zip(names, ([i, j], [side, side], axes, [2, 2]), strict=True):
+            inits.append(numpy_helper.from_array(np.array(value, np.int64), name))
+        nodes.append(helper.make_node("Slice", [src, *names], [f"quad{k}"], name=f"quad{k}"))
+        quads.append(f"quad{k}")
+    nodes.append(helper.make_node("Concat", quads, ["quads"], axis=cat))
+    merged = "quads"
+    if channels_last:
+        nodes.append(helper.make_node("Transpose", ["quads"], ["nchw"], perm=[0, 3, 1, 2]))
+        merged = "nchw"
+    nodes.append(helper.make_node("Conv", [merged, "w2"], ["y"]))
+    return _model(
+        nodes,
+        inits,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, side // 2, side // 2])],
+    )
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_patch_merging_slices_become_one_space_to_depth_exactly(channels_last: bool) -> None:
+    model = _patch_merging(channels_last)
+    assert check_model(model, "rk3588", suggest=False).mla_segments == 2
+    (match,) = find_matches(model, RULE, "rk3588")
+    assert sorted(match.nodes) == ["quad0", "quad1", "quad2", "quad3"]
+    result = apply_rule(model, RULE, "rk3588")
+    assert result.verification is not None and result.verification.passed
+    assert result.verification.worst_max_abs == 0.0
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("SpaceToDepth") == 1 and ops.count("Slice") == 4
+    assert check_model(result.model, "rk3588", suggest=False).mla_segments == 1
+
+
+def test_mlsoc_keeps_its_strided_slices() -> None:
+    """The MLA of mlsoc slices with any step: nothing to rewrite there."""
+    assert find_matches(_patch_merging(False), RULE, "mlsoc") == []
+
+
+def test_slices_that_are_not_whole_tile_samplings_are_left_alone() -> None:
+    """A slice that stops short of the end, or a dimension the step does not divide, is not
+    one block of every tile."""
+    short = _patch_merging(False)
+    for init in short.graph.initializer:
+        if init.name == "q0_1":
+            init.CopyFrom(numpy_helper.from_array(np.array([6, 8], np.int64), "q0_1"))
+    matches = find_matches(short, RULE, "rk3588")
+    assert [sorted(m.nodes) for m in matches] == [["quad1", "quad2", "quad3"]]
+    odd = load_model(_patch_merging(False, side=7))
+    assert find_matches(odd, RULE, "rk3588") == []
+
+
+def _rank2_gemm_between_reshapes(tokens: int = 16, c: int = 8) -> onnx.ModelProto:
+    """Tokens [L, 1, C] → LayerNorm → Reshape (L, C) → Gemm → Reshape (L, 1, C) → Add → LayerNorm
+    → Transpose back to [1, C, L]: DETR's post-norm attention output projection."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.ones(c, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(c, np.float32), "b"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (c, c)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(0, 0.1, c).astype(np.float32), "wb"),
+        numpy_helper.from_array(np.array([tokens, c], np.int64), "flat"),
+        numpy_helper.from_array(np.array([tokens, 1, c], np.int64), "seq"),
+        numpy_helper.from_array(np.array([1, c, tokens], np.int64), "rows"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "rows"], ["xr"]),
+        helper.make_node("Transpose", ["xr"], ["src"], perm=[2, 0, 1]),
+        helper.make_node("LayerNormalization", ["src", "g", "b"], ["n1"], axis=-1),
+        helper.make_node("Reshape", ["n1", "flat"], ["merged"]),
+        helper.make_node("Gemm", ["merged", "w", "wb"], ["proj"], transB=1),
+        helper.make_node("Reshape", ["proj", "seq"], ["unmerged"]),
+        helper.make_node("Add", ["src", "unmerged"], ["res"]),
+        helper.make_node("LayerNormalization", ["res", "g", "b"], ["n2"], axis=-1),
+        helper.make_node("Transpose", ["n2"], ["t"], perm=[1, 2, 0]),
+        helper.make_node("Reshape", ["t", "side"], ["y"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([1, c, 4, 4], np.int64), "side"))
+    return _model(
+        nodes,
+        inits,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 4, 4])],
+        opset=17,
+    )
+
+
+def test_transformer_lift_takes_a_rank2_gemm_the_target_runs_along() -> None:
+    model = _rank2_gemm_between_reshapes()
+    matches = find_matches(model, "transformer-to-4d", "rk3588")
+    assert len(matches) == 1 and "proj" in matches[0].nodes
+    fixed = fix_model(model, "rk3588")
+    assert check_model(fixed.model, "rk3588", suggest=False).mla_segments == 1
+    assert "transformer-to-4d" in [step["rule"] for step in fixed.steps]
