@@ -939,7 +939,8 @@ def quantize_linear_fast(
     """
     dtype = np.dtype(dtype)
     zero_point = np.asarray(zero_point, dtype=np.int64)
-    ratio = np.divide(np.asarray(x, dtype=np.float32), np.asarray(scale, dtype=np.float32))
+    with np.errstate(over="ignore"):  # an infinite ratio takes the exact path below
+        ratio = np.divide(np.asarray(x, dtype=np.float32), np.asarray(scale, dtype=np.float32))
     ratio = np.asarray(ratio, dtype=np.float32)
     low, high = dtype_range(dtype)
     usable = (
