@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import shape_inference
+from onnx import helper, shape_inference
 
 from surgery.errors import (
     InvalidGraphError,
@@ -26,6 +26,7 @@ from surgery.errors import (
     first_line,
 )
 from surgery.graph import GraphView, default_opset
+from surgery.targets import CONTRIB_OPS
 
 PROTOBUF_LIMIT = 2**31 - 1
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
@@ -293,13 +294,66 @@ def _run_inferencer(
     weights are back in place and the error is a ShapeError."""
     hidden = _hide_large_weights(model, view)
     try:
-        inferred = shape_inference.infer_shapes(
-            model, check_type=False, strict_mode=False, data_prop=True
+        inferred = infer_shapes_through_contrib_ops(
+            model, domains=view.domains if view is not None else None
         )
     except Exception as exc:  # onnx raises several unrelated types here
         _restore_weights(hidden)
         raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
     return inferred, hidden
+
+
+def infer_shapes_through_contrib_ops(
+    model: onnx.ModelProto, domains: Iterable[str] | None = None
+) -> onnx.ModelProto:
+    """ONNX shape inference (with data propagation) carried through the contrib ops of
+    `CONTRIB_OPS`, returning the inferred copy.
+
+    onnx has no schema for ONNX Runtime's contrib ops (QuickGelu), so their outputs stay
+    untyped and everything after them has an unknown rank: `surgery check` would block the
+    rest of the network and the quantizer and compiler would see no shapes. Those ops are
+    unary and elementwise, so each untyped output takes its input's type and inference runs
+    again from there, until no contrib output is left untyped. The one place this is done:
+    loading, `fix`, the quantizer and the compiler's partition all infer through here.
+    `domains` (the nodes' domains, when the caller has them) skips the scan for models without
+    a contrib op: `surgery check` infers every model through here.
+    """
+    inferred = shape_inference.infer_shapes(
+        model, check_type=False, strict_mode=False, data_prop=True
+    )
+    present = set(domains) if domains is not None else {n.domain for n in model.graph.node}
+    if present.isdisjoint(CONTRIB_OPS):
+        return inferred
+    while _type_contrib_outputs(inferred):
+        inferred = shape_inference.infer_shapes(
+            inferred, check_type=False, strict_mode=False, data_prop=True
+        )
+    return inferred
+
+
+def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
+    """Give the untyped output of each `CONTRIB_OPS` node its shaped input's type (a graph
+    output in place, any other tensor as value_info); True if any was typed."""
+    graph = model.graph
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
+    types.update(
+        {i.name: helper.make_tensor_type_proto(i.data_type, i.dims) for i in graph.initializer}
+    )
+    outputs = {o.name: o for o in graph.output}
+    typed = False
+    for node in graph.node:
+        if node.op_type not in CONTRIB_OPS.get(node.domain, ()) or not node.output[0]:
+            continue
+        source, name = types.get(node.input[0]), node.output[0]
+        if source is None or not source.tensor_type.HasField("shape"):
+            continue
+        if name in types and types[name].tensor_type.HasField("shape"):
+            continue
+        info = outputs[name] if name in outputs else graph.value_info.add(name=name)
+        info.type.CopyFrom(source)
+        types[name] = info.type
+        typed = True
+    return typed
 
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -542,6 +596,7 @@ def _name(node: onnx.NodeProto, idx: int) -> str:
 __all__ = [
     "SurgeryError",
     "infer_model_shapes",
+    "infer_shapes_through_contrib_ops",
     "load_model",
     "parse_input_shapes",
     "read_model",

@@ -24,20 +24,37 @@ from surgery.rules.fix import fix_model
 from surgery.verify import make_inputs
 from tests.architectures import ARCHITECTURES
 
-FEWEST_SEGMENTS = {"two_inputs": 2}
-"""Families whose host-only ops sit between MLA regions (a reflect Pad and an Expand between
-the convolutions); every other family is one segment after `fix`."""
+FEWEST_SEGMENTS: dict[str, int] = {}
+"""Families whose host-only ops sit between MLA regions after `fix`; every family is one
+segment now (two_inputs' reflect Pad and Expand become Slices and Concats)."""
 
+
+COMPILER_GAPS_ON = {
+    ("two_inputs", "modalix"): "modalix runs Gather in bf16 only and the compiler has no bf16 "
+    "Gather lowering: the mid-segment Gather runs on the CVU, 2 .elf files for check's 1"
+}
+"""Per target, families whose archive splits a segment `check` counts as one, because the
+compiler lacks an MLA form of an op the target's table places there (strict: a lowering that
+closes the gap fails the mark, so it is removed)."""
 
 OTHER_TARGETS = [
-    (name, target) for target in ("rk3588", "modalix") for name in sorted(ARCHITECTURES)
+    pytest.param(
+        name,
+        target,
+        marks=[pytest.mark.xfail(reason=COMPILER_GAPS_ON[name, target], strict=True)]
+        if (name, target) in COMPILER_GAPS_ON
+        else [],
+    )
+    for target in ("rk3588", "modalix")
+    for name in sorted(ARCHITECTURES)
 ]
 """Every family on the stricter targets: norms in fp16 on rk3588 (LayerNorm feeding LayerNorm
 or a host op), bf16 ops on modalix, host-side masks and post-processing that differ per target."""
 
-FEWEST_SEGMENTS_ON = {("googlenet", "rk3588"): 2}
+FEWEST_SEGMENTS_ON = {("googlenet", "rk3588"): 2, ("two_inputs", "rk3588"): 2}
 """Per target, families with more host-only ops than on mlsoc: rk3588's MLA has no LRN, so
-GoogLeNet's LRN runs on the CPU between its stem and the rest."""
+GoogLeNet's LRN runs on the CPU between its stem and the rest, and slices with step 1 only,
+so two_inputs' step-2 Slice of one axis runs on the CPU between the padded sum and a Conv."""
 
 
 @cache

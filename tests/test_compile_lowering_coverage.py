@@ -385,6 +385,24 @@ def test_quick_gelu_stays_in_its_segment(target: str, tmp_path) -> None:
     _runs_on_the_mla(_conv_quick_gelu_conv(), tmp_path, target)
 
 
+def _conv_untyped_quick_gelu_conv() -> onnx.ModelProto:
+    """Conv → QuickGelu → Conv with no value_info for the QuickGelu output: onnx's shape
+    inference has no schema for the contrib op, so only surgery's inference can type it."""
+    model = _conv_around("QuickGelu", {}, domain="com.microsoft", alpha=1.702)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def test_untyped_quick_gelu_output_takes_its_input_type_in_check() -> None:
+    report = check_model(_conv_untyped_quick_gelu_conv())
+    reasons = [r.code for p in report.placements for r in p.reasons]
+    assert report.mla_segments == 1 and "rank_unknown" not in reasons, report.placements
+
+
+def test_untyped_quick_gelu_compiles_to_one_elf_bit_exact(tmp_path) -> None:
+    assert _compile_and_run(_conv_untyped_quick_gelu_conv(), tmp_path) == (1, True)
+
+
 def _conv_grid_sample_conv(**attributes) -> onnx.ModelProto:
     """A flow-field warp: Conv → GridSample(a, tanh(Conv(x)) as an (N, H, W, 2) grid) → Conv."""
     rng = np.random.default_rng(0)

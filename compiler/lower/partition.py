@@ -37,7 +37,6 @@ from onnx import helper, numpy_helper
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 from compiler.lower.errors import CompileError
 from compiler.runtime.lowering import QdqGraph, build_program
-from compiler.runtime.ops import CONTRIB_OPS
 from compiler.runtime.program import (
     DequantizeStep,
     IntegerStep,
@@ -47,6 +46,7 @@ from compiler.runtime.program import (
 from compiler.runtime.qparams import QuantParams
 from surgery.coverage import CoverageReport, analyze_coverage
 from surgery.errors import first_line
+from surgery.model import infer_shapes_through_contrib_ops
 from surgery.qdq import float_view, quantization_record
 from surgery.targets import Target, resolve_target
 
@@ -111,41 +111,13 @@ def with_unique_names(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference, carried through the contrib ops the MLA runs (`CONTRIB_OPS`),
-    which onnx cannot infer: without their output shapes coverage would see unknown ranks and
-    move them, and everything after them, off the MLA."""
+    """Surgery's shape inference, which carries shapes through the contrib ops the MLA runs
+    (without them coverage would see unknown ranks and move those ops, and everything after
+    them, off the MLA); the model as is when inference fails."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return infer_shapes_through_contrib_ops(model)
     except Exception:  # noqa: BLE001 - shapes are a convenience here; execution fills gaps
         return model
-    if _type_contrib_outputs(inferred):
-        return _infer_shapes(inferred)
-    return inferred
-
-
-def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
-    """Give the untyped output of each contrib op of `CONTRIB_OPS` (unary and elementwise) its
-    typed input's type; True if any was added."""
-    graph = model.graph
-    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
-    types.update(
-        {i.name: helper.make_tensor_type_proto(i.data_type, i.dims) for i in graph.initializer}
-    )
-    added = False
-    for node in graph.node:
-        if node.op_type not in CONTRIB_OPS.get(node.domain, ()) or not node.output[0]:
-            continue
-        source, output = types.get(node.input[0]), node.output[0]
-        if source is None or not source.tensor_type.HasField("shape"):
-            continue
-        if output in types and types[output].tensor_type.HasField("shape"):
-            continue
-        info = graph.value_info.add()
-        info.name = output
-        info.type.CopyFrom(source)
-        types[output] = info.type
-        added = True
-    return added
 
 
 def partition_model(

@@ -98,7 +98,7 @@ def _find_regions(ctx: RuleContext) -> list[Region]:
         if info is not None:
             infos[idx] = info
     exits = _exit_only(view, infos, order)
-    passengers = _passengers(ctx, infos, order, opset)
+    passengers = _passengers(ctx, infos, opset)
     groups = _components(view, order, set(infos))
     found = []
     for members in groups:
@@ -146,38 +146,46 @@ def _liftable(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
     return info if admitted else None
 
 
-def _passengers(
-    ctx: RuleContext, infos: dict[int, NodeInfo], order: list[int], opset: int
-) -> set[int]:
+def _passengers(ctx: RuleContext, infos: dict[int, NodeInfo], opset: int) -> set[int]:
     """MLA nodes at a rank the target allows by exception (rk3588's rank-2 Gemm) connected to a
     candidate by a tensor: they join its region (and are lifted) but remove no blocker.
 
     Left out, the lift would cut the region around such a node and rebuild its non-4-D tensors
-    with Reshapes on the host, on both sides of an MLA node: more segments, not fewer."""
+    with Reshapes on the host, on both sides of an MLA node: more segments, not fewer. Found by
+    walking out from the candidates, so a network whose MLA part is all 4-D costs nothing."""
     view = ctx.view
-    waiting: dict[int, NodeInfo] = {}
-    for idx in order:
-        if idx in infos or ctx.coverage.placements[idx].processor != "MLA":
-            continue
-        tensors = [t for t in (*view.node_inputs[idx], *view.node_outputs[idx]) if t]
-        if all(view.tensor(t).rank == 4 or t in ctx.constants for t in tensors):
-            continue
-        info = _liftable(ctx, idx, opset)
-        if info is not None and not all(r == 4 for r in info.ranks()):
-            waiting[idx] = info
+    placements = ctx.coverage.placements
     added: set[int] = set()
+    rejected: set[int] = set()
     frontier = list(infos)
-    while frontier and waiting:
+    while frontier:
         idx = frontier.pop()
         for t in (*view.node_inputs[idx], *view.node_outputs[idx]):
             if not t or t in ctx.constants:
                 continue
             for other in (view.producer.get(t), *view.consumers.get(t, ())):
-                if other in waiting:
-                    infos[other] = waiting.pop(other)
-                    added.add(other)
-                    frontier.append(other)
+                if other is None or other in infos or other in rejected:
+                    continue
+                info = (
+                    _passenger(ctx, other, opset) if placements[other].processor == "MLA" else None
+                )
+                if info is None:
+                    rejected.add(other)
+                    continue
+                infos[other] = info
+                added.add(other)
+                frontier.append(other)
     return added
+
+
+def _passenger(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
+    """The lift info of an MLA node with a non-4-D tensor that a lift admits; else None."""
+    view = ctx.view
+    tensors = [t for t in (*view.node_inputs[idx], *view.node_outputs[idx]) if t]
+    if all(view.tensor(t).rank == 4 or t in ctx.constants for t in tensors):
+        return None
+    info = _liftable(ctx, idx, opset)
+    return info if info is not None and not all(r == 4 for r in info.ranks()) else None
 
 
 def _exit_only(view: GraphView, infos: dict[int, NodeInfo], order: list[int]) -> set[int]:

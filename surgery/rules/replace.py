@@ -6,6 +6,7 @@ from surgery.rules import (  # noqa: F401
     replace_arith,
     replace_gelu,
     replace_linear,
+    replace_pad,
     replace_pool,
     replace_reduce,
     replace_resize,

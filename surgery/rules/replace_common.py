@@ -552,6 +552,46 @@ class Editor:
             n.outputs.clear()
 
 
+def slice_inputs(starts: Sequence[int], ends: Sequence[int], axes: Sequence[int]) -> list:
+    """Constant Slice operands (opset ≥ 10), as probe specs."""
+    return [TensorSpec.const(np.array(v, np.int64)) for v in (starts, ends, axes)]
+
+
+def probe_slice(
+    ctx: RuleContext,
+    x: TensorSpec,
+    out: TensorSpec,
+    starts: Sequence[int],
+    ends: Sequence[int],
+    axes: Sequence[int],
+) -> Reason | None:
+    """Placement of a Slice in the form the model's opset expects (`add_slice`)."""
+    if model_opset(ctx) < 10:
+        attrs = {"starts": list(starts), "ends": list(ends), "axes": list(axes)}
+        return probe_node(ctx, "Slice", [x], [out], attrs)
+    return probe_node(ctx, "Slice", [x, *slice_inputs(starts, ends, axes)], [out])
+
+
+def add_slice(
+    ed: Editor,
+    x: gs.Tensor,
+    out: gs.Tensor,
+    starts: Sequence[int],
+    ends: Sequence[int],
+    axes: Sequence[int],
+) -> gs.Node:
+    """A Slice node in the form the model's opset expects (attributes before opset 10)."""
+    if model_opset(ed.ctx) < 10:
+        return ed.node(
+            "Slice", "slice", [x], [out], starts=list(starts), ends=list(ends), axes=list(axes)
+        )
+    consts = [
+        ed.const(f"slice_{what}", np.array(v, np.int64))
+        for what, v in (("starts", starts), ("ends", ends), ("axes", axes))
+    ]
+    return ed.node("Slice", "slice", [x, *consts], [out])
+
+
 class GraphRule(Rule):
     """A rule that edits through an `Editor`, one match at a time.
 

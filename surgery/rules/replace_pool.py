@@ -41,13 +41,17 @@ def _pad_amounts(pat: Pattern, node: int, rank: int) -> list[int] | None:
                 return None
             value = v
         if len(ins) > 3 and ins[3]:
-            pads = _expand_axes(pat, ins[3], pads, rank)
+            pads = pads_over_all_axes(pat, ins[3], pads, rank)
     if value != 0.0 or pads is None or len(pads) != 2 * rank:
         return None
     return pads
 
 
-def _expand_axes(pat: Pattern, axes_name: str, pads: list[int], rank: int) -> list[int] | None:
+def pads_over_all_axes(
+    pat: Pattern, axes_name: str, pads: list[int], rank: int
+) -> list[int] | None:
+    """A Pad's [begin…, end…] over the axes of its `axes` input (opset ≥ 18) → over all
+    `rank` axes (0 where not padded); None when the axes are not constant."""
     axes = pat.value(axes_name)
     if axes is None:
         return None

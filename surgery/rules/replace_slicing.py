@@ -7,10 +7,7 @@ are computed at run time, a Gather the int8 MLA does not run). Data movement onl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
@@ -19,50 +16,13 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    add_slice,
     model_opset,
     net_freed,
     probe_node,
+    probe_slice,
 )
 from surgery.targets import Reason
-
-
-def slice_inputs(starts: Sequence[int], ends: Sequence[int], axes: Sequence[int]) -> list:
-    """Constant Slice operands (opset ≥ 10), as probe specs."""
-    return [TensorSpec.const(np.array(v, np.int64)) for v in (starts, ends, axes)]
-
-
-def probe_slice(
-    ctx: RuleContext,
-    x: TensorSpec,
-    out: TensorSpec,
-    starts: Sequence[int],
-    ends: Sequence[int],
-    axes: Sequence[int],
-) -> Reason | None:
-    if model_opset(ctx) < 10:
-        attrs = {"starts": list(starts), "ends": list(ends), "axes": list(axes)}
-        return probe_node(ctx, "Slice", [x], [out], attrs)
-    return probe_node(ctx, "Slice", [x, *slice_inputs(starts, ends, axes)], [out])
-
-
-def add_slice(
-    ed: Editor,
-    x: gs.Tensor,
-    out: gs.Tensor,
-    starts: Sequence[int],
-    ends: Sequence[int],
-    axes: Sequence[int],
-) -> gs.Node:
-    """A Slice node in the form the model's opset expects (attributes before opset 10)."""
-    if model_opset(ed.ctx) < 10:
-        return ed.node(
-            "Slice", "slice", [x], [out], starts=list(starts), ends=list(ends), axes=list(axes)
-        )
-    consts = [
-        ed.const(f"slice_{what}", np.array(v, np.int64))
-        for what, v in (("starts", starts), ("ends", ends), ("axes", axes))
-    ]
-    return ed.node("Slice", "slice", [x, *consts], [out])
 
 
 @register

@@ -1,0 +1,277 @@
+"""Padding and broadcasting as data movement: pad-to-slices, expand-to-concat.
+
+An MLA pads with constant zeros only and has no Expand, but every MLA slices and concatenates.
+A reflect or edge Pad copies rows and columns of its input next to it, and an Expand copies its
+input along the broadcast axes: both are Concats of (slices of) the input, so they run where the
+original op was rejected instead of cutting the network into two MLA segments around a host
+op. Data movement only: exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    add_slice,
+    fmt_shape,
+    model_opset,
+    net_freed,
+    probe_node,
+    probe_slice,
+)
+from surgery.rules.replace_pool import pads_over_all_axes
+from surgery.targets import Reason
+
+MAX_PAD = 8
+"""Most rows/columns padded on one side: each is one Slice (edge: one shared Slice) and one
+Concat input, so wider pads cost more movement than the host round trip they save."""
+
+MAX_COPIES = 32
+"""Most copies an Expand may make along one axis (one Concat input each)."""
+
+SPATIAL = (3, 2)
+"""The axes a Pad is rewritten along, W then H as numpy.pad goes (the result is the same in
+either order: reflect and edge padding index each axis independently)."""
+
+
+def _mode_and_pads(pat: Pattern, node: int, rank: int) -> tuple[str, list[int]] | None:
+    """The Pad node's mode and full [begin…, end…] list when the pads are constant; else None.
+
+    The pad value of constant mode is not read: only reflect and edge Pads are rewritten."""
+    attrs = pat.attrs(node)
+    mode = attrs.get("mode", "constant")
+    if model_opset(pat.ctx) < 11:
+        pads: list[int] | None = [int(p) for p in attrs.get("pads", [])]
+    else:
+        ins = pat.ins(node)
+        raw = pat.value(ins[1]) if len(ins) > 1 and ins[1] else None
+        if raw is None:
+            return None
+        pads = [int(p) for p in raw.reshape(-1)]
+        if len(ins) > 3 and ins[3]:
+            pads = pads_over_all_axes(pat, ins[3], pads, rank)
+    if pads is None or len(pads) != 2 * rank:
+        return None
+    return mode, pads
+
+
+def _border(mode: str, size: int, before: int, after: int) -> tuple[list[int], list[int]]:
+    """Which input index each padded position copies, before and after the input, on one axis:
+    reflect mirrors around the edge without repeating it (b, …, 1 | n−2, …, n−1−a), edge
+    repeats the first and last index."""
+    if mode == "reflect":
+        return list(range(before, 0, -1)), [size - 2 - k for k in range(after)]
+    return [0] * before, [size - 1] * after
+
+
+def _with(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
+    return tuple(size if k == axis else d for k, d in enumerate(shape))
+
+
+@register
+class PadToSlices(GraphRule):
+    """Rewrite a reflect or edge Pad of the spatial axes of a 4-D tensor as, per padded axis
+    (W, then H), a Concat of one-row/column step-1 Slices of the input around the input itself.
+
+    Reflect padding by (b, a) on an axis of size n is x[b], …, x[1], x, x[n−2], …, x[n−1−a];
+    edge padding repeats x[0] b times and x[n−1] a times (one Slice, read b times). Applied to
+    constant pads of at most 8 per side, never on the batch or channel axis, and for reflect
+    only when the pads are smaller than the axis (ONNX's own limit). Only Pads the target keeps
+    off its MLA are matched; a match frees the Pad only when every Slice and Concat runs there.
+    """
+
+    name = "pad-to-slices"
+    suggest_for = frozenset({"Pad"})
+    summary = "Reflect/edge Pad of H/W → Concat of single-row/column Slices around the input."
+    category = "replace"
+    example = "surgery apply pad-to-slices model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Pad"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape = pat.shape(x)
+            if shape is None or len(shape) != 4 or pat.shape(y) is None:
+                continue
+            plan = self._plan(pat, node, shape)
+            if plan is None:
+                continue
+            mode, steps = plan
+            probes = self._probes(ctx, pat.elem_type(x), shape, steps)
+            names = [pat.name(node)]
+            sides = ", ".join(f"axis {a}: {len(b)}+{len(e)}" for a, b, e in steps)
+            found.append(
+                self.match(
+                    names,
+                    f"{mode} Pad {pat.name(node)} of {fmt_shape(shape)} ({sides}) → "
+                    f"Slices + Concat",
+                    net_freed(ctx, names, probes),
+                    shape=list(shape),
+                    steps=[[a, b, e] for a, b, e in steps],
+                )
+            )
+        return found
+
+    @staticmethod
+    def _plan(
+        pat: Pattern, node: int, shape: tuple[int, ...]
+    ) -> tuple[str, list[tuple[int, list[int], list[int]]]] | None:
+        """The mode and, per padded axis in rewrite order, the input indices copied before and
+        after it; None when the Pad is not one this rule rewrites."""
+        read = _mode_and_pads(pat, node, len(shape))
+        if read is None:
+            return None
+        mode, pads = read
+        if mode not in ("reflect", "edge") or any(p < 0 or p > MAX_PAD for p in pads):
+            return None
+        if any(pads[a] or pads[a + 4] for a in (0, 1)) or not any(pads):
+            return None
+        steps = []
+        for axis in SPATIAL:
+            before, after, size = pads[axis], pads[axis + 4], shape[axis]
+            if not (before or after):
+                continue
+            if mode == "reflect" and max(before, after) >= size:
+                return None
+            steps.append((axis, *_border(mode, size, before, after)))
+        return mode, steps
+
+    @staticmethod
+    def _probes(
+        ctx: RuleContext,
+        elem_type: int,
+        shape: tuple[int, ...],
+        steps: list[tuple[int, list[int], list[int]]],
+    ) -> list[Reason | None]:
+        """Placement of every Slice and Concat of the rewrite, axis after axis."""
+        probes: list[Reason | None] = []
+        current = shape
+        for axis, before, after in steps:
+            source = TensorSpec(current, elem_type)
+            line = TensorSpec(_with(current, axis, 1), elem_type)
+            for index in sorted({*before, *after}):
+                probes.append(probe_slice(ctx, source, line, [index], [index + 1], [axis]))
+            padded = _with(current, axis, current[axis] + len(before) + len(after))
+            parts = [line] * len(before) + [source] + [line] * len(after)
+            probes.append(
+                probe_node(ctx, "Concat", parts, [TensorSpec(padded, elem_type)], {"axis": axis})
+            )
+            current = padded
+        return probes
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        pad = ed.node_named(match.nodes[0])
+        assert pad is not None
+        x, y = pad.inputs[0], pad.outputs[0]
+        ed.detach(pad)
+        steps, shape = match.data["steps"], match.data["shape"]
+        current = x
+        for k, (axis, before, after) in enumerate(steps):
+            lines: dict[int, gs.Variable] = {}
+            for index in sorted({*before, *after}):
+                lines[index] = ed.var(f"{pad.name}_line", x.dtype, _with(shape, axis, 1))
+                add_slice(ed, current, lines[index], [index], [index + 1], [axis])
+            size = shape[axis] + len(before) + len(after)
+            shape = list(_with(shape, axis, size))
+            out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
+            parts = [lines[i] for i in before] + [current] + [lines[i] for i in after]
+            ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
+            current = out
+        return True
+
+
+@register
+class ExpandToConcat(GraphRule):
+    """Rewrite an Expand to a constant shape of the same rank as a Concat of copies of its input
+    along each broadcast axis (an axis of size 1 expanded to k: k copies).
+
+    Expand is a broadcast copy; an MLA without it concatenates. Applied when the input's shape is
+    static, the output has the input's rank, and no axis is copied more than 32 times. Only
+    Expands the target keeps off its MLA are matched; a match frees the Expand only when every
+    Concat runs there.
+    """
+
+    name = "expand-to-concat"
+    suggest_for = frozenset({"Expand"})
+    summary = "Expand to a constant shape → Concat of copies of the input along broadcast axes."
+    category = "replace"
+    example = "surgery apply expand-to-concat model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Expand"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            copies = self._copies(pat, node)
+            if copies is None:
+                continue
+            shape = pat.shape(x)
+            assert shape is not None
+            elem_type = pat.elem_type(x)
+            probes: list[Reason | None] = []
+            current = shape
+            for axis, k in copies:
+                copied = _with(current, axis, k)
+                source = TensorSpec(current, elem_type)
+                probes.append(
+                    probe_node(
+                        ctx, "Concat", [source] * k, [TensorSpec(copied, elem_type)], {"axis": axis}
+                    )
+                )
+                current = copied
+            names = [pat.name(node)]
+            found.append(
+                self.match(
+                    names,
+                    f"Expand {pat.name(node)} {fmt_shape(shape)} → {fmt_shape(pat.shape(y))} as "
+                    + ", ".join(f"{k} copies on axis {a}" for a, k in copies),
+                    net_freed(ctx, names, probes),
+                    shape=list(shape),
+                    copies=[[a, k] for a, k in copies],
+                )
+            )
+        return found
+
+    @staticmethod
+    def _copies(pat: Pattern, node: int) -> list[tuple[int, int]] | None:
+        """(axis, copies) for each broadcast axis, when the Expand is one this rule rewrites."""
+        x, target = pat.ins(node)[:2]
+        shape, out = pat.shape(x), pat.shape(pat.outs(node)[0])
+        value = pat.value(target)
+        if shape is None or out is None or value is None or len(out) != len(shape):
+            return None
+        try:
+            broadcast = np.broadcast_shapes(shape, tuple(int(d) for d in value.reshape(-1)))
+        except ValueError:
+            return None
+        if tuple(broadcast) != out:
+            return None
+        copies = [(a, o) for a, (d, o) in enumerate(zip(shape, out, strict=True)) if d != o]
+        if not copies or any(k < 2 or k > MAX_COPIES for _, k in copies):
+            return None
+        return copies
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        expand = ed.node_named(match.nodes[0])
+        assert expand is not None
+        x, y = expand.inputs[0], expand.outputs[0]
+        ed.detach(expand)
+        copies, shape = match.data["copies"], match.data["shape"]
+        current = x
+        for n, (axis, k) in enumerate(copies):
+            shape = list(_with(shape, axis, k))
+            last = n == len(copies) - 1
+            out = y if last else ed.var(f"{expand.name}_axis{axis}", x.dtype, shape)
+            ed.node("Concat", f"{expand.name}_concat", [current] * k, [out], axis=axis)
+            current = out
+        return True
