@@ -172,6 +172,15 @@ def test_small_islands_by_mac_share():
     assert small_islands(analyze_coverage(load_model(examples.plain_cnn()))) == []
 
 
+def test_no_islands_without_a_main_body_on_the_mla():
+    """With the big convs on the host, the largest MLA segment is tiny too: pinning the other
+    would report one .elf with almost nothing on the MLA."""
+    pins = {"conv_3": "APU", "conv_7": "APU"}
+    coverage = analyze_coverage(_tiny_island(), op_target=pins)
+    assert coverage.mla_segments == 3  # the two Relus and the small conv
+    assert small_islands(coverage) == []
+
+
 def test_place_on_host_pins_islands_and_removes_segments():
     model = _tiny_island()
     onnx.helper.set_model_props(model, {PLACEMENT_METADATA_KEY: json.dumps({"relu_4": "MLA"})})
@@ -276,3 +285,21 @@ def test_cli_cut_postprocess_errors_exit_2(save, tmp_path, model, out, post, mes
     assert r.exit_code == 2, r.output
     assert message in json.loads(r.stdout)["error"]["message"]
     assert src.read_bytes() == before
+
+
+def test_fix_says_a_model_quantized_with_integer_ops_needs_its_float_model() -> None:
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node(
+                "DynamicQuantizeLinear", ["x"], ["q", "scale", "zero_point"], name="dq"
+            ),
+            onnx.helper.make_node("ConvInteger", ["q", "w", "zero_point"], ["y"], name="conv"),
+        ],
+        "dynamic",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 4, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [1, 2, 4, 4])],
+        [onnx.numpy_helper.from_array(np.ones((2, 2, 1, 1), np.uint8), "w")],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    result = fix_model(load_model(model))
+    assert any("already quantized" in note and "ConvInteger" in note for note in result.notes)

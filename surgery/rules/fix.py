@@ -245,9 +245,31 @@ def _explain_stop(cov: CoverageReport) -> str:
             "inside the branches is not placed on the MLA) — if one branch is always taken, extract "
             "it with `surgery split` or inline it, then run fix on that model"
         )
+    integer = [op for op in ops if op in _INTEGER_OPS]
+    if integer:
+        text += (
+            f"; the model is already quantized with ONNX Runtime's integer ops "
+            f"({', '.join(integer)}), which the MLA does not run: start from the float model "
+            "and quantize it with `surgery quantize`"
+        )
     if cov.mla_segments == 0:
         text += "; nothing in the top-level graph can run on the MLA"
     return text
+
+
+_INTEGER_OPS = frozenset(
+    {
+        "ConvInteger",
+        "MatMulInteger",
+        "DynamicQuantizeLinear",
+        "DynamicQuantizeLSTM",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearAdd",
+        "QLinearMul",
+    }
+)
+"""Ops of models quantized by ONNX Runtime's dynamic or operator-oriented quantization."""
 
 
 def _place_small_islands(

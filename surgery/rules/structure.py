@@ -39,6 +39,8 @@ from surgery.split import SplitError, split_model
 from surgery.targets import Target, resolve_target
 from surgery.verify import OutputComparison, compare_arrays, make_inputs, ort_session, run_model
 
+MAIN_BODY_FRACTION = 0.5
+"""The largest MLA segment must hold at least this share of the MACs for islands to exist."""
 MAX_ISLAND_FRACTION = 0.01
 """MLA segments (other than the largest) below this share of the model's MACs are islands."""
 
@@ -65,16 +67,26 @@ def main_segment(coverage: CoverageReport) -> Segment | None:
 def small_islands(
     coverage: CoverageReport, max_fraction: float = MAX_ISLAND_FRACTION
 ) -> list[Segment]:
-    """MLA segments other than the largest whose MACs are under `max_fraction` of the model's.
+    """MLA segments other than the largest whose MACs are under `max_fraction` of the model's,
+    when the largest holds most of the model's MLA work.
 
-    Each costs an extra `.elf` and a round trip through DRAM for almost no accelerated work, so
-    running it on the host is the better trade. MAC-free models compare node counts instead.
+    Each such island costs an extra `.elf` and a round trip through DRAM for almost no
+    accelerated work, so running it on the host is the better trade. Without a main body (no
+    segment with half of the MACs, e.g. a model already quantized with integer ops the MLA does
+    not run) there is nothing to trade for: pinning every island would report one `.elf` with
+    almost nothing on the MLA. MAC-free models compare node counts instead.
     """
     main = main_segment(coverage)
     if main is None or len(coverage.segments) < 2:
         return []
     total = coverage.total_macs
     live = sum(1 for p in coverage.placements if not p.foldable)
+    if (
+        (main.macs < MAIN_BODY_FRACTION * total)
+        if total
+        else (len(main.nodes) < MAIN_BODY_FRACTION * sum(len(s.nodes) for s in coverage.segments))
+    ):
+        return []
     return [
         s
         for s in coverage.segments
