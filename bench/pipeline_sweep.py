@@ -35,6 +35,7 @@ from compiler.quantize import quantize_model
 from compiler.runtime.compare import compare_with_reference
 from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
+from surgery.errors import SurgeryError
 from surgery.model import load_model
 from surgery.rules.fix import fix_model
 from surgery.verify import make_inputs
@@ -100,8 +101,7 @@ def sweep_one(path: Path, target: str, shapes: dict[str, list[int]] | None) -> S
     except _Timeout:
         row.status, row.error = "timeout", f"at {stage}"
     except Exception as exc:  # every failure is a row of the report
-        typed = type(exc).__module__.split(".")[0] in ("surgery", "compiler", "server")
-        row.status = "refused" if typed else "crash"
+        row.status = "refused" if isinstance(exc, SurgeryError) else "crash"
         row.error = f"{stage}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return row
 

@@ -9,17 +9,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.compile import compile_model
+from compiler.archive import read_archive
+from compiler.compile import CompileResult, compile_model
 from compiler.costmodel import MlaHardware
 from compiler.lower.layout import plan_layouts
 from compiler.lower.partition import Stage, partition_model, tensor_types
 from compiler.lower.pipeline import CompileOptions, generate_segment, prepare_segment
 from compiler.quantize.quantizer import quantize_model
 from compiler.runtime import IntegerExecutor
+from compiler.runtime.compare import ReferenceComparison, compare_with_reference
 from compiler.runtime.emulator import Emulator
+from compiler.runtime.pipeline import run_archive
 from compiler.runtime.program import IntegerStep
 from surgery import examples
 from surgery.model import load_model
+from surgery.verify import make_inputs
 
 
 @cache
@@ -176,3 +180,19 @@ def emulate_all_integer_steps(
 def _stack(frames: list[np.ndarray]) -> np.ndarray:
     """Frames stacked on axis 0 (a 0-d frame counts as one element)."""
     return np.concatenate([np.reshape(f, (1,)) if np.ndim(f) == 0 else f for f in frames])
+
+
+def run_and_compare(
+    result: CompileResult, qdq: onnx.ModelProto, feed: dict[str, np.ndarray]
+) -> ReferenceComparison:
+    """Run a compiled archive on `feed` and compare every MLA stage and output with the
+    integer reference executor on the QDQ model it was compiled from."""
+    archive = read_archive(result.archive)
+    outputs, stats = run_archive(archive, feed, keep_tensors=True)
+    return compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+
+
+def quantize_on(model: onnx.ModelProto, target: str, samples: int = 3) -> onnx.ModelProto:
+    """The QDQ model for `target`, calibrated on `samples` seeded `make_inputs` frames."""
+    frames = [make_inputs(model, seed=seed) for seed in range(samples)]
+    return quantize_model(model, frames, target=target).model

@@ -9,14 +9,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.archive import read_archive
 from compiler.compile import compile_model
-from compiler.quantize import quantize_model
-from compiler.runtime.compare import compare_with_reference
-from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
 from surgery.model import load_model
 from surgery.verify import make_inputs
+from tests.lower_support import quantize_on, run_and_compare
 
 
 def _two_norms() -> onnx.ModelProto:
@@ -45,11 +42,6 @@ def _two_norms() -> onnx.ModelProto:
     return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
-def _quantized(model: onnx.ModelProto) -> onnx.ModelProto:
-    samples = [make_inputs(model, seed=seed) for seed in range(3)]
-    return quantize_model(model, samples, target="rk3588").model
-
-
 def _first_non_cast_reader(model: onnx.ModelProto, tensor: str) -> list[str]:
     """The op types that read `tensor`, looking through Cast nodes."""
     readers = [n for n in model.graph.node if tensor in n.input]
@@ -63,7 +55,7 @@ def _first_non_cast_reader(model: onnx.ModelProto, tensor: str) -> list[str]:
 
 
 def test_a_norm_reading_a_norm_reads_integer_codes() -> None:
-    qdq = _quantized(_two_norms())
+    qdq = quantize_on(_two_norms(), "rk3588")
     norms = [n for n in qdq.graph.node if n.op_type == "LayerNormalization"]
     assert len(norms) == 2
     for norm in norms:
@@ -72,13 +64,11 @@ def test_a_norm_reading_a_norm_reads_integer_codes() -> None:
 
 def test_a_chain_of_fp16_norms_compiles_to_one_segment_bit_exact(tmp_path) -> None:
     model = _two_norms()
-    qdq = _quantized(model)
+    qdq = quantize_on(model, "rk3588")
     result = compile_model(qdq, tmp_path, target="rk3588", model_name="two_norms")
     assert len(result.elf_files) == check_model(model, "rk3588").mla_segments == 1, result.notes
-    archive = read_archive(result.archive)
     feed = make_inputs(model, seed=7)
-    outputs, stats = run_archive(archive, feed, keep_tensors=True)
-    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.mla_bit_exact
 
 
@@ -116,7 +106,7 @@ def test_a_host_reader_of_an_fp16_norm_reads_its_integer_output(tmp_path) -> Non
     """The norm hands int8 codes to every reader, a float host op included: its fp16 output goes
     through one QuantizeLinear, so compile keeps it on the MLA (.elf == check)."""
     model = _norm_with_a_host_reader()
-    qdq = _quantized(model)
+    qdq = quantize_on(model, "rk3588")
     (norm,) = [n for n in qdq.graph.node if n.op_type == "LayerNormalization"]
     assert _first_non_cast_reader(qdq, norm.output[0]) == ["QuantizeLinear"]
     reshape = next(n for n in qdq.graph.node if n.op_type == "Reshape")
@@ -124,8 +114,6 @@ def test_a_host_reader_of_an_fp16_norm_reads_its_integer_output(tmp_path) -> Non
     assert producer.op_type == "DequantizeLinear"
     result = compile_model(qdq, tmp_path, target="rk3588", model_name="norm_host_reader")
     assert len(result.elf_files) == check_model(model, "rk3588").mla_segments == 1, result.notes
-    archive = read_archive(result.archive)
     feed = make_inputs(model, seed=7)
-    outputs, stats = run_archive(archive, feed, keep_tensors=True)
-    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.mla_bit_exact

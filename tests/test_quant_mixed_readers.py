@@ -8,14 +8,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.archive import read_archive
 from compiler.compile import compile_model
-from compiler.quantize import quantize_model
-from compiler.runtime.compare import compare_with_reference
-from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
 from surgery.model import load_model
 from surgery.verify import make_inputs
+from tests.lower_support import quantize_on, run_and_compare
 
 
 def _norm_and_residual() -> onnx.ModelProto:
@@ -41,17 +38,12 @@ def _norm_and_residual() -> onnx.ModelProto:
     return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
-def _quantized(model: onnx.ModelProto) -> onnx.ModelProto:
-    samples = [make_inputs(model, seed=seed) for seed in range(3)]
-    return quantize_model(model, samples, target="rk3588").model
-
-
 def _producer_op(model: onnx.ModelProto, tensor: str) -> str:
     return next(n.op_type for n in model.graph.node if tensor in n.output)
 
 
 def test_input_with_an_fp16_and_an_int8_reader_is_quantized_once() -> None:
-    qdq = _quantized(_norm_and_residual())
+    qdq = quantize_on(_norm_and_residual(), "rk3588")
     readers = {n.op_type: n for n in qdq.graph.node if n.op_type in ("Add", "LayerNormalization")}
     add_input = readers["Add"].input[0]
     assert _producer_op(qdq, add_input) == "DequantizeLinear"
@@ -65,12 +57,10 @@ def test_input_with_an_fp16_and_an_int8_reader_is_quantized_once() -> None:
 
 def test_input_with_mixed_readers_compiles_to_checks_segments_on_the_mla(tmp_path) -> None:
     model = _norm_and_residual()
-    qdq = _quantized(model)
+    qdq = quantize_on(model, "rk3588")
     result = compile_model(qdq, tmp_path, model_name="mixed")
     assert len(result.elf_files) == check_model(model, "rk3588").mla_segments == 1
     assert not result.notes, result.notes
-    archive = read_archive(result.archive)
     feed = make_inputs(model, seed=7)
-    outputs, stats = run_archive(archive, feed, keep_tensors=True)
-    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.bit_exact

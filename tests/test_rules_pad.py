@@ -8,15 +8,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.archive import read_archive
 from compiler.compile import compile_model
 from compiler.quantize import quantize_model
-from compiler.runtime.compare import compare_with_reference
-from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
 from surgery.model import load_model
 from surgery.rules.engine import RuleNotApplicableError, apply_rule
 from surgery.verify import make_inputs
+from tests.lower_support import run_and_compare
 
 
 def _conv_pad_conv(mode: str, pads: list[int], value: float | None = None) -> onnx.ModelProto:
@@ -109,10 +107,8 @@ def test_reflect_pad_compiles_to_one_elf_bit_exact(tmp_path) -> None:
     model = apply_rule(_conv_pad_conv("reflect", ASYMMETRIC_PADS["HW"]), "pad-to-slices").model
     qdq = quantize_model(model, [make_inputs(model, seed=s) for s in range(2)]).model
     result = compile_model(qdq, tmp_path, model_name="pad")
-    archive = read_archive(result.archive)
     feed = make_inputs(model, seed=5)
-    outputs, stats = run_archive(archive, feed, keep_tensors=True)
-    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    comparison = run_and_compare(result, qdq, feed)
     assert len(result.elf_files) == 1 and comparison.bit_exact
 
 

@@ -8,14 +8,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.archive import read_archive
 from compiler.compile import compile_model
 from compiler.quantize import quantize_model
-from compiler.runtime.compare import compare_with_reference
-from compiler.runtime.pipeline import run_archive
 from surgery.model import load_model
 from surgery.rules.engine import RuleNotApplicableError, apply_rule
 from surgery.verify import make_inputs
+from tests.lower_support import run_and_compare
 
 
 def _shuffle(
@@ -94,8 +92,6 @@ def test_pixel_shuffle_compiles_to_one_elf_bit_exact(tmp_path) -> None:
     model = apply_rule(_shuffle(*PIXEL_SHUFFLE), "shuffle-to-depth-to-space", "mlsoc").model
     qdq = quantize_model(model, [make_inputs(model, seed=s) for s in range(2)]).model
     result = compile_model(qdq, tmp_path, model_name="shuffle")
-    archive = read_archive(result.archive)
     feed = make_inputs(model, seed=5)
-    outputs, stats = run_archive(archive, feed, keep_tensors=True)
-    comparison = compare_with_reference(archive.manifest, qdq, feed, outputs, stats.tensors)
+    comparison = run_and_compare(result, qdq, feed)
     assert len(result.elf_files) == 1 and comparison.bit_exact
