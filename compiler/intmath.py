@@ -741,6 +741,25 @@ def bf16_dequantize(q: npt.ArrayLike, zero_point: int, scale: np.float32) -> np.
     return bf16_round(centred * np.float32(scale))
 
 
+def bf16_requantize_table(
+    input_dtype: npt.DTypeLike,
+    input_zero_point: int,
+    input_scale: np.float32,
+    output_scale: np.float32,
+    output_zero_point: int,
+    output_dtype: npt.DTypeLike,
+) -> np.ndarray:
+    """Every input code's output code through a bf16 unit that only moves data:
+    QuantizeLinear(bf16(DequantizeLinear(q))), in table order (index = q - dtype min).
+
+    The bf16 round trip can move a code by one even when both sides share their quantization
+    (|q - z| > 128 needs more than bf16's 8 significant bits), so it is a table, not a copy.
+    """
+    codes = lut_input_values(input_dtype)
+    real = bf16_dequantize(codes, input_zero_point, input_scale)
+    return quantize_linear(real, output_scale, output_zero_point, output_dtype)
+
+
 def _grid_denormalise(g: np.ndarray, size: int, align_corners: bool) -> np.ndarray:
     """The pixel coordinate of normalised g in [-1, 1], in float32 in this order:
     (g + 1) / 2 * (size - 1) with align_corners, else ((g + 1) * size - 1) / 2."""

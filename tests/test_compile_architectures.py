@@ -29,10 +29,7 @@ FEWEST_SEGMENTS: dict[str, int] = {}
 segment now (two_inputs' reflect Pad and Expand become Slices and Concats)."""
 
 
-COMPILER_GAPS_ON = {
-    ("two_inputs", "modalix"): "modalix runs Gather in bf16 only and the compiler has no bf16 "
-    "Gather lowering: the mid-segment Gather runs on the CVU, 2 .elf files for check's 1"
-}
+COMPILER_GAPS_ON: dict[tuple[str, str], str] = {}
 """Per target, families whose archive splits a segment `check` counts as one, because the
 compiler lacks an MLA form of an op the target's table places there (strict: a lowering that
 closes the gap fails the mark, so it is removed)."""

@@ -87,7 +87,12 @@ from compiler.runtime.ops.matmul import (
     MatMulKernel,
     prefix_matrix,
 )
-from compiler.runtime.ops.movement import ConcatKernel, MoveKernel, SplitKernel
+from compiler.runtime.ops.movement import (
+    ConcatKernel,
+    MoveKernel,
+    SplitKernel,
+    TabulatedMoveKernel,
+)
 from compiler.runtime.ops.normalization import (
     OUTPUT_FRACTION_BITS,
     Fp16NormKernel,
@@ -994,6 +999,14 @@ def _slice_view(x: Tensor, starts, ends, axes, steps) -> Tensor:
 def _emit_gather(
     e: Emission, x: Tensor, y: Tensor, indices: np.ndarray, axis: int, rescale: Rescale
 ) -> list[Instruction]:
+    return [_move(e, src, dst, rescale) for src, dst in _gather_views(e, x, y, indices, axis)]
+
+
+def _gather_views(
+    e: Emission, x: Tensor, y: Tensor, indices: np.ndarray, axis: int
+) -> list[tuple[Tensor, Tensor]]:
+    """Constant-index Gather as (source, destination) view pairs: one strided view when the
+    indices step evenly, else one per index."""
     indices = np.asarray(indices, dtype=np.int64)
     axis %= x.ndim
     dim = x.shape[axis]
@@ -1001,17 +1014,31 @@ def _emit_gather(
     if flat.size and (flat.min() < 0 or flat.max() >= dim):
         raise CompileError(f"{e.layer.name}: Gather index out of range")
     if indices.ndim == 0:
-        return [_move(e, select(x, axis, int(flat[0])), y, rescale)]
+        return [(select(x, axis, int(flat[0])), y)]
     dst = y
     if indices.ndim != 1:
         dst = reshape_view(y, (*x.shape[:axis], flat.size, *x.shape[axis + 1 :]))
     if flat.size == 1 or (flat.size > 1 and np.all(np.diff(flat) == flat[1] - flat[0])):
         step = int(flat[1] - flat[0]) if flat.size > 1 else 1
-        return [_move(e, stepped(x, axis, int(flat[0]), flat.size, step), dst, rescale)]
+        return [(stepped(x, axis, int(flat[0]), flat.size, step), dst)]
     return [
-        _move(e, stepped(x, axis, int(index), 1, 1), stepped(dst, axis, k, 1, 1), rescale)
+        (stepped(x, axis, int(index), 1, 1), stepped(dst, axis, k, 1, 1))
         for k, index in enumerate(flat)
     ]
+
+
+def emit_tabulated_move(e: Emission) -> list[Instruction]:
+    """A move through a code table (a bf16 Gather): LUT instructions that read the source
+    views and write the destination views."""
+    kernel: TabulatedMoveKernel = e.kernel
+    op = e.layer.step.pattern
+    move = kernel.move
+    args = dict(move.keywords) if isinstance(move, partial) else {}
+    if op.partition("(")[0] != "Gather":
+        raise CompileError(f"{e.layer.name}: no MLA code for a tabulated {op}")
+    table = e.constants.add(kernel.table, np.dtype(kernel.table.dtype))
+    views = _gather_views(e, e.inputs[0], e.output, args["indices"], int(args["axis"]))
+    return [Lut(layer=e.index, input=src, table=table, output=dst) for src, dst in views]
 
 
 def _depth_to_space(x: Tensor, y: Tensor, block: int, mode: str) -> tuple[Tensor, Tensor]:
@@ -1160,6 +1187,7 @@ EMITTERS: dict[type, Callable[[Emission], list[Instruction]]] = {
     GridSampleKernel: emit_grid_sample,
     LrnKernel: emit_lrn,
     MoveKernel: emit_movement,
+    TabulatedMoveKernel: emit_tabulated_move,
     ConcatKernel: emit_movement,
     SplitKernel: emit_movement,
     Rescale: emit_movement,
@@ -1187,7 +1215,8 @@ def writes_c_order_only(layer: Layer) -> bool:
     kernel = layer.step.kernel
     if isinstance(kernel, SoftmaxKernel):
         return kernel.flatten
-    if isinstance(kernel, MoveKernel) and layer.step.pattern == "Gather":
+    gather = layer.step.pattern.partition("(")[0] == "Gather"
+    if isinstance(kernel, MoveKernel | TabulatedMoveKernel) and gather:
         move = kernel.move
         indices = move.keywords.get("indices") if isinstance(move, partial) else None
         return indices is not None and np.ndim(indices) > 1

@@ -13,6 +13,8 @@ those DQ inputs and Q outputs. `build_program` finds these patterns:
      [-> Cast(fp16)] -> Cast(fp32) -> Q             one fp16 normalisation (FP16_LOWERINGS)
 * DQ -> Cast(bf16) -> Cast(fp32) -> GridSample (image and grid so) -> Cast(bf16)
      -> Cast(fp32) -> Q                             one bf16 sampling (BF16_LOWERINGS)
+* DQ -> Cast(bf16) -> Cast(fp32) -> Gather -> Cast(bf16) -> Cast(fp32) -> Q
+                                                  one bf16 gather (a move through a table)
 * DQ -> Q                                         a requantization (Rescale)
 
 Casts between a DQ and an fp16 / bf16 op run nowhere once every reader of them is part of
@@ -37,6 +39,7 @@ from onnx.reference import ReferenceEvaluator
 from compiler.intmath import INTEGER_DTYPES, RequantizationMode, quantize_linear
 from compiler.runtime.errors import QdqModelError, UnsupportedQuantizedOpError
 from compiler.runtime.ops import (
+    BF16_LOWERINGS,
     FUSES_ACTIVATION,
     FUSES_BIAS,
     INDEX_OUTPUTS,
@@ -45,7 +48,6 @@ from compiler.runtime.ops import (
     OpContext,
     lowerable_domain,
 )
-from compiler.runtime.ops.grid_sample import BF16_LOWERINGS
 from compiler.runtime.ops.lut import lower_gated
 from compiler.runtime.ops.movement import lower_requantize
 from compiler.runtime.ops.normalization import FP16_LOWERINGS

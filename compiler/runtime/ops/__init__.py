@@ -37,6 +37,9 @@ LOWERINGS = {
     **grid_sample.LOWERINGS,
 }
 
+BF16_LOWERINGS = {**grid_sample.BF16_LOWERINGS, **movement.BF16_LOWERINGS}
+"""Lowerings of the ops the QDQ model runs in bf16 (Cast pairs to bfloat16 around them)."""
+
 lowerable_domain = placeable_domain
 """The lowering registered for an op type serves a node of that domain (`CONTRIB_OPS`)."""
 
@@ -53,6 +56,7 @@ FUSES_BIAS = frozenset({"MatMul"})
 """Ops without a bias input whose following Add of a constant folds into the accumulator."""
 
 __all__ = [
+    "BF16_LOWERINGS",
     "CONTRIB_OPS",
     "FUSES_ACTIVATION",
     "FUSES_BIAS",

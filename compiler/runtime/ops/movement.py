@@ -17,7 +17,12 @@ from functools import partial
 
 import numpy as np
 
-from compiler.intmath import RequantizationMode, quantize_constant
+from compiler.intmath import (
+    RequantizationMode,
+    apply_lut,
+    bf16_requantize_table,
+    quantize_constant,
+)
 from compiler.runtime.ops.base import Lowered, OpContext, Rescale
 from compiler.runtime.qparams import NotLowerable, QuantOperand, QuantParams
 
@@ -33,6 +38,20 @@ class MoveKernel:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.rescale(self.move(x))
+
+
+@dataclass(frozen=True, eq=False)
+class TabulatedMoveKernel:
+    """One input, one output: move the codes, then look each one up in `table` (index = code -
+    min of `input_dtype`). Data movement on a narrow-float unit, whose round trip through that
+    float format is a per-code function (`compiler.intmath.bf16_requantize_table`)."""
+
+    move: Move
+    table: np.ndarray
+    input_dtype: np.dtype
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return apply_lut(self.table, self.move(x), self.input_dtype)
 
 
 def reshape(x: np.ndarray, shape: list[int], allowzero: bool) -> np.ndarray:
@@ -223,6 +242,29 @@ def lower_gather(ctx: OpContext) -> Lowered:
     )
 
 
+def lower_gather_bf16(ctx: OpContext) -> Lowered:
+    """Gather on the bf16 unit (modalix runs Gather in bf16 only): the QDQ model's
+    DequantizeLinear -> Cast(bf16) -> Gather -> Cast(bf16) -> QuantizeLinear, i.e. the gathered
+    codes mapped through QuantizeLinear(bf16(DequantizeLinear(q)))."""
+    indices = ctx.input(1)
+    if isinstance(indices, QuantOperand) or indices is None:
+        raise NotLowerable("Gather indices must be a constant integer tensor")
+    data, scale, zero_point = ctx.activation_input(0)
+    if data.params.bits > 16:
+        raise NotLowerable("the bf16 unit reads 8- or 16-bit codes")
+    output = ctx.output(0)
+    table = bf16_requantize_table(
+        data.params.dtype,
+        zero_point,
+        np.float32(scale),
+        np.float32(output.scalar_scale()),
+        output.scalar_zero_point(),
+        output.dtype,
+    )
+    move = partial(gather, indices=indices.value.astype(np.int64), axis=int(ctx.attr("axis", 0)))
+    return Lowered(TabulatedMoveKernel(move, table, np.dtype(data.params.dtype)), (data.name,))
+
+
 def lower_depth_to_space(ctx: OpContext) -> Lowered:
     move = partial(
         depth_to_space, blocksize=int(ctx.attr("blocksize")), mode=ctx.attr("mode", "DCR")
@@ -337,3 +379,6 @@ LOWERINGS = {
     "Concat": lower_concat,
     "Split": lower_split,
 }
+
+BF16_LOWERINGS = {"Gather": lower_gather_bf16}
+"""Data movement the QDQ model runs in bf16 (Cast pairs to bfloat16 around it)."""
