@@ -125,6 +125,10 @@ def _divide_truncate(x: np.ndarray, divisor: int) -> np.ndarray:
 # --- fixed-point multipliers ---------------------------------------------------------------------
 
 
+class MultiplierRangeError(ValueError):
+    """A real multiplier no (M, n) pair holds: a lowering that needs it cannot run on the MLA."""
+
+
 def quantize_multiplier(real: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Represent a non-negative real multiplier as (M, n) with real ~= M * 2**-31 * 2**-n.
 
@@ -143,8 +147,13 @@ def quantize_multiplier(real: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     carry = multiplier == 2**MULTIPLIER_BITS
     multiplier = np.where(carry, multiplier // 2, multiplier)
     shift = -(exponent.astype(np.int64) + carry)
-    if np.any((shift < MIN_RIGHT_SHIFT) & (multiplier != 0)):
-        raise ValueError(f"real multiplier too large for a 31-bit fixed-point multiplier: {real}")
+    too_large = (shift < MIN_RIGHT_SHIFT) & (multiplier != 0)
+    if np.any(too_large):
+        raise MultiplierRangeError(
+            f"a requantization multiplier of {float(np.max(real[too_large])):.3g} is past the "
+            f"31-bit fixed point (at most 2**{-MIN_RIGHT_SHIFT}): the output scale is too fine "
+            "for the scales it is computed from"
+        )
     negligible = (shift > MAX_RIGHT_SHIFT) | (multiplier == 0)
     multiplier = np.where(negligible, 0, multiplier).astype(np.int64)
     shift = np.where(negligible, 0, shift).astype(np.int64)

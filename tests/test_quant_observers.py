@@ -134,6 +134,16 @@ def test_histogram_grows_from_a_narrow_range_to_float32_extremes() -> None:
     assert h.counts[0] == 1
 
 
+def test_a_tensor_of_denormals_is_binned_and_quantizes_as_zero() -> None:
+    """An untrained model's near-zero activations (~1e-45): a range narrower than float32
+    resolves must not give zero-width bins (the division made every index negative)."""
+    h = HistogramObserver(num_bins=256)
+    h.update(np.array([0.0, 3e-45, -1e-45, 5.6e-45], dtype=np.float32))
+    h.update(np.array([2e-45], dtype=np.float32))
+    assert h.total == 5
+    assert activation_qparams(mse_range(h, 8, symmetric=False), ASYM8).scale == 1.0
+
+
 @pytest.mark.parametrize(
     "method",
     [MinMaxMethod(), MovingAverageMinMaxMethod(), HistogramMSEMethod(), HistogramEntropyMethod()],

@@ -137,6 +137,12 @@ class MovingAverageMinMaxObserver(Observer):
         self.ema_max = m * self.ema_max + (1.0 - m) * hi
 
 
+_MIN_BIN_WIDTH = 1e-36
+"""Narrower bins would round to 0 in float32, where `_add` bins (a tensor of denormals, e.g.
+an untrained model's near-zero activations); such a range quantizes as all zeros anyway
+(`compiler.quantize.qparams.activation_qparams` takes scales below 1e-30 as zero)."""
+
+
 @dataclass
 class HistogramObserver(Observer):
     """Fixed-bin histogram whose range grows by merging bins (see the module docstring).
@@ -191,7 +197,7 @@ class HistogramObserver(Observer):
     def _initialise(self, lo: float, hi: float) -> None:
         span = hi - lo
         # (bins - 1) widths leave room for flooring the origin onto the grid.
-        width = span / (self.num_bins - 1) if span > 0 else 1e-12
+        width = max(span / (self.num_bins - 1), _MIN_BIN_WIDTH) if span > 0 else 1e-12
         self.width = width
         self.origin = math.floor(lo / width)
 

@@ -36,7 +36,12 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler.intmath import INTEGER_DTYPES, RequantizationMode, quantize_linear
+from compiler.intmath import (
+    INTEGER_DTYPES,
+    MultiplierRangeError,
+    RequantizationMode,
+    quantize_linear,
+)
 from compiler.runtime.errors import QdqModelError, UnsupportedQuantizedOpError
 from compiler.runtime.ops import (
     BF16_LOWERINGS,
@@ -537,7 +542,7 @@ def _match_all(
             continue
         try:
             match = match_node(graph, node, mode)
-        except NotLowerable as error:
+        except (NotLowerable, MultiplierRangeError) as error:
             reasons[id(node)] = str(error)
             continue
         if any(id(n) in absorbed or id(n) in matches for n in match.absorbed):
@@ -566,7 +571,10 @@ def _match_requantizers(
             target.scalar_scale()
         except NotLowerable:
             continue
-        lowered = lower_requantize(source, target, mode)
+        try:
+            lowered = lower_requantize(source, target, mode)
+        except MultiplierRangeError:
+            continue  # the QuantizeLinear runs as written, in float
         name = node.name or node.output[0]
         steps[id(node)] = IntegerStep(
             name, "Requantize", lowered.kernel, lowered.inputs, (node.output[0],), (target,)
