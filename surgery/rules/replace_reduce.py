@@ -1,9 +1,11 @@
 """Reductions and normalisations in the MLA's form: reducemean-to-gap, reducemin-to-reducemax,
-softmax-to-channel. Each is an identity of the math, so all three are exact."""
+softmax-to-channel, reducel2-to-sum, channel-reduce-to-conv. Each is an identity of the math:
+exact, or (the last two) equal up to float summation order."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
@@ -202,4 +204,161 @@ class SoftmaxToChannel(GraphRule):
         moved = ed.op("Transpose", "to_channel", [x], None, x.dtype, perm=perm)
         normed = ed.op("Softmax", "softmax_channel", [moved], None, x.dtype, axis=1)
         ed.node("Transpose", "from_channel", [normed], [y], perm=perm)
+        return True
+
+
+def _reduce_sum_axes(ctx: RuleContext, axes: list[int]) -> tuple[list[TensorSpec], dict]:
+    """ReduceSum's axes in the model's opset: an input from opset 13, an attribute before."""
+    if model_opset(ctx) >= 13:
+        return [TensorSpec.const(np.array(axes, np.int64))], {}
+    return [], {"axes": axes}
+
+
+@register
+class ReduceL2ToSum(GraphRule):
+    """Rewrite ReduceL2(x) as Sqrt(ReduceSum(x · x)) and ReduceSumSquare(x) as ReduceSum(x · x).
+
+    The definitions of both ops, written with ops the MLA runs (a Mul, a spatial ReduceSum and
+    a Sqrt table): ConvNeXt V2's Global Response Norm takes the L2 norm of every channel over
+    H and W. Same sums in the same order, so the result is ONNX Runtime's up to rounding.
+    Only nodes the target keeps off its MLA are matched.
+    """
+
+    name = "reducel2-to-sum"
+    suggest_for = frozenset({"ReduceL2", "ReduceSumSquare"})
+    summary = "ReduceL2 → Sqrt(ReduceSum(x·x)); ReduceSumSquare → ReduceSum(x·x)."
+    category = "replace"
+    example = "surgery apply reducel2-to-sum convnextv2.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in [*pat.blocked("ReduceL2"), *pat.blocked("ReduceSumSquare")]:
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape, out_shape = pat.shape(x), pat.shape(y)
+            if shape is None or out_shape is None or not pat.is_float(x) or pat.is_const(x):
+                continue
+            axes = reduce_axes(pat, node, len(shape))
+            if not axes:
+                continue
+            keep = int(pat.attrs(node).get("keepdims", 1))
+            axes_in, axes_attr = _reduce_sum_axes(ctx, axes)
+            main = [
+                probe_node(ctx, "Mul", [pat.spec(x), pat.spec(x)], [pat.spec(x)]),
+                probe_node(
+                    ctx,
+                    "ReduceSum",
+                    [pat.spec(x), *axes_in],
+                    [pat.spec(y)],
+                    {"keepdims": keep, **axes_attr},
+                ),
+            ]
+            root = pat.op(node) == "ReduceL2"
+            if root:
+                main.append(probe_node(ctx, "Sqrt", [pat.spec(y)], [pat.spec(y)]))
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"{pat.op(node)} {pat.name(node)} over axes {axes} → "
+                    + ("Sqrt(ReduceSum(x·x))" if root else "ReduceSum(x·x)"),
+                    net_freed(ctx, [pat.name(node)], main),
+                    axes=axes,
+                    keep=keep,
+                    root=root,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        axes, keep = match.data["axes"], match.data["keep"]
+        squared = ed.op("Mul", "square", [x, x], x.shape, x.dtype)
+        if model_opset(ed.ctx) >= 13:
+            axes_input = ed.const("sum_axes", np.array(axes, np.int64))
+            reduce_args: dict = {"keepdims": keep}
+            inputs = [squared, axes_input]
+        else:
+            reduce_args = {"keepdims": keep, "axes": axes}
+            inputs = [squared]
+        if not match.data["root"]:
+            ed.node("ReduceSum", "sum_of_squares", inputs, [y], **reduce_args)
+            return True
+        summed = ed.op("ReduceSum", "sum_of_squares", inputs, y.shape, x.dtype, **reduce_args)
+        ed.node("Sqrt", "norm", [summed], [y])
+        return True
+
+
+@register
+class ChannelReduceToConv(GraphRule):
+    """Rewrite ReduceMean / ReduceSum over the channels of a 4-D tensor as a 1×1 Conv to one
+    channel with every weight 1/C (or 1).
+
+    The MLA reduces spatial axes only; a channel sum is exactly what a 1×1 convolution
+    computes, and the Conv is the MLA's native op. ConvNeXt V2's Global Response Norm averages
+    its channel norms this way; CBAM-style spatial attention averages over channels. Equal to
+    the reduction up to float summation order; keepdims=0 adds a Reshape.
+    Only nodes the target keeps off its MLA are matched.
+    """
+
+    name = "channel-reduce-to-conv"
+    suggest_for = frozenset({"ReduceMean", "ReduceSum"})
+    summary = "ReduceMean/ReduceSum over C of a 4-D tensor → 1×1 Conv C→1 (weights 1/C or 1)."
+    category = "replace"
+    example = "surgery apply channel-reduce-to-conv convnextv2.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in [*pat.blocked("ReduceMean"), *pat.blocked("ReduceSum")]:
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape, out_shape = pat.shape(x), pat.shape(y)
+            if shape is None or out_shape is None or len(shape) != 4 or pat.is_const(x):
+                continue
+            if pat.elem_type(x) != onnx.TensorProto.FLOAT:
+                continue
+            if reduce_axes(pat, node, 4) != [1]:
+                continue
+            keep = bool(pat.attrs(node).get("keepdims", 1))
+            conv_shape = (shape[0], 1, *shape[2:])
+            weight = TensorSpec.const(np.ones((1, shape[1], 1, 1), np.float32))
+            main = [probe_node(ctx, "Conv", [pat.spec(x), weight], [TensorSpec(conv_shape)])]
+            helpers = []
+            if not keep:
+                target = TensorSpec.const(np.array(out_shape, np.int64))
+                helpers.append(
+                    probe_node(
+                        ctx, "Reshape", [TensorSpec(conv_shape), target], [TensorSpec(out_shape)]
+                    )
+                )
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"{pat.op(node)} {pat.name(node)} over {shape[1]} channels → 1×1 Conv"
+                    + ("" if keep else " + Reshape"),
+                    net_freed(ctx, [pat.name(node)], main, helpers),
+                    channels=int(shape[1]),
+                    mean=pat.op(node) == "ReduceMean",
+                    keep=keep,
+                    out_shape=list(out_shape),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        channels = match.data["channels"]
+        value = 1.0 / channels if match.data["mean"] else 1.0
+        weight = ed.const("channel_weight", np.full((1, channels, 1, 1), value, np.float32))
+        if match.data["keep"]:
+            ed.node("Conv", "channel_reduce", [x, weight], [y], kernel_shape=[1, 1])
+            return True
+        summed = ed.op("Conv", "channel_reduce", [x, weight], None, x.dtype, kernel_shape=[1, 1])
+        shape = ed.const("channel_reduce_shape", np.array(match.data["out_shape"], np.int64))
+        ed.node("Reshape", "channel_reduce_reshape", [summed, shape], [y])
         return True
