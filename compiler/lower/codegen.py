@@ -634,18 +634,11 @@ def emit_max_pool(e: Emission) -> list[Instruction]:
 def emit_average_pool(e: Emission) -> list[Instruction]:
     kernel: AveragePoolKernel = e.kernel
     rank = len(kernel.kernel)
-    begin, end = resolve_pads(
-        e.frame_shapes[0][2:],
-        kernel.kernel,
-        kernel.strides,
-        kernel.dilations,
-        kernel.pads,
-        kernel.auto_pad,
-    )
+    begin, end, count_include_pad = kernel.resolved_pads(e.frame_shapes[0][2:])
     window = math.prod(kernel.kernel)
     stage = kernel.stage
     tables: dict[str, Tensor] = {}
-    if not kernel.count_include_pad and any(begin + end):
+    if not count_include_pad and any(begin + end):
         counts = np.arange(window + 1, dtype=np.float64)
         real = stage.input_scale / (stage.output_scale * np.maximum(counts, 1.0))
         multipliers, shifts = quantize_multiplier(np.where(counts > 0, real, 0.0))

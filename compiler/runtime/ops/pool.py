@@ -117,19 +117,34 @@ class AveragePoolKernel:
     count_include_pad: bool
     input_zero_point: int
     stage: AverageStage
+    ceil_mode: bool = False
+
+    def resolved_pads(self, spatial: tuple[int, ...]) -> tuple[list[int], list[int], bool]:
+        """(begin, end, count_include_pad) of the equivalent floor-mode pool on `spatial`.
+
+        ceil_mode adds end padding for the last, partial window; that overhang never counts
+        towards the divisor. With no explicit padding (the only kind `lower_average_pool`
+        accepts with ceil_mode and count_include_pad=1) every counted element is an input
+        element, so the pool is the count_include_pad=0 one over the grown padding."""
+        geometry = (spatial, self.kernel, self.strides, self.dilations, self.pads, self.auto_pad)
+        begin, end = resolve_pads(*geometry)
+        if not self.ceil_mode:
+            return begin, end, self.count_include_pad
+        grown = resolve_pads(*geometry, ceil_mode=True)[1]
+        if grown == end:
+            return begin, end, self.count_include_pad
+        return begin, grown, False
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         spatial = x.shape[2:]
-        begin, end = resolve_pads(
-            spatial, self.kernel, self.strides, self.dilations, self.pads, self.auto_pad
-        )
+        begin, end, count_include_pad = self.resolved_pads(spatial)
         axes = tuple(range(-len(self.kernel), 0))
         centred = x.astype(np.int64) - self.input_zero_point
         total = windows(
             pad_spatial(centred, begin, end, 0), self.kernel, self.strides, self.dilations
         )
         total = total.sum(axis=axes)
-        if self.count_include_pad:
+        if count_include_pad:
             count = np.int64(math.prod(self.kernel))
         else:
             inside = pad_spatial(np.ones((1, 1, *spatial), dtype=np.int64), begin, end, 0)
@@ -138,8 +153,14 @@ class AveragePoolKernel:
 
 
 def lower_average_pool(ctx: OpContext) -> Lowered:
-    if ctx.attr("ceil_mode", 0):
-        raise NotLowerable("AveragePool with ceil_mode=1")
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    count_include_pad = bool(ctx.attr("count_include_pad", 0))
+    explicit = any(ctx.attr("pads") or ()) or ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "")
+    if ceil_mode and count_include_pad and explicit:
+        raise NotLowerable(
+            "AveragePool with ceil_mode=1, count_include_pad=1 and padding: a partial window "
+            "counts its padding but not its overhang, which the POOL count tables cannot tell apart"
+        )
     x, x_scale, x_zero_point = ctx.activation_input(0)
     kernel = tuple(ctx.attr("kernel_shape") or ())
     kernel, strides, dilations = spatial_attributes(ctx, len(kernel))
@@ -149,9 +170,10 @@ def lower_average_pool(ctx: OpContext) -> Lowered:
         dilations=dilations,
         pads=ctx.attr("pads"),
         auto_pad=ctx.attr("auto_pad", "NOTSET"),
-        count_include_pad=bool(ctx.attr("count_include_pad", 0)),
+        count_include_pad=count_include_pad,
         input_zero_point=x_zero_point,
         stage=average_stage(ctx, x_scale),
+        ceil_mode=ceil_mode,
     )
     return Lowered(pool, (x.name,))
 
