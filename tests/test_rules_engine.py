@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -17,6 +19,7 @@ from surgery.rules import (
     Rule,
     RuleFailedError,
     RuleNotApplicableError,
+    all_rules,
     apply_rule,
     find_matches,
     get_rule,
@@ -205,3 +208,16 @@ def test_cli_fix_exit_code_follows_single_elf(tmp_path, save, cnn_with_topk):
     data = json.loads(res.stdout)
     assert res.exit_code == (0 if data["single_elf"] else 1)
     assert data["mla_segments_before"] == 2
+
+
+def test_rule_priority_does_not_depend_on_which_rule_module_was_imported_first() -> None:
+    """`surgery fix` tries rules in catalogue order; a caller importing a late rule module
+    before the catalogue must not move that module's rules to the front."""
+    script = (
+        "import surgery.rules.rank4_heads, surgery.rules.replace_slicing\n"
+        "from surgery.rules import all_rules\n"
+        "print(' '.join(c.name for c in all_rules()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True)
+    assert out.stdout.decode().split() == [cls.name for cls in all_rules()]
+    assert [cls.name for cls in all_rules()][0] == "fold-constants"

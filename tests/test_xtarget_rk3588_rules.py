@@ -77,6 +77,58 @@ def test_patch_merging_slices_become_one_space_to_depth_exactly(channels_last: b
     assert check_model(result.model, "rk3588", suggest=False).mla_segments == 1
 
 
+def _chained_patch_merging(side: int = 8, c: int = 4) -> onnx.ModelProto:
+    """HF Swin's patch merging as torch exports x[:, i::2, j::2, :]: a Slice of the rows, then
+    a Slice of the columns of it (two row Slices, each read by two column Slices)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (c, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (5, 4 * c, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["nhwc"], perm=[0, 2, 3, 1]),
+    ]
+
+    def stepped(name: str, src: str, start: int, axis: int) -> None:
+        values = ([start], [2**63 - 1], [axis], [2])
+        names = [f"{name}_{m}" for m in range(4)]
+        for arg, value in zip(names, values, strict=True):
+            inits.append(numpy_helper.from_array(np.array(value, np.int64), arg))
+        nodes.append(helper.make_node("Slice", [src, *names], [name], name=name))
+
+    for i in (0, 1):
+        stepped(f"rows{i}", "nhwc", i, 1)
+    quads = []
+    for i, j in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        stepped(f"quad{i}{j}", f"rows{i}", j, 2)
+        quads.append(f"quad{i}{j}")
+    nodes += [
+        helper.make_node("Concat", quads, ["quads"], axis=3),
+        helper.make_node("Transpose", ["quads"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "w2"], ["y"]),
+    ]
+    return _model(
+        nodes,
+        inits,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, side // 2, side // 2])],
+    )
+
+
+def test_a_slice_of_a_row_slice_is_one_two_axis_sampling() -> None:
+    model = _chained_patch_merging()
+    assert check_model(model, "rk3588", suggest=False).mla_segments == 2
+    (match,) = find_matches(model, RULE, "rk3588")
+    assert sorted(match.nodes) == ["quad00", "quad01", "quad10", "quad11"]
+    assert {"rows0", "rows1"} <= set(match.blockers)
+    result = apply_rule(model, RULE, "rk3588")
+    assert result.verification is not None and result.verification.worst_max_abs == 0.0
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("SpaceToDepth") == 1 and ops.count("Slice") == 4
+    assert check_model(result.model, "rk3588", suggest=False).mla_segments == 1
+
+
 def test_mlsoc_keeps_its_strided_slices() -> None:
     """The MLA of mlsoc slices with any step: nothing to rewrite there."""
     assert find_matches(_patch_merging(False), RULE, "mlsoc") == []

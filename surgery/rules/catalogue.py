@@ -1,10 +1,31 @@
-"""Imports every rule module so the registry is complete. Order = priority in `surgery fix`."""
+"""Every rule module, in priority order for `surgery fix`: importing this registers them all.
 
-# ruff: noqa: I001
+The registry orders rules by this list (then by definition order within a module), so the
+priority does not depend on which rule module some caller happened to import first.
+"""
 
-from surgery.rules import cleanup  # noqa: F401
-from surgery.rules import cleanup_norm  # noqa: F401
-from surgery.rules import replace  # noqa: F401
-from surgery.rules import structure  # noqa: F401
-from surgery.rules import rank4  # noqa: F401
-from surgery.rules import rank4_heads  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
+MODULES = (
+    "cleanup",
+    "cleanup_norm",
+    "replace_activation",
+    "replace_arith",
+    "replace_gelu",
+    "replace_linear",
+    "replace_pad",
+    "replace_patch_conv",
+    "replace_pool",
+    "replace_reduce",
+    "replace_resize",
+    "replace_shuffle",
+    "replace_slicing",
+    "structure",
+    "rank4",
+    "rank4_heads",
+)
+
+for _module in MODULES:
+    importlib.import_module(f"surgery.rules.{_module}")

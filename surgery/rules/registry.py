@@ -33,9 +33,17 @@ def get_rule(name: str) -> Rule:
 
 
 def all_rules() -> list[type[Rule]]:
-    """Every rule, in registration order (cleanup first: the catalogue imports it first)."""
-    _load_catalogue()
-    return list(_RULES.values())
+    """Every rule, in priority order: the catalogue's module order, then definition order."""
+    from surgery.rules.catalogue import MODULES
+
+    registered = list(_RULES.values())
+
+    def priority(cls: type[Rule]) -> tuple[int, int]:
+        module = cls.__module__.rpartition(".")[2]
+        rank = MODULES.index(module) if module in MODULES else len(MODULES)
+        return rank, registered.index(cls)
+
+    return sorted(registered, key=priority)
 
 
 def _load_catalogue() -> None:

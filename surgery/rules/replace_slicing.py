@@ -223,11 +223,14 @@ class StridedSliceToSpaceToDepth(GraphRule):
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         groups: dict[tuple[str, tuple[int, int], int], list[tuple[str, int]]] = {}
+        parents: dict[tuple[str, tuple[int, int], int], set[int]] = {}
         for node in pat.blocked("Slice"):
             plan = self._plan(pat, node)
             if plan is not None:
                 x, axes, step, block = plan
                 groups.setdefault((x, axes, step), []).append((pat.name(node), block))
+                if x != pat.ins(node)[0]:  # read through the Slice of the other axis
+                    parents.setdefault((x, axes, step), set()).add(pat.producer(pat.ins(node)[0]))
         found = []
         for (x, axes, step), slices in groups.items():
             shape = pat.shape(x)
@@ -251,15 +254,22 @@ class StridedSliceToSpaceToDepth(GraphRule):
                     probe_node(ctx, "Transpose", [pat.spec(x)], [TensorSpec(moved)], {"perm": perm})
                 )
             names = [name for name, _ in slices]
+            # A Slice of the other axis in between goes too once all its readers are replaced.
+            emptied = [
+                pat.name(p)
+                for p in sorted(parents.get((x, axes, step), ()))
+                if {pat.name(c) for c in pat.consumers(pat.outs(p)[0])} <= set(names)
+            ]
             found.append(
                 self.match(
                     names,
                     f"{len(names)} step-{step} Slice(s) of {x} over axes {list(axes)} → "
                     f"SpaceToDepth({step}) + channel Slice",
-                    net_freed(ctx, names, probes),
+                    net_freed(ctx, [*names, *emptied], probes),
                     perm=perm,
                     step=step,
                     blocks=dict(slices),
+                    source=x,
                 )
             )
         return found
@@ -267,26 +277,25 @@ class StridedSliceToSpaceToDepth(GraphRule):
     @staticmethod
     def _plan(pat: Pattern, node: int) -> tuple[str, tuple[int, int], int, int] | None:
         """(input, the two stepped axes, step, block index i·s + j), or None when the Slice is
-        not a whole-tensor step-s sampling of two axes of a static 4-D float tensor."""
+        not a whole-tensor step-s sampling of two axes of a static 4-D float tensor. A Slice of
+        one axis that reads a Slice of the other (torch exports x[:, 0::2, 1::2] as two) counts
+        as one Slice of the first one's input."""
         ins = pat.ins(node)
         if len(ins) < 5 or pat.is_const(ins[0]) or not pat.is_float(ins[0]):
             return None
-        shape = pat.shape(ins[0])
-        values = [pat.value(t) for t in ins[1:5]]
-        if shape is None or len(shape) != 4 or any(v is None for v in values):
+        per_axis = _slice_axes(pat, node)
+        source = ins[0]
+        parent = pat.producer(source, "Slice")
+        if per_axis is not None and parent is not None and len(pat.ins(parent)) >= 5:
+            outer = _slice_axes(pat, parent)
+            if outer is not None and not outer.keys() & per_axis.keys():
+                per_axis = {**outer, **per_axis}
+                source = pat.ins(parent)[0]
+        shape = pat.shape(source)
+        if per_axis is None or shape is None:
             return None
-        starts, ends, axes, steps = (
-            [int(e) for e in np.asarray(v).reshape(-1)]
-            for v in values  # type: ignore[arg-type]
-        )
-        per_axis: dict[int, tuple[int, int, int]] = {}
-        for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
-            dim = shape[axis % 4]
-            start = start + dim if start < 0 else start
-            end = end + dim if end < 0 else end
-            per_axis[axis % 4] = (start, end, step)
         stepped = sorted(a for a, (_, _, step) in per_axis.items() if step != 1)
-        if len(stepped) != 2 or len(per_axis) != len(starts):
+        if len(stepped) != 2:
             return None
         step = per_axis[stepped[0]][2]
         for axis, (start, end, s) in per_axis.items():
@@ -297,14 +306,14 @@ class StridedSliceToSpaceToDepth(GraphRule):
             elif start > 0 or end < dim:
                 return None
         i, j = (per_axis[a][0] for a in stepped)
-        return ins[0], (stepped[0], stepped[1]), step, i * step + j
+        return source, (stepped[0], stepped[1]), step, i * step + j
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         perm, step = match.data["perm"], match.data["step"]
         slices = [ed.node_named(name) for name in match.nodes]
         if any(node is None for node in slices):
             return False
-        x = slices[0].inputs[0]  # type: ignore[union-attr]
+        x = ed.tensor(match.data["source"])
         shape = [int(d) for d in x.shape]
         moved_shape = [shape[p] for p in perm]
         moved = x
@@ -335,3 +344,24 @@ class StridedSliceToSpaceToDepth(GraphRule):
 def _last_two(axes: tuple[int, int]) -> list[int]:
     """The permutation of a 4-D tensor that keeps the other axes in order and puts `axes` last."""
     return [a for a in range(4) if a not in axes] + list(axes)
+
+
+def _slice_axes(pat: Pattern, node: int) -> dict[int, tuple[int, int, int]] | None:
+    """Axis → (start, end, step) of a Slice of a static 4-D tensor with constant starts, ends,
+    axes and steps (negative positions resolved), or None; each axis at most once."""
+    ins = pat.ins(node)
+    shape = pat.shape(ins[0])
+    values = [pat.value(t) for t in ins[1:5]]
+    if shape is None or len(shape) != 4 or any(v is None for v in values):
+        return None
+    starts, ends, axes, steps = (
+        [int(e) for e in np.asarray(v).reshape(-1)]
+        for v in values  # type: ignore[arg-type]
+    )
+    per_axis: dict[int, tuple[int, int, int]] = {}
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
+        dim = shape[axis % 4]
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        per_axis[axis % 4] = (start, end, step)
+    return per_axis if len(per_axis) == len(starts) else None
