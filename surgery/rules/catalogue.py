@@ -4,6 +4,7 @@
 
 from surgery.rules import cleanup  # noqa: F401
 from surgery.rules import cleanup_norm  # noqa: F401
+from surgery.rules import cleanup_attention  # noqa: F401
 from surgery.rules import replace  # noqa: F401
 from surgery.rules import structure  # noqa: F401
 from surgery.rules import rank4  # noqa: F401
