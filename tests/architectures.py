@@ -19,8 +19,9 @@ SqueezeNet, Inception-v3 asymmetric convs, the TF-port EfficientNet with Pad-the
 (a CRNN whose BiLSTM is two LSTMs with step −1 Slices, an EAST head); and export styles: a
 dynamic batch read through Shape/Gather/Concat, GroupNorm as InstanceNormalization between
 Reshapes, Einsum attention, an FPN Resize to a Shape-derived size, an opset-9 SSD with Upsample
-and attribute Clip/Slice, a multi-axis Focus Slice and an RMSNorm/SwiGLU block. Built with
-onnx.helper and seeded weights, small enough to run the whole pipeline in a second or two.
+and attribute Clip/Slice, a multi-axis Focus Slice, an RMSNorm/SwiGLU block and BERT with
+torch's sdpa export (−inf mask, NaN guard after the Softmax). Built with onnx.helper and seeded
+weights, small enough to run the whole pipeline in a second or two.
 """
 
 from __future__ import annotations
@@ -2159,6 +2160,52 @@ def rmsnorm_llama_like() -> onnx.ModelProto:
     return b.model("rmsnorm_llama_like", {"x": [1, 3, 32, 32]}, ["y"], opset=17)
 
 
+def sdpa_bert() -> onnx.ModelProto:
+    """HF BERT with sdpa attention as torch.onnx exports `scaled_dot_product_attention`
+    (opset 17): the bool padding mask → Where(mask, 0, −inf) shared by both layers, added to
+    the scaled scores, and the Softmax guarded by Where(IsNaN(p), 0, p) before the MatMul."""
+    b, c, heads, length = Builder(), 32, 2, 12
+    hd = c // heads
+    x = b.node("Gather", [b.weight("word_emb", 40, c), "input_ids"], "words", axis=0)
+    x = b.node("Add", [x, b.weight("pos_emb", 1, length, c)], "emb")
+
+    def layer_norm(name: str, y: str) -> str:
+        g, beta = b.weight(f"{name}_g", c), b.weight(f"{name}_b", c)
+        return b.node("LayerNormalization", [y, g, beta], name, axis=-1, epsilon=1e-12)
+
+    x = layer_norm("emb_ln", x)
+    m = b.node("Cast", ["attention_mask"], "mask_b", to=TensorProto.BOOL)
+    m = b.node("Reshape", [m, b.const("mask_shape", np.array([1, 1, 1, length]))], "mask4")
+    m = b.node("Expand", [m, b.const("mask_full", np.array([1, 1, length, length]))], "mask_x")
+    bias = b.node(
+        "Where",
+        [m, b.const("open", np.array(0.0, np.float32)), b.const("shut", np.float32(-np.inf))],
+        "mask_bias",
+    )
+    scale = b.const("scale", np.array(1 / np.sqrt(hd), np.float32))
+    for layer in range(2):
+        n = f"l{layer}"
+        q = _split_heads(b, f"{n}q", b.linear(f"{n}q", x, c, c), (1, -1, heads, hd))
+        k = _split_heads(b, f"{n}k", b.linear(f"{n}k", x, c, c), (1, -1, heads, hd), (0, 2, 3, 1))
+        v = _split_heads(b, f"{n}v", b.linear(f"{n}v", x, c, c), (1, -1, heads, hd))
+        s = b.node("MatMul", [b.node("Mul", [q, scale], f"{n}qs"), k], f"{n}scores")
+        p = b.node("Softmax", [b.node("Add", [s, bias], f"{n}masked")], f"{n}attn", axis=-1)
+        nan = b.node("IsNaN", [p], f"{n}attn_nan")
+        p = b.node("Where", [nan, b.const(f"{n}zero", np.array(0.0, np.float32)), p], f"{n}p")
+        o = b.node("Transpose", [b.node("MatMul", [p, v], f"{n}av")], f"{n}av_t", perm=[0, 2, 1, 3])
+        o = b.node("Reshape", [o, b.const(f"{n}merge", np.array([1, -1, c]))], f"{n}av_m")
+        x = layer_norm(f"{n}sa_ln", b.node("Add", [b.linear(f"{n}o", o, c, c), x], f"{n}res1"))
+        h = b.linear(f"{n}lin2", b.gelu(f"{n}gelu", b.linear(f"{n}lin1", x, c, 2 * c)), 2 * c, c)
+        x = layer_norm(f"{n}out_ln", b.node("Add", [h, x], f"{n}res2"))
+    return b.model(
+        "sdpa_bert",
+        {"input_ids": [1, length], "attention_mask": [1, length]},
+        [x],
+        opset=17,
+        types={"input_ids": TensorProto.INT64, "attention_mask": TensorProto.INT64},
+    )
+
+
 ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "crnn": crnn,
     "anchor_free_head": anchor_free_head,
@@ -2216,4 +2263,5 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "opset9_ssd": opset9_ssd,
     "focus_multi_axis": focus_multi_axis,
     "rmsnorm_llama_like": rmsnorm_llama_like,
+    "sdpa_bert": sdpa_bert,
 }

@@ -468,6 +468,18 @@ def test_normalise_activations_min_max_relu6_becomes_clip():
     _exact(result)
 
 
+def test_clip_bounds_written_by_a_rule_are_scalars():
+    """Clip's min and max must be scalars: a rule's 0-d constant stays 0-d (the compiler's
+    Clip lowering read a [1]-shaped bound as an error)."""
+    nodes = [helper.make_node("Max", ["x", "floor"], ["y"], name="floor_max")]
+    inits = {"floor": np.array(-1.5, np.float32)}
+    model = _model(nodes, {"x": [1, 4, 5, 5]}, {"y": None}, inits)
+    result = apply_rule(model, "normalise-activations", reference=_wide(model, -8, 8))
+    (clip,) = result.model.graph.node
+    bounds = {t.name: list(t.dims) for t in result.model.graph.initializer}
+    assert clip.op_type == "Clip" and bounds[clip.input[1]] == []
+
+
 # --------------------------------------------------------------------------- GELU
 
 

@@ -11,6 +11,7 @@ import importlib
 MODULES = (
     "cleanup",
     "cleanup_norm",
+    "cleanup_attention",
     "replace_activation",
     "replace_arith",
     "replace_gelu",

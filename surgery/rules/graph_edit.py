@@ -103,7 +103,10 @@ def nodes_by_name(graph: gs.Graph) -> dict[str, gs.Node]:
 
 
 def constant(name: str, value: np.ndarray) -> gs.Constant:
-    return gs.Constant(name, np.ascontiguousarray(value))
+    """A constant of this value and shape (a scalar stays 0-d: np.ascontiguousarray alone
+    makes it [1], which Clip's bounds, for one, may not be)."""
+    arr = np.asarray(value)
+    return gs.Constant(name, np.ascontiguousarray(arr).reshape(arr.shape))
 
 
 def replace_tensor_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:

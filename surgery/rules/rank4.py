@@ -131,7 +131,7 @@ class ClassifierToConv(_LiftRule):
 class TransformerTo4D(_LiftRule):
     """Carry transformer tokens as 4-D: [B,L,C] → [B·L,C,1,1], one row per token.
 
-    Linear layers (MatMul/Gemm by a constant matrix) become 1×1 Convs; LayerNormalization and
+    Linear layers (MatMul/Gemm by a constant matrix) become 1×1 Convs; Layer/RMSNormalization and
     Softmax run on axis 1, which then holds exactly the normalised axis; elementwise ops (Erf-GELU,
     residual adds, bias) take re-laid-out constants; the attention reshapes/transposes (including
     the rank-5 qkv split) become 4-D Reshape/Transpose/Split; the attention Softmax over keys is

@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from surgery.graph import GraphView
 from surgery.rules import rank4_layout as L
+from surgery.rules.graph_edit import constant
 from surgery.rules.rank4_layout import Layout, Shape
 
 Policy = Callable[[Shape], Layout]
@@ -301,7 +302,7 @@ class Lifter:
         return outputs
 
     def constant(self, base: str, value: np.ndarray) -> gs.Constant:
-        return gs.Constant(self._names.fresh(base), np.ascontiguousarray(value))
+        return constant(self._names.fresh(base), value)
 
     def _var(self, base: str, shape: Shape, dtype: Any) -> gs.Variable:
         var = gs.Variable(self._names.fresh(base), dtype=dtype, shape=list(shape))

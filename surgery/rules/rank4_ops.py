@@ -6,7 +6,7 @@ by side keeps `find`'s promises and `apply`'s edits in step.
 
 Ops fall in three groups:
 
-- **layout-free** (elementwise, Concat, Split, Slice, Softmax, LayerNormalization, Reduce*):
+- **layout-free** (elementwise, Concat, Split, Slice, Softmax, Layer/RMSNormalization, Reduce*):
   the same op on the 4-D form, with its axis attributes and constant operands re-laid-out;
 - **relabels** (Transpose, Identity, Dropout, reshapes that only add or drop unit axes): no op
   at all — the 4-D data is already right, only the layout changes;
@@ -455,7 +455,7 @@ def _accept_layernorm(info: NodeInfo) -> bool:
     return _single_output(info) and _basic(info, [info.input(0)])
 
 
-@supports("LayerNormalization", accept=_accept_layernorm)
+@supports("LayerNormalization", "RMSNormalization", accept=_accept_layernorm)
 def lift_layernorm(lf: Lifter, node: gs.Node) -> None:
     x = lf.value(node.inputs[0])
     rank = len(x.shape)
@@ -474,7 +474,7 @@ def lift_layernorm(lf: Lifter, node: gs.Node) -> None:
     out = node.outputs[0]
     attrs = {**node.attrs, "axis": 1}
     (y,) = lf.emit(
-        "LayerNormalization",
+        node.op,
         [x.var, *params],
         [layout.shape4(x.shape)],
         node.name,

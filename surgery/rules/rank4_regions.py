@@ -10,7 +10,7 @@ with it, so the lift does not rebuild its operands on the host around it.
 Regions are then sorted into the three rule families by what they contain, so each rule claims
 its own regions and `surgery fix` sees them as separate, named steps:
 
-- **transformer**: LayerNormalization, a MatMul/Gemm over tokens (input rank ≥ 3 or two run-time
+- **transformer**: Layer/RMSNormalization, a MatMul/Gemm over tokens (input rank ≥ 3 or two run-time
   operands), or an attention Softmax (next to a MatMul of two run-time tensors);
 - **classifier**: otherwise any Gemm or MatMul by a constant matrix ([N,C] heads);
 - **ncl**: everything else (detection heads, 1-D conv stacks, rank-5 anchor heads).
@@ -41,6 +41,7 @@ _REEXPRESSED = {
     "LogSoftmax",
     "Hardmax",
     "LayerNormalization",
+    "RMSNormalization",
     "Gather",
     "Flatten",
     "Squeeze",
@@ -280,7 +281,7 @@ def _kind(view: GraphView, members: Iterable[int], infos: dict[int, NodeInfo]) -
     linear = False
     for idx in members:
         info = infos[idx]
-        if info.op == "LayerNormalization":
+        if info.op in ("LayerNormalization", "RMSNormalization"):
             return "transformer"
         if info.op in ("MatMul", "Gemm"):
             linear = True

@@ -29,7 +29,7 @@ from surgery.graph import GraphView, TensorInfo, attribute_values, default_opset
 from surgery.model import convert_opset
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
-from surgery.rules.graph_edit import import_graph, nodes_by_name
+from surgery.rules.graph_edit import constant, import_graph, nodes_by_name
 from surgery.targets import NodeContext, Reason
 
 FLOAT32 = onnx.TensorProto.FLOAT
@@ -506,7 +506,7 @@ class Editor:
         return gs.Variable(self._fresh(base), dtype=dtype, shape=list(shape) if shape else None)
 
     def const(self, base: str, value: np.ndarray) -> gs.Constant:
-        return gs.Constant(self._fresh(base), np.ascontiguousarray(value))
+        return constant(self._fresh(base), value)
 
     def node(
         self,
