@@ -85,3 +85,67 @@ def test_fix_without_look_ahead_stops_at_the_unknown_ranks() -> None:
     result = fix_model(load_model(_tokens_model()), "mlsoc", look_ahead=False)
     assert "fold-constants" not in [s["rule"] for s in result.steps]
     assert result.coverage_after.blockers
+
+
+def _lite_mla_pad_model() -> onnx.ModelProto:
+    """Conv → F.pad(v, (0, 1), value=1) as torch exports it (the pads computed by
+    ConstantOfShape → Concat → Reshape → reversing Slice → Transpose → Reshape → Cast, as in
+    EfficientViT's LiteMLA) → Conv → Reshape to a constant shape → Conv. Until folded, the
+    Pad's output shape is unknown, and so is everything up to the Reshape."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w3"),
+        numpy_helper.from_array(np.array([1, 4, 4, 5], np.int64), "back"),
+    ]
+    i64 = np.int64
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["v"]),
+        _constant("six", np.array([6], i64)),
+        helper.make_node(
+            "ConstantOfShape", ["six"], ["zeros"], value=numpy_helper.from_array(np.array([0], i64))
+        ),
+        _constant("last", np.array([0, 1], i64)),
+        helper.make_node("Concat", ["last", "zeros"], ["p1"], axis=0),
+        _constant("pairs", np.array([-1, 2], i64)),
+        helper.make_node("Reshape", ["p1", "pairs"], ["p2"]),
+        _constant("start", np.array([-1], i64)),
+        _constant("end", np.array([-(2**63) + 1], i64)),
+        _constant("axis", np.array([0], i64)),
+        _constant("step", np.array([-1], i64)),
+        helper.make_node("Slice", ["p2", "start", "end", "axis", "step"], ["p3"]),
+        helper.make_node("Transpose", ["p3"], ["p4"], perm=[1, 0]),
+        _constant("flat", np.array([-1], i64)),
+        helper.make_node("Reshape", ["p4", "flat"], ["p5"]),
+        helper.make_node("Cast", ["p5"], ["pads"], to=TensorProto.INT64),
+        _constant("one", np.array(1.0, np.float32)),
+        helper.make_node("Pad", ["v", "pads", "one"], ["padded"], mode="constant"),
+        helper.make_node("Conv", ["padded", "w2"], ["c"]),
+        helper.make_node("Reshape", ["c", "back"], ["r"]),
+        helper.make_node("Conv", ["r", "w3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lite_mla_pad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_fix_folds_computed_pads_and_joins_a_pad_with_ones() -> None:
+    """Folding leaves a Pad with value 1, which the MLA rejects; pad-to-concat makes it data
+    movement, so the fold pays off and the model is one segment."""
+    model = load_model(_lite_mla_pad_model())
+    result = fix_model(model, "mlsoc")
+    rules = [s["rule"] for s in result.steps]
+    assert "fold-constants" in rules and "pad-to-concat" in rules
+    assert result.coverage_before.mla_segments == 2
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+
+
+def test_without_pad_to_concat_the_pad_with_ones_splits_the_model() -> None:
+    result = fix_model(load_model(_lite_mla_pad_model()), "mlsoc", skip=["pad-to-concat"])
+    assert result.coverage_after.mla_segments == 2

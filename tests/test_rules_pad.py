@@ -125,3 +125,43 @@ def test_an_expand_that_adds_axes_is_not_matched() -> None:
     """[1, 1, 4, 4] → [1, 1, 1, 4, 4] changes the rank: not a copy along existing axes."""
     with pytest.raises(RuleNotApplicableError):
         apply_rule(_conv_expand_conv([1, 1, 1, 4, 4]), "expand-to-concat")
+
+
+# --------------------------------------------------------------------------- pad-to-concat
+
+
+def test_a_pad_with_ones_becomes_a_concat_with_identical_outputs() -> None:
+    """LiteMLA's F.pad(v, (0, 1), value=1): one column of ones after the last axis."""
+    model = _conv_pad_conv("constant", [0, 0, 0, 0, 0, 0, 0, 1], 1.0)
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    step = apply_rule(model, "pad-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Concat", "Conv"]
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
+def test_a_zero_pad_of_the_channel_axis_becomes_a_concat() -> None:
+    model = _conv_pad_conv("constant", [0, 2, 0, 0, 0, 1, 1, 0], 0.0)
+    model.graph.initializer[1].CopyFrom(  # w2 reads the 7 padded channels
+        numpy_helper.from_array(np.ones((4, 7, 1, 1), np.float32), "w2")
+    )
+    step = apply_rule(load_model(model), "pad-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Concat", "Concat", "Conv"]
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
+def test_pad_to_concat_leaves_cropping_and_supported_pads() -> None:
+    with pytest.raises(RuleNotApplicableError):  # zeros on H/W: the MLA pads these itself
+        apply_rule(_conv_pad_conv("constant", ASYMMETRIC_PADS["HW"], 0.0), "pad-to-concat")
+    with pytest.raises(RuleNotApplicableError):  # a negative pad crops: not a Concat
+        apply_rule(_conv_pad_conv("constant", [0, 0, 0, -1, 0, 0, 0, 1], 1.0), "pad-to-concat")
+
+
+def test_pad_with_ones_compiles_to_one_elf_bit_exact(tmp_path) -> None:
+    model = _conv_pad_conv("constant", [0, 0, 1, 0, 0, 0, 0, 1], 1.0)
+    model = apply_rule(model, "pad-to-concat").model
+    qdq = quantize_model(model, [make_inputs(model, seed=s) for s in range(2)]).model
+    result = compile_model(qdq, tmp_path, model_name="pad_ones")
+    comparison = run_and_compare(result, qdq, make_inputs(model, seed=5))
+    assert len(result.elf_files) == 1 and comparison.bit_exact

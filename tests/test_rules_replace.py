@@ -657,13 +657,22 @@ def test_resize_to_supported_half_pixel_x3_is_replication_too():
 
 def test_resize_to_supported_x16_as_a_chain_on_rk3588():
     asymmetric = {"coordinate_transformation_mode": "asymmetric"}
-    rounding = _resize(16, 16, shape=(1, 2, 3, 3), **asymmetric)  # rounds: not a replication
-    assert find_matches(rounding, "resize-to-supported", "rk3588") == []
     model = _resize(16, 16, shape=(1, 2, 3, 3), nearest_mode="floor", **asymmetric)
     (match,) = find_matches(model, "resize-to-supported", "rk3588")
     assert match.data["kind"] == "steps" and len(match.data["steps"]) == 2
     result = apply_rule(model, "resize-to-supported", "rk3588", reference=_wide(model))
     assert _ops(result.model) == ["Resize", "Resize"]
+    assert not result.coverage_after.blockers
+    assert result.verification.worst_max_abs == 0.0
+
+
+def test_resize_to_supported_gathers_a_rounding_x16_on_rk3588():
+    """Rounding to nearest shifts every block by half a pixel: not a replication, so ×8 then
+    Slices + Concat per axis."""
+    rounding = _resize(16, 16, shape=(1, 2, 3, 3), coordinate_transformation_mode="asymmetric")
+    (match,) = find_matches(rounding, "resize-to-supported", "rk3588")
+    assert match.data["kind"] == "gather" and match.data["pre"] == [8, 8]
+    result = apply_rule(rounding, "resize-to-supported", "rk3588", reference=_wide(rounding))
     assert not result.coverage_after.blockers
     assert result.verification.worst_max_abs == 0.0
 

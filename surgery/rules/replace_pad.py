@@ -1,10 +1,11 @@
-"""Padding and broadcasting as data movement: pad-to-slices, expand-to-concat.
+"""Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-to-concat.
 
 An MLA pads with constant zeros only and has no Expand, but every MLA slices and concatenates.
-A reflect or edge Pad copies rows and columns of its input next to it, and an Expand copies its
-input along the broadcast axes: both are Concats of (slices of) the input, so they run where the
-original op was rejected instead of cutting the network into two MLA segments around a host
-op. Data movement only: exact.
+A reflect or edge Pad copies rows and columns of its input next to it, a constant Pad puts
+blocks of one value next to it, and an Expand copies its input along the broadcast axes: all
+are Concats of (slices of) the input and constants, so they run where the original op was
+rejected instead of cutting the network into two MLA segments around a host op. Data movement
+only: exact.
 """
 
 from __future__ import annotations
@@ -185,6 +186,110 @@ class PadToSlices(GraphRule):
             shape = list(_with(shape, axis, size))
             out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
             parts = [lines[i] for i in before] + [current] + [lines[i] for i in after]
+            ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
+            current = out
+        return True
+
+
+def _pad_value(pat: Pattern, node: int) -> float | None:
+    """A constant-mode Pad's fill value (0 when omitted); None when computed at run time."""
+    ins = pat.ins(node)
+    if model_opset(pat.ctx) < 11:
+        return float(pat.attrs(node).get("value", 0.0))
+    if len(ins) > 2 and ins[2]:
+        return pat.scalar(ins[2])
+    return 0.0
+
+
+@register
+class PadToConcat(GraphRule):
+    """Rewrite a constant-mode Pad the target rejects (a non-zero pad value, a padded channel
+    axis, more padded axes than the MLA pads at once) as, per padded axis, a Concat of the
+    input between constant blocks filled with the pad value.
+
+    LiteMLA (EfficientViT) appends a row of ones to its values with `F.pad(v, (0, 1),
+    value=1)` so one MatMul also yields the attention normaliser; the MLA pads with zeros
+    only. A Concat with a constant operand is data movement: the result is the Pad's,
+    bit for bit. Applied when the pads are constant and non-negative (a negative pad crops)
+    and the input's shape is static; only Pads the target keeps off its MLA are matched, and a
+    match frees the Pad only when every Concat runs there.
+    """
+
+    name = "pad-to-concat"
+    suggest_for = frozenset({"Pad"})
+    summary = "Constant Pad the MLA rejects (non-zero value, channel axis) → Concat with constants."
+    category = "replace"
+    example = "surgery apply pad-to-concat efficientvit_b0.onnx --target mlsoc"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Pad"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape = pat.shape(x)
+            if shape is None or pat.shape(y) is None or not pat.is_float(x):
+                continue
+            read = _mode_and_pads(pat, node, len(shape))
+            value = _pad_value(pat, node)
+            if read is None or value is None or read[0] != "constant":
+                continue
+            pads = read[1]
+            rank = len(shape)
+            if any(p < 0 for p in pads) or not any(pads):
+                continue
+            steps = [(a, pads[a], pads[a + rank]) for a in range(rank) if pads[a] or pads[a + rank]]
+            elem_type = pat.elem_type(x)
+            probes: list[Reason | None] = []
+            current = shape
+            for axis, before, after in steps:
+                parts = [TensorSpec(current, elem_type)]
+                for count in (before, after):
+                    if count:
+                        parts.append(TensorSpec(_with(current, axis, count), elem_type, None, True))
+                padded = _with(current, axis, current[axis] + before + after)
+                probes.append(
+                    probe_node(
+                        ctx, "Concat", parts, [TensorSpec(padded, elem_type)], {"axis": axis}
+                    )
+                )
+                current = padded
+            names = [pat.name(node)]
+            sides = ", ".join(f"axis {a}: {b}+{e}" for a, b, e in steps)
+            found.append(
+                self.match(
+                    names,
+                    f"constant Pad {pat.name(node)} of {fmt_shape(shape)} ({sides}, value "
+                    f"{value:g}) → Concat with constant blocks",
+                    net_freed(ctx, names, probes),
+                    shape=list(shape),
+                    steps=[[a, b, e] for a, b, e in steps],
+                    value=value,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        pad = ed.node_named(match.nodes[0])
+        assert pad is not None
+        x, y = pad.inputs[0], pad.outputs[0]
+        ed.detach(pad)
+        steps, shape = match.data["steps"], list(match.data["shape"])
+        dtype = x.dtype or np.float32
+        current = x
+        for k, (axis, before, after) in enumerate(steps):
+            blocks = {
+                side: ed.const(
+                    f"{pad.name}_{side}",
+                    np.full(_with(shape, axis, count), match.data["value"], dtype),
+                )
+                for side, count in (("before", before), ("after", after))
+                if count
+            }
+            parts = [
+                t for t in (blocks.get("before"), current, blocks.get("after")) if t is not None
+            ]
+            shape = list(_with(shape, axis, shape[axis] + before + after))
+            out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
             ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
             current = out
         return True

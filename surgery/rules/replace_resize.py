@@ -38,23 +38,32 @@ def nearest_indices(
     size: int, out: int, scale: float, ctm: str, nearest_mode: str
 ) -> np.ndarray | None:
     """The input index each output position reads in an ONNX nearest Resize (None for
-    coordinate modes this rule does not model)."""
-    o = np.arange(out, dtype=np.float64)
+    coordinate modes this rule does not model).
+
+    Computed in float32 as ONNX Runtime does (scale = float(out) / float(in) when the node gives
+    sizes), so a coordinate that lands within rounding of an integer rounds the way the
+    verifier's runtime rounds it (7 → 39, half_pixel, floor: output 19 reads input 2 in float32
+    but 3 in float64)."""
+    f32 = np.float32
+    o = np.arange(out, dtype=f32)
+    s = f32(scale)
     if ctm == "half_pixel":
-        x = (o + 0.5) / scale - 0.5
+        x = (o + f32(0.5)) / s - f32(0.5)
     elif ctm == "pytorch_half_pixel":
-        x = (o + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
+        x = (o + f32(0.5)) / s - f32(0.5) if out > 1 else np.zeros(out, f32)
     elif ctm == "asymmetric":
-        x = o / scale
+        x = o / s
     elif ctm == "align_corners":
-        x = o * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+        x = o * f32(size - 1) / f32(out - 1) if out > 1 else np.zeros(out, f32)
     elif ctm == "tf_half_pixel_for_nn":
-        x = (o + 0.5) / scale
+        x = (o + f32(0.5)) / s
     else:
         return None
     rounding = {
-        "round_prefer_floor": lambda v: np.ceil(v - 0.5),
-        "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+        "round_prefer_floor": lambda v: np.where(
+            v == np.floor(v) + f32(0.5), np.floor(v), np.round(v)
+        ),
+        "round_prefer_ceil": lambda v: np.floor(v + f32(0.5)),
         "floor": np.floor,
         "ceil": np.ceil,
     }.get(nearest_mode)
@@ -84,6 +93,70 @@ def _axis_kind(
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+MAX_PIECES = 64
+"""Most Concat inputs one axis of a gathered Resize may need: each is one move, so a map
+that breaks into more pieces costs more than the host round trip it saves."""
+MAX_PRE_FACTOR = 8
+"""Largest integer upsampling tried before gathering (the MLA's own Resize, when accepted)."""
+
+Piece = tuple[int, int, int]
+"""(start, count, step) of one Slice along an axis: positions start, start+step, …"""
+
+
+def gather_pieces(idx: np.ndarray, k: int, strided: bool) -> list[Piece] | None:
+    """The fewest Slices whose concatenation reads, at output position o, an element that a
+    k-fold pixel replication of the axis puts at index idx[o] (any of the positions
+    idx[o]·k … idx[o]·k + k − 1); None past MAX_PIECES.
+
+    A piece is a run of positions with a constant step ≥ 1 (step 1 only unless `strided`); a
+    single position is a piece too (repeated rows read the same one-row Slice). Dynamic
+    programming over the output: cost[o] is the fewest pieces covering the first o positions.
+    """
+    out = len(idx)
+    inf = out + 1
+    cost = [0] + [inf] * out
+    back: list[tuple[int, Piece] | None] = [None] * (out + 1)
+
+    def relax(end: int, start: int, piece: Piece) -> None:
+        if cost[start] + 1 < cost[end]:
+            cost[end] = cost[start] + 1
+            back[end] = (start, piece)
+
+    for o in range(out):
+        if cost[o] >= inf:
+            continue
+        for p0 in range(int(idx[o]) * k, int(idx[o]) * k + k):
+            relax(o + 1, o, (p0, 1, 1))
+            if o + 1 == out:
+                continue
+            for p1 in range(int(idx[o + 1]) * k, int(idx[o + 1]) * k + k):
+                step = p1 - p0
+                if step < 1 or (step > 1 and not strided):
+                    continue
+                n = 2
+                while o + n < out and (p0 + step * n) // k == idx[o + n]:
+                    n += 1
+                for m in range(2, n + 1):
+                    relax(o + m, o, (p0, m, step))
+    if cost[out] > MAX_PIECES:
+        return None
+    pieces: list[Piece] = []
+    end = out
+    while end:
+        start, piece = back[end]  # type: ignore[misc]
+        pieces.append(piece)
+        end = start
+    return pieces[::-1]
+
+
+def _pieces_cost(pieces: list[Piece], size: int) -> int:
+    """Nodes and Concat inputs one axis costs: none when the only piece is the whole axis."""
+    if pieces == [(0, size, 1)]:
+        return 0
+    slices = len({p for p in pieces if p != (0, size, 1)})
+    return slices + (len(pieces) if len(pieces) > 1 else 0)
 
 
 class _Planner:
@@ -155,6 +228,83 @@ class _Planner:
             is None
         )
 
+    def gather(self, indices: list[np.ndarray]) -> dict | None:
+        """Any nearest index map as data movement: an optional integer Resize the MLA
+        accepts, then per axis (H, W) a Concat of Slices of it (or one Slice, or nothing).
+        The factor pair is the one whose slices and Concats cost fewest nodes and inputs."""
+        n, c, h, w = self.shape
+        sizes = (h, w)
+        strided = self.slice_ok_1d((n, c, h, w), 2, 0, 2, 2)
+        options: list[list[tuple[int, list[Piece], int]]] = []
+        for a, idx in enumerate(indices):
+            ratio = -(-len(idx) // sizes[a])
+            axis_options = []
+            for k in range(1, min(ratio, MAX_PRE_FACTOR) + 1):
+                pieces = gather_pieces(idx, k, strided)
+                if pieces is not None:
+                    axis_options.append((k, pieces, _pieces_cost(pieces, sizes[a] * k)))
+            if not axis_options:
+                return None
+            options.append(axis_options)
+        ranked = sorted(
+            product(*options),
+            key=lambda o: (sum(c for *_, c in o) + (o[0][0] * o[1][0] > 1), o[0][0] * o[1][0]),
+        )
+        for (kh, ph, ch), (kw, pw, cw) in ranked:
+            if ch == cw == 0 and (kh, kw) == (1, 1):
+                return None  # an identity resize: nothing to move
+            if (kh, kw) != (1, 1) and self.resize_ok(self.shape, kh, kw) is not None:
+                continue
+            if not self._gather_ok(kh, kw, ph, pw, len(indices[0]), len(indices[1])):
+                continue
+            text = [f"×{kh}×{kw} Resize" if kh != kw else f"×{kh} Resize"] * ((kh, kw) != (1, 1))
+            for axis, pieces, cost in ((2, ph, ch), (3, pw, cw)):
+                if cost:
+                    text.append(f"{len(pieces)} Slice piece(s) on axis {axis}")
+            return {
+                "kind": "gather",
+                "pre": [kh, kw],
+                "axes": [[list(p) for p in ph], [list(p) for p in pw]],
+                "describe": " + ".join(text) + " (nearest index map as data movement)",
+            }
+        return None
+
+    def _gather_ok(
+        self, kh: int, kw: int, ph: list[Piece], pw: list[Piece], out_h: int, out_w: int
+    ) -> bool:
+        """Every Slice and Concat of a gather plan runs on the MLA."""
+        n, c, h, w = self.shape
+        shape = (n, c, h * kh, w * kw)
+        for axis, pieces, out in ((2, ph, out_h), (3, pw, out_w)):
+            size = shape[axis]
+            if pieces == [(0, size, 1)]:
+                continue
+            parts = []
+            for start, count, step in pieces:
+                if (start, count, step) != (0, size, 1) and not self.slice_ok_1d(
+                    shape, axis, start, count, step
+                ):
+                    return False
+                parts.append(TensorSpec(_with_axis(shape, axis, count)))
+            result = _with_axis(shape, axis, out)
+            if len(parts) > 1 and (
+                probe_node(self.ctx, "Concat", parts, [TensorSpec(result)], {"axis": axis})
+                is not None
+            ):
+                return False
+            shape = result
+        return True
+
+    def slice_ok_1d(self, shape: tuple, axis: int, start: int, count: int, step: int) -> bool:
+        end = start + (count - 1) * step + 1
+        specs = [TensorSpec.const(np.array([v], np.int64)) for v in (start, end, axis, step)]
+        out = TensorSpec(_with_axis(shape, axis, count))
+        return probe_node(self.ctx, "Slice", [TensorSpec(shape), *specs], [out]) is None
+
+
+def _with_axis(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
+    return tuple(size if k == axis else d for k, d in enumerate(shape))
+
 
 @register
 class ResizeToSupported(GraphRule):
@@ -167,14 +317,22 @@ class ResizeToSupported(GraphRule):
     Concat of k² copies + DepthToSpace(k, DCR) (each k×k block is one pixel), then a
     ConvTranspose with stride k and an all-ones k×k kernel (depthwise, then dense with an
     identity channel map). When it is taking every k-th pixel (nearest downscaling), it becomes
-    a strided Slice. Every form copies pixels unchanged, so results are identical; bilinear
-    resizes are never rewritten (a chain of bilinear resizes is not one bilinear resize).
-    Only nodes the target keeps off its MLA are matched.
+    a strided Slice. Any other index map (a fractional factor: GhostNetV2's gate interpolated
+    from 3×3 to 7×7 reads rows 0,0,0,1,1,2,2) is gathered: an integer Resize the MLA accepts,
+    then per axis a Concat of Slices of it (runs of consecutive rows; a repeated row is one
+    Slice read again), the factor chosen for the fewest Slices and Concat inputs (at most 64
+    per axis). Indices are computed in float32 as ONNX Runtime does. Every form copies pixels
+    unchanged, so results are identical; bilinear resizes are never rewritten (a chain of
+    bilinear resizes is not one bilinear resize). Only nodes the target keeps off its MLA are
+    matched.
     """
 
     name = "resize-to-supported"
     suggest_for = frozenset({"Resize"})
-    summary = "Nearest Resize the MLA rejects → Resize chain, DepthToSpace, ConvTranspose or Slice."
+    summary = (
+        "Nearest Resize the MLA rejects → Resize chain, DepthToSpace, ConvTranspose, Slice, "
+        "or Slices + Concat of its index map."
+    )
     category = "replace"
     example = "surgery apply resize-to-supported model.onnx --target rk3588"
 
@@ -209,24 +367,27 @@ class ResizeToSupported(GraphRule):
         rounding = attrs.get("nearest_mode", "round_prefer_floor")
         scales = _declared_scales(pat, node, xs, ys)
         kinds = [_axis_kind(xs[a], ys[a], scales[a], ctm, rounding) for a in (2, 3)]
-        if any(k is None for k in kinds):
-            return None
         planner = _Planner(ctx, xs)
-        if all(k[0] in ("up", "same") for k in kinds):  # type: ignore[index]
-            return _upsample_plan(planner, kinds[0][1], kinds[1][1])  # type: ignore[index]
-        if all(k[0] in ("down", "same") for k in kinds):  # type: ignore[index]
+        plan = None
+        if all(k is not None and k[0] in ("up", "same") for k in kinds):
+            plan = _upsample_plan(planner, kinds[0][1], kinds[1][1])  # type: ignore[index]
+        elif all(k is not None and k[0] in ("down", "same") for k in kinds):
             starts = [k[2] for k in kinds]  # type: ignore[index]
             steps = [k[1] for k in kinds]  # type: ignore[index]
             if planner.slice_ok(tuple(ys), starts, steps):
                 ends = [starts[i] + (ys[2 + i] - 1) * steps[i] + 1 for i in range(2)]
-                return {
+                plan = {
                     "kind": "slice",
                     "starts": starts,
                     "ends": ends,
                     "steps": steps,
                     "describe": f"strided Slice (steps {steps})",
                 }
-        return None
+        if plan is None:
+            indices = [nearest_indices(xs[a], ys[a], scales[a], ctm, rounding) for a in (2, 3)]
+            if all(i is not None for i in indices):
+                plan = planner.gather(indices)  # type: ignore[arg-type]
+        return plan
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         node = ed.node_named(match.nodes[0])
@@ -239,6 +400,7 @@ class ResizeToSupported(GraphRule):
             "depth_to_space": lambda: _build_depth_to_space(ed, x, y, d["k"]),
             "conv_transpose": lambda: _build_conv_transpose(ed, x, y, d["k"], d["depthwise"]),
             "slice": lambda: _build_slice(ed, x, y, d["starts"], d["ends"], d["steps"]),
+            "gather": lambda: _build_gather(ed, x, y, d["pre"], d["axes"]),
         }
         builders[d["kind"]]()
         return True
@@ -252,7 +414,7 @@ def _declared_scales(pat: Pattern, node: int, xs: Sequence[int], ys: Sequence[in
         value = pat.value(ins[2])
         if value is not None and value.size == len(xs):
             return [float(v) for v in value.reshape(-1)]
-    return [o / i for i, o in zip(xs, ys, strict=True)]
+    return [float(np.float32(o) / np.float32(i)) for i, o in zip(xs, ys, strict=True)]
 
 
 def _upsample_plan(planner: _Planner, kh: int, kw: int) -> dict | None:
@@ -334,6 +496,61 @@ def _build_slice(
         for what, v in (("starts", starts), ("ends", ends), ("axes", [2, 3]), ("steps", steps))
     ]
     ed.node("Slice", "resize_slice", [x, *consts], [y])
+
+
+def _build_gather(
+    ed: Editor, x: gs.Tensor, y: gs.Tensor, pre: list[int], axes: list[list[list[int]]]
+) -> None:
+    shape = list(x.shape)
+    stages: list[tuple] = []
+    if pre != [1, 1]:
+        shape = [shape[0], shape[1], shape[2] * pre[0], shape[3] * pre[1]]
+        stages.append(("resize", list(shape)))
+    for axis, pieces in zip((2, 3), axes, strict=True):
+        if [tuple(p) for p in pieces] == [(0, shape[axis], 1)]:
+            continue
+        shape = list(_with_axis(shape, axis, sum(p[1] for p in pieces)))
+        stages.append(("axis", list(shape), axis, pieces))
+    current = x
+    for k, stage in enumerate(stages):
+        out = y if k == len(stages) - 1 else ed.var("resize_gather", x.dtype, stage[1])
+        if stage[0] == "resize":
+            scales = ed.const("resize_scales", np.array([1, 1, *pre], np.float32))
+            ed.node("Resize", "resize_step", [current, _roi(ed), scales], [out], **CANONICAL)
+        else:
+            _build_axis_gather(ed, current, out, stage[2], stage[3])
+        current = out
+
+
+def _build_axis_gather(
+    ed: Editor, x: gs.Tensor, y: gs.Tensor, axis: int, pieces: list[list[int]]
+) -> None:
+    """y = Concat of the Slices `pieces` of x along `axis` (one Slice when there is one piece);
+    a piece read several times (a repeated row) is one Slice."""
+    size = x.shape[axis]
+    sliced: dict[tuple[int, int, int], gs.Tensor] = {}
+    parts = []
+    for start, count, step in pieces:
+        key = (start, count, step)
+        if key == (0, size, 1):
+            parts.append(x)
+            continue
+        if key not in sliced:
+            out = (
+                y
+                if len(pieces) == 1
+                else ed.var("resize_rows", x.dtype, _with_axis(x.shape, axis, count))
+            )
+            end = start + (count - 1) * step + 1
+            consts = [
+                ed.const(f"resize_slice_{what}", np.array([v], np.int64))
+                for what, v in (("starts", start), ("ends", end), ("axes", axis), ("steps", step))
+            ]
+            ed.node("Slice", "resize_rows", [x, *consts], [out])
+            sliced[key] = out
+        parts.append(sliced[key])
+    if len(pieces) > 1:
+        ed.node("Concat", "resize_concat", parts, [y], axis=axis)
 
 
 RESIZE_ATTRIBUTES_OPSET = 11
