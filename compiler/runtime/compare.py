@@ -85,7 +85,8 @@ class ReferenceComparison:
         )
         return (
             f"{stages} the reference bit for bit; the outputs differ after host float stages "
-            "(ONNX Runtime there, onnx.reference in the reference executor)"
+            "(ONNX Runtime there; the reference executor runs its light float ops with "
+            "onnx.reference)"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -628,7 +628,8 @@ def _unmatched_step(
             f"{name} ({node.op_type}) has no integer form: {reason}",
             hint="pass strict=False to run it in float",
         )
-    return FloatStep(node, graph.opsets, graph.functions, reason)
+    constants = {name: graph.constants[name] for name in node.input if name in graph.constants}
+    return FloatStep(node, graph.opsets, graph.functions, reason, constants)
 
 
 def build_program(graph: QdqGraph, mode: RequantizationMode, *, strict: bool = False) -> Program:

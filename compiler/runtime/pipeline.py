@@ -41,6 +41,7 @@ from compiler.lower.tessellate import detessellate, physical_shape, tessellate, 
 from compiler.runtime.cache import LruCache
 from compiler.runtime.emulator import Emulator
 from compiler.runtime.errors import ExecutionError
+from compiler.runtime.host_session import host_session
 from compiler.runtime.reference import IntegerExecutor
 from surgery.errors import first_line
 from surgery.targets import resolve_target
@@ -330,15 +331,7 @@ def _integer_executor(data: bytes) -> IntegerExecutor:
 
 
 def _onnxruntime_session(data: bytes) -> Any:
-    """A host stage's session. Its idle intra-op threads do not spin: they would hold the cores
-    the MLA stage that follows runs its threads on (`compiler.runtime.parallel`)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    return host_session(data)
 
 
 def _run_reference(archive, plugin, frames: list[Buffers], stage: StageStats, **_) -> None:

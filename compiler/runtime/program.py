@@ -2,14 +2,15 @@
 
 A program is a topologically ordered list of steps. Integer steps read and write integer tensors
 (the outputs of QuantizeLinear nodes in the QDQ model); quantize / dequantize steps are the
-float boundary (graph inputs and outputs, float islands); float steps run the ONNX reference
-implementation of a node the integer program cannot express.
+float boundary (graph inputs and outputs, float islands); float steps run a node the integer
+program cannot express in float (onnx.reference, or ONNX Runtime for the heavy ops).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from compiler.intmath import dequantize_linear, quantize_linear
 from compiler.runtime.errors import ExecutionError
 from compiler.runtime.float_ops import FLOAT_OP_OVERRIDES
+from compiler.runtime.host_session import single_node_session
 from compiler.runtime.ops.base import Kernel
 from compiler.runtime.qparams import NotLowerable, QuantParams
 from surgery.edit import node_reads
@@ -90,8 +92,17 @@ class DequantizeStep:
         values[self.output] = dequantize_linear(q, scale, zero_point)
 
 
+ONNX_RUNTIME_FLOAT_OPS = frozenset(
+    {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Resize", "GridSample", "LRN"}
+)
+"""Float ops run by ONNX Runtime rather than onnx.reference: its Conv builds an int64 im2col
+(6.9 GiB for one 2.3 M-position dilated Conv of DeepLabV3's ASPP) and its pools and Resize loop
+in Python. ONNX Runtime is also what runs the archive's host stages, so their bits agree."""
+
+
 class FloatStep:
-    """A node run in float by onnx.reference (a float island, or an op with no integer form)."""
+    """A node run in float (a float island, or an op with no integer form): by onnx.reference,
+    or ONNX Runtime for the heavy ops (`ONNX_RUNTIME_FLOAT_OPS`)."""
 
     kind: StepKind = "float"
 
@@ -101,6 +112,7 @@ class FloatStep:
         opsets: dict[str, int],
         functions: list[onnx.FunctionProto],
         reason: str,
+        constants: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.node = node
         self.name = node.name or node.output[0]
@@ -119,11 +131,37 @@ class FloatStep:
         self._evaluator = ReferenceEvaluator(
             graph, opsets=opsets, functions=functions or None, new_ops=list(FLOAT_OP_OVERRIDES)
         )
+        self._opsets = opsets
+        self._constants = dict(constants or {})
+        self._on_onnxruntime = node.domain in ("", "ai.onnx") and (
+            node.op_type in ONNX_RUNTIME_FLOAT_OPS
+        )
+        self._sessions: dict[tuple, Any] = {}
 
     def run(self, values: Values) -> None:
-        results = self._evaluator.run(None, {name: values[name] for name in self.inputs})
+        feeds = {name: np.asarray(values[name]) for name in self.inputs}
+        session = self._session(feeds) if self._on_onnxruntime else None
+        if session is not None:
+            results = session.run(
+                None, {k: v for k, v in feeds.items() if k not in self._constants}
+            )
+        else:
+            results = self._evaluator.run(None, feeds)
         for name, result in zip((o for o in self.outputs if o), results, strict=True):
             values[name] = np.asarray(result)
+
+    def _session(self, feeds: Values) -> Any:
+        """The ONNX Runtime session for inputs of these dtypes and shapes (None when ONNX
+        Runtime has no kernel for them: onnx.reference runs the node then)."""
+        key = tuple((name, value.dtype.str, value.shape) for name, value in feeds.items())
+        if key not in self._sessions:
+            try:
+                self._sessions[key] = single_node_session(
+                    self.node, self._opsets, feeds, self._constants
+                )
+            except Exception:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for an input type
+                self._sessions[key] = None
+        return self._sessions[key]
 
 
 Step = IntegerStep | QuantizeStep | DequantizeStep | FloatStep
