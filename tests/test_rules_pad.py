@@ -165,3 +165,52 @@ def test_pad_with_ones_compiles_to_one_elf_bit_exact(tmp_path) -> None:
     result = compile_model(qdq, tmp_path, model_name="pad_ones")
     comparison = run_and_compare(result, qdq, make_inputs(model, seed=5))
     assert len(result.elf_files) == 1 and comparison.bit_exact
+
+
+def _conv_wide_pad_conv(pad: int, opset: int = 13) -> onnx.ModelProto:
+    """Conv → dilated 3×3 Conv padded by `pad` (DeepLabV3's ASPP) → Conv."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w3"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node(
+                "Conv", ["a", "w2"], ["d"], "aspp", pads=[pad] * 4, dilations=[pad, pad]
+            ),
+            helper.make_node("Conv", ["d", "w3"], ["y"]),
+        ],
+        "conv_wide_pad_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+def test_padding_past_the_limit_becomes_a_pad_before_the_conv_exactly(opset: int) -> None:
+    model = _conv_wide_pad_conv(18, opset)
+    assert check_model(model, "rk3588", suggest=False).mla_segments == 2
+    step = apply_rule(model, "conv-pads-to-pad", "rk3588")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Pad", "Conv", "Conv"]
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
+def test_padding_within_the_limit_is_left_alone() -> None:
+    with pytest.raises(RuleNotApplicableError):
+        apply_rule(_conv_wide_pad_conv(12), "conv-pads-to-pad", "rk3588")
+
+
+def test_a_conv_padded_by_a_pad_compiles_to_one_elf_bit_exact_on_rk3588(tmp_path) -> None:
+    model = apply_rule(_conv_wide_pad_conv(18), "conv-pads-to-pad", "rk3588").model
+    qdq = quantize_model(
+        model, [make_inputs(model, seed=s) for s in range(2)], target="rk3588"
+    ).model
+    result = compile_model(qdq, tmp_path, target="rk3588", model_name="aspp")
+    comparison = run_and_compare(result, qdq, make_inputs(model, seed=5))
+    assert len(result.elf_files) == 1 and comparison.bit_exact

@@ -1,4 +1,5 @@
-"""Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-to-concat.
+"""Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-to-concat,
+conv-pads-to-pad.
 
 An MLA pads with constant zeros only and has no Expand, but every MLA slices and concatenates.
 A reflect or edge Pad copies rows and columns of its input next to it, a constant Pad puts
@@ -379,4 +380,80 @@ class ExpandToConcat(GraphRule):
             out = y if last else ed.var(f"{expand.name}_axis{axis}", x.dtype, shape)
             ed.node("Concat", f"{expand.name}_concat", [current] * k, [out], axis=axis)
             current = out
+        return True
+
+
+@register
+class ConvPadsToPad(GraphRule):
+    """Rewrite a Conv whose padding the MLA rejects (rk3588 pads 0..15; DeepLabV3's ASPP pads a
+    dilated 3×3 by 12/24/36) as a constant-zero Pad followed by the same Conv without padding.
+
+    A Conv's padding is zeros around the input, which is exactly what the Pad writes, so the
+    sums are the same: exact. Only Convs the target keeps off its MLA are matched, and only
+    when both the Pad and the unpadded Conv then run on it.
+    """
+
+    name = "conv-pads-to-pad"
+    suggest_for = frozenset({"Conv"})
+    summary = "Conv with padding past the MLA's limit → zero Pad + Conv with pads 0."
+    category = "replace"
+    example = "surgery apply conv-pads-to-pad deeplabv3.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Conv"):
+            ins, y = pat.ins(node), pat.outs(node)[0]
+            shape = pat.shape(ins[0])
+            attrs = pat.attrs(node)
+            pads = [int(p) for p in attrs.get("pads", [])]
+            if shape is None or len(shape) != 4 or not pat.is_float(ins[0]):
+                continue
+            if not any(pads) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+                continue
+            top, left, bottom, right = pads
+            padded = (*shape[:2], shape[2] + top + bottom, shape[3] + left + right)
+            onnx_pads = [0, 0, top, left, 0, 0, bottom, right]
+            if model_opset(ctx) >= 11:
+                pad_probe = probe_node(
+                    ctx,
+                    "Pad",
+                    [pat.spec(ins[0]), TensorSpec.const(np.array(onnx_pads, np.int64))],
+                    [TensorSpec(padded)],
+                )
+            else:
+                pad_probe = probe_node(
+                    ctx, "Pad", [pat.spec(ins[0])], [TensorSpec(padded)], {"pads": onnx_pads}
+                )
+            unpadded = {k: v for k, v in attrs.items() if k != "pads"}
+            conv_probe = probe_node(
+                ctx,
+                "Conv",
+                [TensorSpec(padded), *(pat.spec(t, with_value=False) for t in ins[1:] if t)],
+                [pat.spec(y)],
+                unpadded,
+            )
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"Conv {pat.name(node)} pads {pads} → Pad + Conv without padding",
+                    net_freed(ctx, [pat.name(node)], [pad_probe, conv_probe]),
+                    pads=onnx_pads,
+                    padded=list(padded),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x = node.inputs[0]
+        pads = match.data["pads"]
+        if model_opset(ed.ctx) >= 11:
+            amounts = ed.const("conv_pads", np.array(pads, np.int64))
+            padded = ed.op("Pad", "conv_pad", [x, amounts], match.data["padded"], x.dtype)
+        else:
+            padded = ed.op("Pad", "conv_pad", [x], match.data["padded"], x.dtype, pads=pads)
+        node.inputs[0] = padded
+        node.attrs.pop("pads", None)
         return True
