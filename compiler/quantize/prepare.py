@@ -99,6 +99,7 @@ def prepare_model(
     _initializers_not_inputs(proto)
     prepared = PreparedModel(proto, frozenset(names), original, max(original, opset))
     prepared.folded_constants = _constants_to_initializers(proto)
+    prepared.folded_constants += _static_shapes_to_initializers(proto)
     prepared.folded_constants += _fold_constant_subgraphs(proto)
     prepared.folded_affine = _fold_affine(proto)
     prepared.folded_affine += _batchnorms_as_affine(proto)
@@ -260,6 +261,39 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
         del g.node[:]
         g.node.extend(keep)
     return moved
+
+
+def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
+    """Shape nodes of tensors whose inferred shape is static, as int64 initializers.
+
+    Exporters compute Resize sizes and Reshape targets from Shape(x) (torchvision's
+    F.interpolate(size=x.shape[-2:])); with static input shapes those are constants, and the
+    subgraph behind them folds. Left as computation, an integer op reading them has no constant
+    operand and runs on the host."""
+    g = model.graph
+    shapes: dict[str, list[int]] = {}
+    for info in (*g.output, *g.value_info, *g.input):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else None
+        if info.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes[info.name] = [d.dim_value for d in dims]
+    outputs = {o.name for o in g.output}
+    keep: list[onnx.NodeProto] = []
+    for node in g.node:
+        shape = shapes.get(node.input[0]) if node.input else None
+        is_shape = node.op_type == "Shape" and node.domain in ("", "ai.onnx")
+        if not is_shape or shape is None or node.output[0] in outputs:
+            keep.append(node)
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        rank = len(shape)
+        start, end = attrs.get("start", 0), attrs.get("end", rank)
+        value = np.array(shape[slice(start, end)], np.int64)
+        g.initializer.append(numpy_helper.from_array(value, node.output[0]))
+    folded = len(g.node) - len(keep)
+    if folded:
+        del g.node[:]
+        g.node.extend(keep)
+    return folded
 
 
 def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
