@@ -1,6 +1,6 @@
-"""Float steps of the reference executor: heavy ops (Conv, pools, Resize) run on ONNX Runtime,
-configured as the archive's host stages are, so the two agree bit for bit; onnx.reference runs
-the rest and anything ONNX Runtime has no kernel for."""
+"""Float steps of the reference executor run on ONNX Runtime, configured as the archive's host
+stages are, so the two agree bit for bit (and the MLA stages after a float island see the same
+codes); onnx.reference runs what ONNX Runtime has no kernel for."""
 
 from __future__ import annotations
 
@@ -38,6 +38,30 @@ def test_a_float_conv_gives_the_host_stages_bits() -> None:
         [numpy_helper.from_array(weight, "w")],
     )
     feed = {"x": rng.normal(0, 1, (1, 8, 20, 20)).astype(np.float32)}
+    ours = IntegerExecutor(model).run(feed)["y"]
+    assert np.array_equal(ours, _host_run(model, feed))
+
+
+def test_a_float_attention_island_gives_the_host_stages_bits() -> None:
+    """MatMul, scale, Softmax, Sigmoid gate: each op rounds as ONNX Runtime does, where
+    onnx.reference's numpy kernels differ in the last bit (an RT-DETR decoder's float ops put
+    its MLA stages one code off)."""
+    rng = np.random.default_rng(3)
+    model = _float_model(
+        [
+            helper.make_node("MatMul", ["q", "k"], ["scores"]),
+            helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+            helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+            helper.make_node("Sigmoid", ["p"], ["gate"]),
+            helper.make_node("Mul", ["p", "gate"], ["y"]),
+        ],
+        {"q": [2, 30, 16], "k": [2, 16, 30]},
+        [numpy_helper.from_array(np.array(0.25, np.float32), "scale")],
+    )
+    feed = {
+        "q": rng.normal(0, 2, (2, 30, 16)).astype(np.float32),
+        "k": rng.normal(0, 2, (2, 16, 30)).astype(np.float32),
+    }
     ours = IntegerExecutor(model).run(feed)["y"]
     assert np.array_equal(ours, _host_run(model, feed))
 

@@ -85,8 +85,8 @@ class ReferenceComparison:
         )
         return (
             f"{stages} the reference bit for bit; the outputs differ after host float stages "
-            "(ONNX Runtime there; the reference executor runs its light float ops with "
-            "onnx.reference)"
+            "(ONNX Runtime there; the reference executor falls back to onnx.reference for ops "
+            "ONNX Runtime has no kernel for)"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A program is a topologically ordered list of steps. Integer steps read and write integer tensors
 (the outputs of QuantizeLinear nodes in the QDQ model); quantize / dequantize steps are the
 float boundary (graph inputs and outputs, float islands); float steps run a node the integer
-program cannot express in float (onnx.reference, or ONNX Runtime for the heavy ops).
+program cannot express in float (ONNX Runtime, as the archive's host stages do).
 """
 
 from __future__ import annotations
@@ -92,17 +92,18 @@ class DequantizeStep:
         values[self.output] = dequantize_linear(q, scale, zero_point)
 
 
-ONNX_RUNTIME_FLOAT_OPS = frozenset(
-    {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Resize", "GridSample", "LRN"}
-)
-"""Float ops run by ONNX Runtime rather than onnx.reference: its Conv builds an int64 im2col
-(6.9 GiB for one 2.3 M-position dilated Conv of DeepLabV3's ASPP) and its pools and Resize loop
-in Python. ONNX Runtime is also what runs the archive's host stages, so their bits agree."""
+ONNX_RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+"""Float steps of these domains run on ONNX Runtime, configured as the archive's host stages
+(`compiler.runtime.host_session`), so a float island gives the same bits in both and the MLA
+stages after it see the same codes: onnx.reference rounds differently (an RT-DETR decoder's MLA
+stages were one code off behind its float ops), and its Conv builds an int64 im2col (6.9 GiB
+for one dilated ASPP Conv of DeepLabV3). onnx.reference runs what ONNX Runtime has no kernel
+for."""
 
 
 class FloatStep:
-    """A node run in float (a float island, or an op with no integer form): by onnx.reference,
-    or ONNX Runtime for the heavy ops (`ONNX_RUNTIME_FLOAT_OPS`)."""
+    """A node run in float (a float island, or an op with no integer form): by ONNX Runtime
+    (`ONNX_RUNTIME_DOMAINS`), else by onnx.reference."""
 
     kind: StepKind = "float"
 
@@ -133,9 +134,7 @@ class FloatStep:
         )
         self._opsets = opsets
         self._constants = dict(constants or {})
-        self._on_onnxruntime = node.domain in ("", "ai.onnx") and (
-            node.op_type in ONNX_RUNTIME_FLOAT_OPS
-        )
+        self._on_onnxruntime = node.domain in ONNX_RUNTIME_DOMAINS
         self._sessions: dict[tuple, Any] = {}
 
     def run(self, values: Values) -> None:
