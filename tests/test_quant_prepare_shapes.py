@@ -61,3 +61,47 @@ def test_a_resize_to_a_computed_size_compiles_to_checks_one_elf_bit_exact(tmp_pa
     feed = {"x": np.random.default_rng(4).normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}
     comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.bit_exact
+
+
+def _reshape_chain() -> onnx.ModelProto:
+    """Conv → Reshape to [C·H, W] (C·H = Mul of two Gathers of Shape, which ONNX's data
+    propagation leaves unknown) → Reshape to [1, C·H, W, 1] read from the Shape of that."""
+    rng = np.random.default_rng(1)
+    consts = {
+        "w1": rng.normal(0, 0.5, (4, 3, 1, 1)).astype(np.float32),
+        "w2": rng.normal(0, 0.5, (2, 24, 1, 1)).astype(np.float32),
+        "one": np.array(1, np.int64),
+        "two": np.array(2, np.int64),
+        "axis0": np.array([0], np.int64),
+        "minus_one": np.array([-1], np.int64),
+        "ones": np.array([1], np.int64),
+        "start0": np.array([0], np.int64),
+        "end2": np.array([2], np.int64),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Shape", ["a"], ["sa"]),
+            helper.make_node("Gather", ["sa", "one"], ["c"]),
+            helper.make_node("Gather", ["sa", "two"], ["h"]),
+            helper.make_node("Mul", ["c", "h"], ["ch"]),
+            helper.make_node("Unsqueeze", ["ch", "axis0"], ["ch1"]),
+            helper.make_node("Concat", ["ch1", "minus_one"], ["t1"], axis=0),
+            helper.make_node("Reshape", ["a", "t1"], ["r"]),
+            helper.make_node("Shape", ["r"], ["sr"]),
+            helper.make_node("Slice", ["sr", "start0", "end2"], ["sr2"]),
+            helper.make_node("Concat", ["ones", "sr2", "ones"], ["t2"], axis=0),
+            helper.make_node("Reshape", ["r", "t2"], ["r4"]),
+            helper.make_node("Conv", ["r4", "w2"], ["y"]),
+        ],
+        "reshape_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_shapes_that_become_static_after_a_fold_fold_in_the_next_round() -> None:
+    prepared = prepare_model(_reshape_chain()).model
+    assert [n.op_type for n in prepared.graph.node] == ["Conv", "Reshape", "Reshape", "Conv"]

@@ -99,8 +99,7 @@ def prepare_model(
     _initializers_not_inputs(proto)
     prepared = PreparedModel(proto, frozenset(names), original, max(original, opset))
     prepared.folded_constants = _constants_to_initializers(proto)
-    prepared.folded_constants += _static_shapes_to_initializers(proto)
-    prepared.folded_constants += _fold_constant_subgraphs(proto)
+    prepared.folded_constants += _fold_shapes_and_constants(proto)
     prepared.folded_affine = _fold_affine(proto)
     prepared.folded_affine += _batchnorms_as_affine(proto)
     _sums_as_adds(proto)
@@ -261,6 +260,25 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
         del g.node[:]
         g.node.extend(keep)
     return moved
+
+
+_FOLD_ROUNDS = 8
+"""Most fold → re-infer rounds: each round's folds can make more shapes static (a Reshape whose
+target was Concat(Gather(Shape(…))) gets a static output, whose Shape then folds too)."""
+
+
+def _fold_shapes_and_constants(model: onnx.ModelProto) -> int:
+    """Fold Shapes of static tensors and constant subgraphs, re-inferring shapes after each
+    round until nothing more folds (as onnxsim does)."""
+    folded = 0
+    for _ in range(_FOLD_ROUNDS):
+        count = _static_shapes_to_initializers(model) + _fold_constant_subgraphs(model)
+        if not count:
+            break
+        folded += count
+        del model.graph.value_info[:]  # stale symbolic dims would shadow the new static ones
+        infer_model_shapes(model)
+    return folded
 
 
 def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
