@@ -4,6 +4,7 @@ equivalent form it accepts. One module per family; importing this one registers 
 from surgery.rules import (  # noqa: F401
     replace_activation,
     replace_arith,
+    replace_conv,
     replace_gelu,
     replace_linear,
     replace_pad,
