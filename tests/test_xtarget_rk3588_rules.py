@@ -2,7 +2,8 @@
 Slice steps of 1 only; Gemm on the MLA at any rank).
 
 - strided-slice-to-space-to-depth: Swin's patch merging (four step-2 Slices of a channels-last
-  map) becomes one SpaceToDepth and channel Slices, exactly;
+  map) and LeViT's query subsampling (a step-2 Slice per axis, 7 → 4 rows) become one
+  SpaceToDepth and channel Slices, exactly;
 - transformer-to-4d lifts a rank-2 Gemm the target already runs on the MLA together with the
   Reshapes around it (DETR's out-projection on (HW·N, C)); left out, the lift rebuilt its rank-2
   operands on the host and split the model."""
@@ -14,10 +15,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.compile import compile_model
 from surgery.check import check_model
 from surgery.model import load_model
 from surgery.rules import apply_rule, find_matches
 from surgery.rules.fix import fix_model
+from tests.lower_support import quantize_on, run_and_compare
 
 RULE = "strided-slice-to-space-to-depth"
 
@@ -120,8 +123,8 @@ def test_a_slice_of_a_row_slice_is_one_two_axis_sampling() -> None:
     model = _chained_patch_merging()
     assert check_model(model, "rk3588", suggest=False).mla_segments == 2
     (match,) = find_matches(model, RULE, "rk3588")
-    assert sorted(match.nodes) == ["quad00", "quad01", "quad10", "quad11"]
-    assert {"rows0", "rows1"} <= set(match.blockers)
+    assert sorted(match.nodes) == ["quad00", "quad01", "quad10", "quad11", "rows0", "rows1"]
+    assert sorted(match.blockers) == sorted(match.nodes)
     result = apply_rule(model, RULE, "rk3588")
     assert result.verification is not None and result.verification.worst_max_abs == 0.0
     ops = [n.op_type for n in result.model.graph.node]
@@ -135,16 +138,57 @@ def test_mlsoc_keeps_its_strided_slices() -> None:
 
 
 def test_slices_that_are_not_whole_tile_samplings_are_left_alone() -> None:
-    """A slice that stops short of the end, or a dimension the step does not divide, is not
-    one block of every tile."""
+    """A slice that stops short of the end is not one block of every tile."""
     short = _patch_merging(False)
     for init in short.graph.initializer:
         if init.name == "q0_1":
             init.CopyFrom(numpy_helper.from_array(np.array([6, 8], np.int64), "q0_1"))
     matches = find_matches(short, RULE, "rk3588")
     assert [sorted(m.nodes) for m in matches] == [["quad1", "quad2", "quad3"]]
-    odd = load_model(_patch_merging(False, side=7))
-    assert find_matches(odd, RULE, "rk3588") == []
+
+
+def _query_subsampling(side: int, c: int = 4) -> onnx.ModelProto:
+    """Conv → channels-last map → x[:, ::2] → [:, :, ::2] (two Slices, as LeViT subsamples its
+    attention queries) → back to NCHW → Conv."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (c, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (5, c, 1, 1)).astype(np.float32), "w2"),
+    ]
+    for axis in (1, 2):
+        for what, value in (("s", 0), ("e", 2**63 - 1), ("a", axis), ("p", 2)):
+            inits.append(numpy_helper.from_array(np.array([value], np.int64), f"{what}{axis}"))
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["nhwc"], perm=[0, 2, 3, 1]),
+        helper.make_node("Slice", ["nhwc", "s1", "e1", "a1", "p1"], ["rows"], name="rows"),
+        helper.make_node("Slice", ["rows", "s2", "e2", "a2", "p2"], ["grid"], name="grid"),
+        helper.make_node("Transpose", ["grid"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "w2"], ["y"]),
+    ]
+    out = -(-side // 2)
+    return _model(
+        nodes,
+        inits,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, out, out])],
+    )
+
+
+@pytest.mark.parametrize("side", [8, 7])
+def test_two_chained_step_slices_become_one_space_to_depth(side: int) -> None:
+    """One step-2 Slice per axis is the same sampling as one Slice over both; a side the step
+    does not divide (7 → 4 rows) is zero-padded to 8 and the block cropped back to 4."""
+    model = _query_subsampling(side)
+    assert check_model(model, "rk3588", suggest=False).mla_segments == 2
+    (match,) = find_matches(model, RULE, "rk3588")
+    assert sorted(match.nodes) == sorted(match.blockers) == ["grid", "rows"]
+    result = apply_rule(model, RULE, "rk3588")
+    assert result.verification is not None and result.verification.passed
+    assert result.verification.worst_max_abs == 0.0
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("SpaceToDepth") == 1 and ops.count("Pad") == (side % 2)
+    assert check_model(result.model, "rk3588", suggest=False).mla_segments == 1
 
 
 def _rank2_gemm_between_reshapes(tokens: int = 16, c: int = 8) -> onnx.ModelProto:
@@ -189,3 +233,13 @@ def test_transformer_lift_takes_a_rank2_gemm_the_target_runs_along() -> None:
     fixed = fix_model(model, "rk3588")
     assert check_model(fixed.model, "rk3588", suggest=False).mla_segments == 1
     assert "transformer-to-4d" in [step["rule"] for step in fixed.steps]
+
+
+def test_padded_query_subsampling_compiles_to_one_elf_bit_exact(tmp_path) -> None:
+    fixed = apply_rule(_query_subsampling(7), RULE, "rk3588").model
+    qdq = quantize_on(fixed, "rk3588")
+    result = compile_model(qdq, tmp_path, target="rk3588", model_name="query_subsampling")
+    assert len(result.elf_files) == 1, result.notes
+    feed = {"x": np.random.default_rng(5).normal(0, 1, (1, 3, 7, 7)).astype(np.float32)}
+    comparison = run_and_compare(result, qdq, feed)
+    assert comparison.mla_stages and comparison.bit_exact

@@ -1,5 +1,5 @@
-"""Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-to-concat,
-conv-pads-to-pad.
+"""Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-into-broadcast,
+expand-to-concat, conv-pads-to-pad.
 
 An MLA pads with constant zeros only and has no Expand, but every MLA slices and concatenates.
 A reflect or edge Pad copies rows and columns of its input next to it, a constant Pad puts
@@ -293,6 +293,85 @@ class PadToConcat(GraphRule):
             out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
             ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
             current = out
+        return True
+
+
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"})
+"""Elementwise ops with numpy (multidirectional) broadcasting of every input."""
+
+
+@register
+class ExpandIntoBroadcast(GraphRule):
+    """Remove an Expand whose every consumer is an elementwise op that broadcasts its inputs
+    (Add, Sub, Mul, Div, Pow, Max, Min, Sum, Mean) to the same result without it.
+
+    torch exports `x * ctx.expand_as(v)` and `q / norm.expand_as(q)` — MobileViTv2's context
+    vector broadcast over every token, EdgeNeXt's L2 normalisation of q and k — as an Expand
+    feeding a Mul or Div whose other operand already has the expanded shape. The consumer
+    broadcasts the small tensor by itself, so the copy is redundant: the values are the same
+    bit for bit and nothing is copied at all (expand-to-concat copies at most 32 times per
+    axis; these broadcast over hundreds of tokens). Matched only when every consumer's output
+    shape is unchanged and, for the match to free the Expand, every consumer runs on the MLA
+    with the smaller operand.
+    """
+
+    name = "expand-into-broadcast"
+    suggest_for = frozenset({"Expand"})
+    summary = "Expand feeding only broadcasting elementwise ops (Mul, Add, Div, …) → removed."
+    category = "replace"
+    example = "surgery apply expand-into-broadcast mobilevitv2.onnx -o mvit_bcast.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Expand"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape = pat.shape(x)
+            users = pat.consumers(y)
+            if shape is None or not users or y in pat.outputs:
+                continue
+            probes = [self._probe(ctx, pat, user, y, x) for user in users]
+            if any(p is False for p in probes):
+                continue
+            names = [pat.name(node)]
+            found.append(
+                self.match(
+                    names,
+                    f"Expand {pat.name(node)} {fmt_shape(shape)} → {fmt_shape(pat.shape(y))} "
+                    f"removed: {', '.join(pat.op(u) for u in users)} broadcast it",
+                    net_freed(ctx, names, [p for p in probes if p is not False]),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _probe(ctx: RuleContext, pat: Pattern, user: int, expanded: str, x: str):
+        """False when `user` would not compute the same result from `x`; else the placement
+        of `user` reading `x` in place of the expanded tensor."""
+        if pat.op(user) not in BROADCASTING or len(pat.outs(user)) != 1:
+            return False
+        out = pat.shape(pat.outs(user)[0])
+        inputs = [x if t == expanded else t for t in pat.ins(user)]
+        shapes = [pat.shape(t) for t in inputs]
+        if out is None or any(s is None for s in shapes):
+            return False
+        try:
+            if tuple(np.broadcast_shapes(*shapes)) != out:  # type: ignore[arg-type]
+                return False
+        except ValueError:
+            return False
+        specs = [pat.spec(t, with_value=True) for t in inputs]
+        return probe_node(ctx, pat.op(user), specs, [pat.spec(pat.outs(user)[0])], pat.attrs(user))
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        expand = ed.node_named(match.nodes[0])
+        assert expand is not None
+        x, y = expand.inputs[0], expand.outputs[0]
+        for user in list(y.outputs):
+            for k, t in enumerate(user.inputs):
+                if t is y:
+                    user.inputs[k] = x
+        ed.detach(expand)
         return True
 
 

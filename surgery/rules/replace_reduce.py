@@ -1,11 +1,14 @@
 """Reductions and normalisations in the MLA's form: reducemean-to-gap, reducemin-to-reducemax,
-softmax-to-channel, reducel2-to-sum, channel-reduce-to-conv. Each is an identity of the math:
-exact, or (the last two) equal up to float summation order."""
+softmax-to-channel, reducel2-to-sum, channel-reduce-to-conv, reduce-to-spatial. Each is an
+identity of the math: exact, or (the last three) equal up to float summation order."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
@@ -14,6 +17,8 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    all_on_mla,
+    fmt_shape,
     model_opset,
     net_freed,
     probe_node,
@@ -207,20 +212,16 @@ class SoftmaxToChannel(GraphRule):
         return True
 
 
-def _reduce_sum_axes(ctx: RuleContext, axes: list[int]) -> tuple[list[TensorSpec], dict]:
-    """ReduceSum's axes in the model's opset: an input from opset 13, an attribute before."""
-    if model_opset(ctx) >= 13:
-        return [TensorSpec.const(np.array(axes, np.int64))], {}
-    return [], {"axes": axes}
-
-
 @register
 class ReduceL2ToSum(GraphRule):
     """Rewrite ReduceL2(x) as Sqrt(ReduceSum(x · x)) and ReduceSumSquare(x) as ReduceSum(x · x).
 
     The definitions of both ops, written with ops the MLA runs (a Mul, a spatial ReduceSum and
     a Sqrt table): ConvNeXt V2's Global Response Norm takes the L2 norm of every channel over
-    H and W. Same sums in the same order, so the result is ONNX Runtime's up to rounding.
+    H and W; torch's F.normalize over the last axis (EdgeNeXt's cross-covariance attention)
+    takes it over the tokens, which the sum then reduces as a spatial reduction when the MLA
+    rejects the long last axis on its own (see reduce-to-spatial). Same sums in the same
+    order, so the result is ONNX Runtime's up to rounding.
     Only nodes the target keeps off its MLA are matched.
     """
 
@@ -242,29 +243,35 @@ class ReduceL2ToSum(GraphRule):
             if not axes:
                 continue
             keep = int(pat.attrs(node).get("keepdims", 1))
-            axes_in, axes_attr = _reduce_sum_axes(ctx, axes)
-            main = [
-                probe_node(ctx, "Mul", [pat.spec(x), pat.spec(x)], [pat.spec(x)]),
+            root = pat.op(node) == "ReduceL2"
+            square = probe_node(ctx, "Mul", [pat.spec(x), pat.spec(x)], [pat.spec(x)])
+            axes_in, axes_attr = _reduce_axes_operand(ctx, "ReduceSum", axes)
+            direct = [
                 probe_node(
                     ctx,
                     "ReduceSum",
                     [pat.spec(x), *axes_in],
                     [pat.spec(y)],
                     {"keepdims": keep, **axes_attr},
-                ),
+                )
             ]
-            root = pat.op(node) == "ReduceL2"
             if root:
-                main.append(probe_node(ctx, "Sqrt", [pat.spec(y)], [pat.spec(y)]))
+                direct.append(probe_node(ctx, "Sqrt", [pat.spec(y)], [pat.spec(y)]))
+            view = None
+            if not all_on_mla(direct) and (view := spatial_view(shape, axes)) is not None:
+                direct = probe_spatial(ctx, "ReduceSum", shape, view, out_shape, root)
             found.append(
                 self.match(
                     [pat.name(node)],
                     f"{pat.op(node)} {pat.name(node)} over axes {axes} → "
-                    + ("Sqrt(ReduceSum(x·x))" if root else "ReduceSum(x·x)"),
-                    net_freed(ctx, [pat.name(node)], main),
+                    + ("Sqrt(ReduceSum(x·x))" if root else "ReduceSum(x·x)")
+                    + (f" summed over H,W of {fmt_shape(view)}" if view else ""),
+                    net_freed(ctx, [pat.name(node)], [square, *direct]),
                     axes=axes,
                     keep=keep,
                     root=root,
+                    view=list(view) if view else None,
+                    out_shape=list(out_shape),
                 )
             )
         return found
@@ -274,19 +281,22 @@ class ReduceL2ToSum(GraphRule):
         assert node is not None
         x, y = node.inputs[0], node.outputs[0]
         ed.detach(node)
-        axes, keep = match.data["axes"], match.data["keep"]
+        axes, keep, root = match.data["axes"], match.data["keep"], match.data["root"]
         squared = ed.op("Mul", "square", [x, x], x.shape, x.dtype)
-        if model_opset(ed.ctx) >= 13:
-            axes_input = ed.const("sum_axes", np.array(axes, np.int64))
-            reduce_args: dict = {"keepdims": keep}
-            inputs = [squared, axes_input]
-        else:
-            reduce_args = {"keepdims": keep, "axes": axes}
-            inputs = [squared]
-        if not match.data["root"]:
-            ed.node("ReduceSum", "sum_of_squares", inputs, [y], **reduce_args)
+        if match.data["view"]:
+            then = "Sqrt" if root else None
+            emit_spatial(
+                ed, "ReduceSum", squared, y, match.data["view"], match.data["out_shape"], then
+            )
             return True
-        summed = ed.op("ReduceSum", "sum_of_squares", inputs, y.shape, x.dtype, **reduce_args)
+        axes_in, axes_attr = _reduce_axes_operand(ed.ctx, "ReduceSum", axes)
+        inputs = [squared, *(ed.const("sum_axes", np.asarray(a.value)) for a in axes_in)]
+        if not root:
+            ed.node("ReduceSum", "sum_of_squares", inputs, [y], keepdims=keep, **axes_attr)
+            return True
+        summed = ed.op(
+            "ReduceSum", "sum_of_squares", inputs, y.shape, x.dtype, keepdims=keep, **axes_attr
+        )
         ed.node("Sqrt", "norm", [summed], [y])
         return True
 
@@ -362,3 +372,143 @@ class ChannelReduceToConv(GraphRule):
         shape = ed.const("channel_reduce_shape", np.array(match.data["out_shape"], np.int64))
         ed.node("Reshape", "channel_reduce_reshape", [summed, shape], [y])
         return True
+
+
+@register
+class ReduceToSpatial(GraphRule):
+    """Rewrite ReduceSum / ReduceMean over the trailing axes of a 4-D tensor that the MLA
+    rejects — the last axis alone when it is long (≥ the target's limit), or C, H and W
+    together — as Reshape → the same reduction over all spatial axes → Reshape back.
+
+    The MLA reduces spatial axes, and a long reduction only when it covers every spatial
+    axis. [N, C, H, W] reduced over W is [N, C·H, 1, W] reduced over H and W: the same
+    elements summed per output, in the same order, so the result is equal up to float
+    summation order. MobileViTv2 sums its context vector over the tokens of a patch this way,
+    and EdgeNeXt's cross-covariance attention takes L2 norms over the tokens.
+    Only nodes the target keeps off its MLA are matched.
+    """
+
+    name = "reduce-to-spatial"
+    suggest_for = frozenset({"ReduceMean", "ReduceSum"})
+    summary = (
+        "ReduceSum/ReduceMean over the last axis (or C,H,W) of a 4-D tensor → Reshape, "
+        "reduction over all spatial axes, Reshape back."
+    )
+    category = "replace"
+    example = "surgery apply reduce-to-spatial mobilevitv2.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in [*pat.blocked("ReduceMean"), *pat.blocked("ReduceSum")]:
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape, out_shape = pat.shape(x), pat.shape(y)
+            if shape is None or out_shape is None or pat.is_const(x) or not pat.is_float(x):
+                continue
+            axes = reduce_axes(pat, node, len(shape))
+            view = spatial_view(shape, axes or [])
+            if view is None:
+                continue
+            probes = probe_spatial(ctx, pat.op(node), shape, view, out_shape)
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"{pat.op(node)} {pat.name(node)} over axes {axes} of {fmt_shape(shape)} → "
+                    f"over H,W of {fmt_shape(view)}",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    view=list(view),
+                    out_shape=list(out_shape),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        op = node.op
+        ed.detach(node)
+        emit_spatial(ed, op, x, y, match.data["view"], match.data["out_shape"])
+        return True
+
+
+def spatial_view(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...] | None:
+    """For a reduction over the trailing axes of a 4-D tensor that is not already over exactly
+    H and W (the last axis alone, or C, H and W), the 4-D view [N, kept, 1, reduced] in which
+    it reduces both spatial axes; None otherwise."""
+    if len(shape) != 4 or list(axes) not in ([3], [1, 2, 3]):
+        return None
+    first = axes[0]
+    return (shape[0], int(np.prod(shape[1:first])), 1, int(np.prod(shape[first:])))
+
+
+def probe_spatial(
+    ctx: RuleContext,
+    op: str,
+    shape: Sequence[int],
+    view: Sequence[int],
+    out_shape: Sequence[int],
+    then_sqrt: bool = False,
+) -> list:
+    """Placements of `emit_spatial`'s nodes: Reshape to `view`, `op` over H and W (then a
+    Sqrt), Reshape to `out_shape` (each Reshape only when it changes the shape)."""
+    reduced = (view[0], view[1], 1, 1)
+    axes_in, axes_attr = _reduce_axes_operand(ctx, op, [2, 3])
+    probes = [
+        probe_node(
+            ctx,
+            op,
+            [TensorSpec(tuple(view)), *axes_in],
+            [TensorSpec(reduced)],
+            {"keepdims": 1, **axes_attr},
+        )
+    ]
+    if then_sqrt:
+        probes.append(probe_node(ctx, "Sqrt", [TensorSpec(reduced)], [TensorSpec(reduced)]))
+    for a, b in ((tuple(shape), tuple(view)), (reduced, tuple(out_shape))):
+        if a != b:
+            target = TensorSpec.const(np.array(b, np.int64))
+            probes.append(probe_node(ctx, "Reshape", [TensorSpec(a), target], [TensorSpec(b)]))
+    return probes
+
+
+def emit_spatial(
+    ed: Editor,
+    op: str,
+    x: gs.Tensor,
+    y: gs.Tensor,
+    view: Sequence[int],
+    out_shape: Sequence[int],
+    then: str | None = None,
+) -> None:
+    """y = Reshape(then(op(Reshape(x, view), axes=[2, 3], keepdims=1)), out_shape)."""
+    view, out_shape = list(view), list(out_shape)
+    reduced_shape = [view[0], view[1], 1, 1]
+    current = x
+    if x.shape is None or list(x.shape) != view:
+        target = ed.const("spatial_view_shape", np.array(view, np.int64))
+        current = ed.op("Reshape", "spatial_view", [x, target], view, x.dtype)
+    axes_in, axes_attr = _reduce_axes_operand(ed.ctx, op, [2, 3])
+    inputs = [current, *(ed.const("spatial_axes", np.asarray(a.value)) for a in axes_in)]
+    chain: list[tuple[str, list | None, dict]] = [(op, inputs, {"keepdims": 1, **axes_attr})]
+    if then:
+        chain.append((then, None, {}))
+    for k, (step_op, step_inputs, attrs) in enumerate(chain):
+        ins = [current] if step_inputs is None else step_inputs
+        base = f"spatial_{step_op.lower()}"
+        if k == len(chain) - 1 and reduced_shape == out_shape:
+            ed.node(step_op, base, ins, [y], **attrs)
+            return
+        current = ed.op(step_op, base, ins, reduced_shape, x.dtype, **attrs)
+    target = ed.const("spatial_back_shape", np.array(out_shape, np.int64))
+    ed.node("Reshape", "spatial_back", [current, target], [y])
+
+
+def _reduce_axes_operand(
+    ctx: RuleContext, op: str, axes: list[int]
+) -> tuple[list[TensorSpec], dict]:
+    """A Reduce*'s axes in the model's opset: an input (ReduceSum from opset 13, the others
+    from 18) or an attribute before."""
+    if model_opset(ctx) >= (13 if op == "ReduceSum" else 18):
+        return [TensorSpec.const(np.array(axes, np.int64))], {}
+    return [], {"axes": axes}

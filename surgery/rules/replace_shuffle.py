@@ -1,5 +1,7 @@
-"""Pixel shuffles spelled out as Reshape → Transpose → Reshape, folded back into the one
-DepthToSpace / SpaceToDepth op they compute: shuffle-to-depth-to-space.
+"""Rank-6 shuffles spelled out as Reshape → Transpose → Reshape. Pixel shuffles fold back into
+the one DepthToSpace / SpaceToDepth op they compute (shuffle-to-depth-to-space); any other
+permutation, such as MobileViT's patch unfold and fold, becomes a short chain of 4-D Transposes
+of blocks of axes (transpose-to-block-swaps).
 
 torch exports `nn.PixelShuffle` (super-resolution heads, some segmentation decoders) and
 hand-written space-to-depth blocks this way; the rank-6 middle tensor keeps all three nodes off
@@ -8,15 +10,25 @@ a 4-D MLA, while the single op is a DMA move there. Data movement only: exact.
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
+    GraphRule,
     OpsetGraphRule,
     Pattern,
+    TensorSpec,
     conversion_note,
+    fmt_shape,
     model_opset,
     net_freed,
     opset_upgrade_error,
@@ -142,3 +154,169 @@ class ShuffleToDepthToSpace(OpsetGraphRule):
 def _describe(attrs: dict) -> str:
     mode = f"{attrs['mode']}, " if "mode" in attrs else ""
     return f"{mode}blocksize {attrs['blocksize']}"
+
+
+BlockSwap = tuple[tuple[int, int, int, int], tuple[int, ...]]
+"""One step of a block-swap chain: the 4-D shape the tensor is viewed as, and the Transpose."""
+
+MAX_RUNS = 8
+"""Axes moved independently; a search over more (none seen in exports) is not attempted."""
+
+
+@register
+class TransposeToBlockSwaps(GraphRule):
+    """Rewrite Reshape → Transpose → Reshape through a rank-5/6 tensor as a chain of 4-D
+    Transposes, each swapping consecutive blocks of axes behind a fixed leading block.
+
+    MobileViT (v1/v2/v3) unfolds a feature map into patches this way —
+    [1,C,H,W] → [1,C,nh,ph,nw,pw] → perm (0,1,3,5,2,4) → [1,C,ph·pw,nh·nw] — and folds it
+    back with the inverse; five axes move on their own, so no single 4-D Transpose and no
+    pixel shuffle computes it, and all three nodes leave the MLA. Any permutation is a
+    product of block moves: view the tensor as [A, X, Y, Z] (A the axes that stay in front,
+    X, Y, Z consecutive blocks after it) and permute X, Y, Z; the batch slot A never moves,
+    as the MLA requires. The shortest chain is found by breadth-first search over the order
+    of the moving axes (two Transposes for a patch unfold or fold). Pure data movement: exact.
+    Pixel shuffles are left to shuffle-to-depth-to-space (one op instead of a chain).
+    """
+
+    name = "transpose-to-block-swaps"
+    suggest_for = frozenset({"Reshape", "Transpose"})
+    summary = (
+        "Reshape → Transpose → Reshape through a rank-5/6 tensor (patch unfold/fold) → "
+        "a chain of 4-D Transposes of blocks of axes."
+    )
+    category = "replace"
+    example = "surgery apply transpose-to-block-swaps mobilevitv2.onnx -o mvit_4d.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for transpose in pat.nodes("Transpose"):
+            site = self._site(pat, transpose)
+            if site is None or ShuffleToDepthToSpace._site(pat, transpose) is not None:
+                continue
+            nodes, x, y, steps = site
+            elem = pat.elem_type(x)
+            probes = []
+            current = pat.spec(x)
+            for shape4, perm in steps:
+                view = TensorSpec(shape4, elem)
+                moved = TensorSpec(tuple(shape4[p] for p in perm), elem)
+                probes.append(_probe_reshape(ctx, current, view))
+                probes.append(probe_node(ctx, "Transpose", [view], [moved], {"perm": list(perm)}))
+                current = moved
+            probes.append(_probe_reshape(ctx, current, pat.spec(y)))
+            names = [pat.name(n) for n in nodes]
+            found.append(
+                self.match(
+                    names,
+                    f"rank-{len(pat.shape(pat.outs(nodes[0])[0]) or ())} transpose "
+                    f"{' → '.join(names)} → {len(steps)} 4-D block swap(s) "
+                    + ", ".join(f"{fmt_shape(s)} perm {list(p)}" for s, p in steps),
+                    net_freed(ctx, names, probes),
+                    x=x,
+                    y=y,
+                    steps=[[list(s), list(p)] for s, p in steps],
+                )
+            )
+        return found
+
+    @staticmethod
+    def _site(pat: Pattern, transpose: int) -> tuple[list[int], str, str, list[BlockSwap]] | None:
+        middle = pat.ins(transpose)[0]
+        first = pat.producer(middle, "Reshape")
+        shuffled = pat.outs(transpose)[0]
+        last = pat.sole_consumer(shuffled, "Reshape")
+        if first is None or last is None or not pat.private(middle):
+            return None
+        x, y = pat.ins(first)[0], pat.outs(last)[0]
+        xs, ms, ys = pat.shape(x), pat.shape(middle), pat.shape(y)
+        if xs is None or ms is None or ys is None or len(ms) <= 4 or len(ys) > 4:
+            return None
+        if not pat.is_float(x):
+            return None
+        perm = tuple(pat.attrs(transpose).get("perm") or reversed(range(len(ms))))
+        steps = block_swaps(ms, perm)
+        if not steps:
+            return None
+        return [first, transpose, last], x, y, steps
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        ed.detach(*(n for n in (ed.node_named(name) for name in match.nodes) if n is not None))
+        x, y = ed.tensor(match.data["x"]), ed.tensor(match.data["y"])
+        current: gs.Tensor = x
+        shape = list(x.shape or ())
+        for shape4, perm in match.data["steps"]:
+            if shape != shape4:
+                target = ed.const("block_view_shape", np.array(shape4, np.int64))
+                current = ed.op("Reshape", "block_view", [current, target], shape4, x.dtype)
+            shape = [shape4[p] for p in perm]
+            current = ed.op("Transpose", "block_swap", [current], shape, x.dtype, perm=perm)
+        out = ed.const("block_out_shape", np.array(y.shape, np.int64))
+        ed.node("Reshape", "block_out", [current, out], [y])
+        return True
+
+
+def _probe_reshape(ctx: RuleContext, x: TensorSpec, y: TensorSpec):
+    assert y.shape is not None
+    target = TensorSpec.const(np.array(y.shape, np.int64))
+    return probe_node(ctx, "Reshape", [x, target], [y])
+
+
+def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | None:
+    """The shortest chain of 4-D block moves computing `transpose(x, perm)` for x of `shape`
+    (read in memory order, as a Reshape would read the result): each step views the current
+    tensor as [A, X, Y, Z] and permutes X, Y, Z. [] when no data moves; None when the axes
+    that move independently are too many to search."""
+    nonunit = [a for a, d in enumerate(shape) if d != 1]
+    following = dict(itertools.pairwise(nonunit))
+    runs: list[list[int]] = []
+    for a in (p for p in perm if shape[p] != 1):
+        if runs and following.get(runs[-1][-1]) == a:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    if len(runs) > MAX_RUNS:
+        return None
+    by_start = sorted(range(len(runs)), key=lambda k: runs[k][0])
+    label = {k: i for i, k in enumerate(by_start)}
+    size = [prod(shape[a] for a in runs[k]) for k in by_start]
+    start = tuple(range(len(runs)))
+    goal = tuple(label[k] for k in range(len(runs)))
+    previous: dict[tuple[int, ...], tuple[tuple[int, ...], BlockSwap] | None] = {start: None}
+    frontier = deque([start])
+    while frontier and goal not in previous:
+        state = frontier.popleft()
+        for nxt, step in _block_moves(state, size):
+            if nxt not in previous:
+                previous[nxt] = (state, step)
+                frontier.append(nxt)
+    if goal not in previous:
+        return None
+    steps: list[BlockSwap] = []
+    state = goal
+    while (back := previous[state]) is not None:
+        state, step = back
+        steps.append(step)
+    return steps[::-1]
+
+
+def _block_moves(state: tuple[int, ...], size: Sequence[int]):
+    """Every state one 4-D Transpose away, with its step: a prefix A stays in slot 0, the rest
+    is cut into up to three consecutive blocks that are permuted."""
+    n = len(state)
+
+    def dims(block: Sequence[int]) -> int:
+        return prod(size[k] for k in block)
+
+    for a in range(n - 1):
+        rest = state[a:]
+        for i in range(1, len(rest)):
+            for j in range(i + 1, len(rest) + 1):
+                blocks = [rest[:i], rest[i:j], rest[j:]]
+                shape4 = (dims(state[:a]), *(dims(b) for b in blocks))
+                for order in itertools.permutations(range(3)):
+                    if order == (0, 1, 2) or (not blocks[2] and order[2] != 2):
+                        continue
+                    moved = state[:a] + tuple(k for o in order for k in blocks[o])
+                    yield moved, (shape4, (0, *(1 + o for o in order)))

@@ -7,6 +7,8 @@ are computed at run time, a Gather the int8 MLA does not run). Data movement onl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
@@ -203,15 +205,17 @@ class GatherToSlice(GraphRule):
 @register
 class StridedSliceToSpaceToDepth(GraphRule):
     """Rewrite step-s Slices over two axes (Swin patch merging x[:, 0::2, 1::2, :], a Focus
-    layer inside the network) as SpaceToDepth(s) and a channel Slice, for a target whose MLA
-    slices with step 1 only.
+    layer inside the network, LeViT's query subsampling x[:, ::2][:, :, ::2] as two Slices)
+    as SpaceToDepth(s) and a channel Slice, for a target whose MLA slices with step 1 only.
 
     A Slice starting at (i, j) with 0 ≤ i, j < s and step s on both axes of a 4-D tensor takes
     exactly block (i, j) of every s×s tile, which SpaceToDepth puts on channels
     [(i·s + j)·C, (i·s + j + 1)·C). The two axes are moved last by a Transpose when they are not
     already H and W (and moved back after), and every such Slice of one tensor shares the one
-    SpaceToDepth. Both sliced axes must divide by s and run to their end; the other axes must be
-    whole. Data movement only: exact. Only Slices the target keeps off its MLA are matched.
+    SpaceToDepth. Both sliced axes must run to their end and the other axes must be whole; an
+    axis that does not divide by s (LeViT samples 4 of 7 rows) is zero-padded up to a multiple
+    of s first, and the block is cropped to the rows and columns the Slice takes. Data movement
+    only: exact. Only Slices the target keeps off its MLA are matched.
     """
 
     name = "strided-slice-to-space-to-depth"
@@ -222,78 +226,92 @@ class StridedSliceToSpaceToDepth(GraphRule):
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
-        groups: dict[tuple[str, tuple[int, int], int], list[tuple[str, int]]] = {}
-        parents: dict[tuple[str, tuple[int, int], int], set[int]] = {}
+        groups: dict[tuple[str, tuple[int, int], int], list[tuple[list[str], int]]] = {}
         for node in pat.blocked("Slice"):
             plan = self._plan(pat, node)
             if plan is not None:
-                x, axes, step, block = plan
-                groups.setdefault((x, axes, step), []).append((pat.name(node), block))
-                if x != pat.ins(node)[0]:  # read through the Slice of the other axis
-                    parents.setdefault((x, axes, step), set()).add(pat.producer(pat.ins(node)[0]))
+                x, axes, step, block, chain = plan
+                names = [pat.name(n) for n in chain]
+                groups.setdefault((x, axes, step), []).append((names, block))
         found = []
         for (x, axes, step), slices in groups.items():
+            if not _leading_slices_fully_replaced(pat, slices):
+                continue
             shape = pat.shape(x)
             assert shape is not None
             perm = _last_two(axes)
             moved = tuple(shape[p] for p in perm)
-            depth = (moved[0], moved[1] * step * step, moved[2] // step, moved[3] // step)
-            window = (depth[0], moved[1], depth[2], depth[3])
+            padded = _padded(moved, step)
+            depth = _depth(padded, step)
             probes = [
                 probe_node(
                     ctx,
                     "SpaceToDepth",
-                    [TensorSpec(moved)],
+                    [TensorSpec(padded)],
                     [TensorSpec(depth)],
                     {"blocksize": step},
                 ),
-                probe_slice(ctx, TensorSpec(depth), TensorSpec(window), [0], [moved[1]], [1]),
             ]
+            for _, block in slices:
+                starts, ends, slice_axes = _block_window(moved, step, block)
+                window = _window(depth, moved[1], starts, ends, slice_axes)
+                probes.append(
+                    probe_slice(
+                        ctx, TensorSpec(depth), TensorSpec(window), starts, ends, slice_axes
+                    )
+                )
+            if padded != moved:
+                pads = TensorSpec.const(_pads(moved, padded))
+                probes.append(
+                    probe_node(ctx, "Pad", [TensorSpec(moved), pads], [TensorSpec(padded)])
+                    if model_opset(ctx) >= 11
+                    else probe_node(
+                        ctx,
+                        "Pad",
+                        [TensorSpec(moved)],
+                        [TensorSpec(padded)],
+                        {"pads": _pads(moved, padded).tolist()},
+                    )
+                )
             if perm != [0, 1, 2, 3]:
                 probes.append(
                     probe_node(ctx, "Transpose", [pat.spec(x)], [TensorSpec(moved)], {"perm": perm})
                 )
-            names = [name for name, _ in slices]
-            # A Slice of the other axis in between goes too once all its readers are replaced.
-            emptied = [
-                pat.name(p)
-                for p in sorted(parents.get((x, axes, step), ()))
-                if {pat.name(c) for c in pat.consumers(pat.outs(p)[0])} <= set(names)
-            ]
+            names = list(dict.fromkeys(name for chain, _ in slices for name in chain))
             found.append(
                 self.match(
                     names,
-                    f"{len(names)} step-{step} Slice(s) of {x} over axes {list(axes)} → "
+                    f"{len(slices)} step-{step} sampling(s) of {x} over axes {list(axes)} → "
                     f"SpaceToDepth({step}) + channel Slice",
-                    net_freed(ctx, [*names, *emptied], probes),
+                    net_freed(ctx, names, probes),
                     perm=perm,
                     step=step,
-                    blocks=dict(slices),
-                    source=x,
+                    blocks={chain[-1]: block for chain, block in slices},
+                    leading=list(dict.fromkeys(name for chain, _ in slices for name in chain[:-1])),
                 )
             )
         return found
 
     @staticmethod
-    def _plan(pat: Pattern, node: int) -> tuple[str, tuple[int, int], int, int] | None:
-        """(input, the two stepped axes, step, block index i·s + j), or None when the Slice is
-        not a whole-tensor step-s sampling of two axes of a static 4-D float tensor. A Slice of
-        one axis that reads a Slice of the other (torch exports x[:, 0::2, 1::2] as two) counts
-        as one Slice of the first one's input."""
-        ins = pat.ins(node)
-        if len(ins) < 5 or pat.is_const(ins[0]) or not pat.is_float(ins[0]):
+    def _plan(pat: Pattern, node: int) -> tuple[str, tuple[int, int], int, int, list[int]] | None:
+        """(input, the two stepped axes, step, block index i·s + j, the Slices), or None when
+        the Slice — alone, or after a Slice that steps the other axis (x[:, ::2][:, :, ::2], as
+        LeViT subsamples its attention queries; HF Swin's patch merging reads each row Slice
+        with two column Slices) — is not a
+        whole-tensor step-s sampling of two axes of a static 4-D float tensor."""
+        own = _slice_axes(pat, node)
+        if own is None:
             return None
-        per_axis = _slice_axes(pat, node)
-        source = ins[0]
-        parent = pat.producer(source, "Slice")
-        if per_axis is not None and parent is not None and len(pat.ins(parent)) >= 5:
-            outer = _slice_axes(pat, parent)
-            if outer is not None and not outer.keys() & per_axis.keys():
-                per_axis = {**outer, **per_axis}
-                source = pat.ins(parent)[0]
-        shape = pat.shape(source)
-        if per_axis is None or shape is None:
-            return None
+        x, per_axis = own
+        chain = [node]
+        first = pat.producer(x, "Slice")
+        if sum(step != 1 for _, _, step in per_axis.values()) == 1 and first is not None:
+            before = _slice_axes(pat, first)
+            if before is not None and not set(before[1]) & set(per_axis):
+                x, per_axis = before[0], {**before[1], **per_axis}
+                chain = [first, node]
+        shape = pat.shape(x)
+        assert shape is not None
         stepped = sorted(a for a, (_, _, step) in per_axis.items() if step != 1)
         if len(stepped) != 2:
             return None
@@ -301,55 +319,114 @@ class StridedSliceToSpaceToDepth(GraphRule):
         for axis, (start, end, s) in per_axis.items():
             dim = shape[axis]
             if axis in stepped:
-                if s != step or step < 2 or dim % step or not 0 <= start < step or end < dim:
+                if s != step or step < 2 or not 0 <= start < step or end < dim:
                     return None
             elif start > 0 or end < dim:
                 return None
         i, j = (per_axis[a][0] for a in stepped)
-        return source, (stepped[0], stepped[1]), step, i * step + j
+        return x, (stepped[0], stepped[1]), step, i * step + j, chain
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         perm, step = match.data["perm"], match.data["step"]
         slices = [ed.node_named(name) for name in match.nodes]
         if any(node is None for node in slices):
             return False
-        x = ed.tensor(match.data["source"])
+        x = slices[0].inputs[0]  # type: ignore[union-attr]
         shape = [int(d) for d in x.shape]
         moved_shape = [shape[p] for p in perm]
         moved = x
         if perm != [0, 1, 2, 3]:
             moved = ed.op("Transpose", "s2d_in", [x], moved_shape, x.dtype, perm=perm)
-        depth_shape = [
-            moved_shape[0],
-            moved_shape[1] * step * step,
-            moved_shape[2] // step,
-            moved_shape[3] // step,
-        ]
+        padded_shape = list(_padded(moved_shape, step))
+        if padded_shape != moved_shape:
+            pads = _pads(moved_shape, padded_shape)
+            if model_opset(ed.ctx) >= 11:
+                pad_in = [moved, ed.const("s2d_pads", pads)]
+                moved = ed.op("Pad", "s2d_pad", pad_in, padded_shape, x.dtype)
+            else:
+                moved = ed.op("Pad", "s2d_pad", [moved], padded_shape, x.dtype, pads=pads.tolist())
+        depth_shape = list(_depth(padded_shape, step))
         depth = ed.op("SpaceToDepth", "s2d", [moved], depth_shape, x.dtype, blocksize=step)
-        channels = moved_shape[1]
         back = [perm.index(k) for k in range(4)]
+        leading = set(match.data["leading"])
         for node in slices:
             assert node is not None
+            if node.name in leading:
+                ed.detach(node)  # its one consumer, the Slice after it, is rewritten below
+                continue
             out = node.outputs[0]
             block = match.data["blocks"][node.name]
             ed.detach(node)
-            window_shape = [depth_shape[0], channels, depth_shape[2], depth_shape[3]]
+            starts, ends, axes = _block_window(moved_shape, step, block)
+            window_shape = list(_window(depth_shape, moved_shape[1], starts, ends, axes))
             window = out if perm == [0, 1, 2, 3] else ed.var("s2d_block", x.dtype, window_shape)
-            add_slice(ed, depth, window, [block * channels], [(block + 1) * channels], [1])
+            add_slice(ed, depth, window, starts, ends, axes)
             if window is not out:
                 ed.node("Transpose", "s2d_out", [window], [out], perm=back)
         return True
 
 
-def _last_two(axes: tuple[int, int]) -> list[int]:
-    """The permutation of a 4-D tensor that keeps the other axes in order and puts `axes` last."""
-    return [a for a in range(4) if a not in axes] + list(axes)
+def _leading_slices_fully_replaced(pat: Pattern, slices: list[tuple[list[str], int]]) -> bool:
+    """Whether every reader of each leading Slice (the first of a chained pair) is the second
+    Slice of a pair in this group, so the rewrite may remove it."""
+    finals = {chain[-1] for chain, _ in slices}
+    for chain, _ in slices:
+        for name in chain[:-1]:
+            node = pat.view.index_by_name[name]
+            readers = {pat.name(c) for c in pat.consumers(pat.outs(node)[0])}
+            if not readers <= finals:
+                return False
+    return True
 
 
-def _slice_axes(pat: Pattern, node: int) -> dict[int, tuple[int, int, int]] | None:
-    """Axis → (start, end, step) of a Slice of a static 4-D tensor with constant starts, ends,
-    axes and steps (negative positions resolved), or None; each axis at most once."""
+def _padded(moved: Sequence[int], step: int) -> tuple[int, ...]:
+    """The moved shape with H and W padded up to multiples of `step`."""
+    return (*moved[:2], *(-(-d // step) * step for d in moved[2:]))
+
+
+def _depth(padded: Sequence[int], step: int) -> tuple[int, ...]:
+    return (padded[0], padded[1] * step * step, padded[2] // step, padded[3] // step)
+
+
+def _pads(moved: Sequence[int], padded: Sequence[int]) -> np.ndarray:
+    """ONNX Pad's pads (all begins, then all ends): zeros after H and W only."""
+    ends = [p - m for m, p in zip(moved, padded, strict=True)]
+    return np.array([0, 0, 0, 0, *ends], np.int64)
+
+
+def _block_window(
+    moved: Sequence[int], step: int, block: int
+) -> tuple[list[int], list[int], list[int]]:
+    """The Slice of the SpaceToDepth output that is block (i, j): its channels, and on H and W
+    the ceil((d − i) / s) rows and columns a step-s Slice from i takes (fewer than the padded
+    map has when a dimension does not divide by s)."""
+    channels = moved[1]
+    i, j = divmod(block, step)
+    rows, cols = -(-(moved[2] - i) // step), -(-(moved[3] - j) // step)
+    starts, ends, axes = [block * channels], [(block + 1) * channels], [1]
+    if rows < -(-moved[2] // step) or cols < -(-moved[3] // step):
+        starts += [0, 0]
+        ends += [rows, cols]
+        axes += [2, 3]
+    return starts, ends, axes
+
+
+def _window(
+    depth: Sequence[int], channels: int, starts: list[int], ends: list[int], axes: list[int]
+) -> tuple[int, ...]:
+    """The shape `_block_window`'s Slice cuts from the SpaceToDepth output."""
+    shape = [depth[0], channels, depth[2], depth[3]]
+    for b, e, a in zip(starts, ends, axes, strict=True):
+        shape[a] = e - b
+    return tuple(shape)
+
+
+def _slice_axes(pat: Pattern, node: int) -> tuple[str, dict[int, tuple[int, int, int]]] | None:
+    """A Slice's input and (start, end, step) per sliced axis, with negative starts and ends
+    resolved, when the input is a static 4-D float tensor and every operand a constant."""
     ins = pat.ins(node)
+    if len(ins) < 5 or pat.is_const(ins[0]) or not pat.is_float(ins[0]):
+        return None
     shape = pat.shape(ins[0])
     values = [pat.value(t) for t in ins[1:5]]
     if shape is None or len(shape) != 4 or any(v is None for v in values):
@@ -364,4 +441,11 @@ def _slice_axes(pat: Pattern, node: int) -> dict[int, tuple[int, int, int]] | No
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
         per_axis[axis % 4] = (start, end, step)
-    return per_axis if len(per_axis) == len(starts) else None
+    if len(per_axis) != len(starts):
+        return None
+    return ins[0], per_axis
+
+
+def _last_two(axes: tuple[int, int]) -> list[int]:
+    """The permutation of a 4-D tensor that keeps the other axes in order and puts `axes` last."""
+    return [a for a in range(4) if a not in axes] + list(axes)
