@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from surgery.check import check_model
 from surgery.graph import GraphView
 from surgery.model import load_model
 from surgery.rules.engine import apply_rule
@@ -149,3 +150,77 @@ def test_fix_folds_computed_pads_and_joins_a_pad_with_ones() -> None:
 def test_without_pad_to_concat_the_pad_with_ones_splits_the_model() -> None:
     result = fix_model(load_model(_lite_mla_pad_model()), "mlsoc", skip=["pad-to-concat"])
     assert result.coverage_after.mla_segments == 2
+
+
+def _deep_shape_chain(levels: int = 12) -> onnx.ModelProto:
+    """Conv, then `levels` reshapes each computed from the Shape of the one before (a Swin-T's
+    window padding chains its shapes through all twelve blocks like this): every level needs one
+    fold and one re-inference before the next can fold."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32), "w2")
+    nodes = [
+        _constant("zero", np.array([0], np.int64)),
+        _constant("two", np.array([2], np.int64)),
+        helper.make_node("Conv", ["x", "w1"], ["level0"]),
+    ]
+    for k in range(1, levels + 1):
+        tail = [-1] if k % 2 else [-1, 1]
+        nodes += _flatten_like_paddle(f"level{k - 1}", f"level{k}", tail)
+    nodes.append(helper.make_node("Conv", [f"level{levels}", "w2"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w1, w2],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+def test_fold_constants_follows_a_shape_chain_deeper_than_eight_levels() -> None:
+    folded = apply_rule(load_model(_deep_shape_chain(12)), "fold-constants", "mlsoc").model
+    view = GraphView(folded)
+    assert "Shape" not in view.op_types
+    assert view.tensor("y").shape == (1, 4, 16, 1)
+
+
+def _unknown_until_folded() -> onnx.ModelProto:
+    """Conv → a reshape whose target is shape arithmetic (rank unknown until folded) → Conv →
+    Cos (a host op on mlsoc) → Conv. Unfolded, only the first Conv has known shapes: one MLA
+    "segment" of one node; folded, the three Convs run on the MLA around the host Cos."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), f"w{k}")
+        if k == 1
+        else numpy_helper.from_array(rng.normal(0, 0.5, (8, 8, 1, 1)).astype(np.float32), f"w{k}")
+        for k in (1, 2, 3)
+    ]
+    nodes = [
+        _constant("zero", np.array([0], np.int64)),
+        _constant("two", np.array([2], np.int64)),
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        *_flatten_like_paddle("a", "map", [-1, 1]),
+        helper.make_node("Conv", ["map", "w2"], ["b"]),
+        helper.make_node("Cos", ["b"], ["c"]),
+        helper.make_node("Conv", ["c", "w3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "unknown",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+def test_fix_keeps_a_fold_that_makes_the_shapes_known_even_with_more_segments() -> None:
+    model = load_model(_unknown_until_folded())
+    before = check_model(model, "mlsoc", suggest=False)
+    assert before.mla_segments == 1 and before.macs_unknown_nodes == 2
+    result = fix_model(model, "mlsoc")
+    assert "fold-constants" in [s["rule"] for s in result.steps]
+    after = result.coverage_after
+    assert after.macs_unknown_nodes == 0
+    assert after.mla_segments == 2  # the Cos between the Convs is a host op on mlsoc

@@ -38,8 +38,10 @@ from surgery.rules.replace_common import (
 )
 
 _NEEDS_VALUE = {"non_constant_input", "axis_unknown"}
-_MAX_FOLD_ROUNDS = 8
-"""Fold → re-infer rounds; each round resolves one more level of shape arithmetic."""
+_MAX_FOLD_ROUNDS = 64
+"""Fold → re-infer rounds; each round resolves one more level of shape arithmetic. The loop
+stops as soon as a round folds nothing, so this only bounds pathological graphs: a Swin-T's
+window padding and shift mask chain their shapes through all twelve blocks (15 rounds)."""
 
 
 @register

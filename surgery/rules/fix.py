@@ -66,6 +66,17 @@ def _score(cov: CoverageReport) -> tuple[int, int, float]:
     return (abs(cov.mla_segments - 1), len(cov.blockers), -cov.mla_mac_fraction)
 
 
+def _outcome(cov: CoverageReport) -> tuple[int, int, int, float]:
+    """How good a look-ahead's end is: matrix ops of unknown shape first, then `_score`.
+
+    A model whose shapes are unknown has segments that are not comparable with those of a model
+    whose shapes are known: an RT-DETR export whose padding arithmetic leaves every shape after
+    the stem unknown counts one "segment" of two nodes with the rest on the host, and folding
+    that arithmetic shows the real picture (most of the MACs on the MLA, in several segments).
+    """
+    return (cov.macs_unknown_nodes, *_score(cov))
+
+
 def _candidates(
     rules: Sequence[Rule], ctx: RuleContext, tried: set[str]
 ) -> list[tuple[int, int, Rule, int]]:
@@ -102,7 +113,7 @@ def fix_model(
     (e.g. to store every step as a workspace version). A cleanup that makes coverage worse
     is kept when fixing on from it (`look_ahead`) ends better than the model before it: folding
     a transformer's shape arithmetic first turns unknown ranks into rank-3 blockers, which only
-    the rank-4 rules then remove.
+    the rank-4 rules then remove. "Better" puts known shapes first (`_outcome`).
     """
     options = _FixOptions(allow_approximate, tuple(skip), inputs)
     tgt = resolve_target(target)
@@ -149,8 +160,10 @@ def fix_model(
                     if look_ahead
                     else None
                 )
-                if branch is not None and _score(branch[0].coverage_after) < _score(ctx.coverage):
-                    return _adopt(result, step, *branch, on_step, on_rewrite)
+                if branch is not None and _outcome(branch[0].coverage_after) < _outcome(
+                    ctx.coverage
+                ):
+                    return _adopt(result, ctx.coverage, step, *branch, on_step, on_rewrite)
                 result.rejected.append({"rule": rule.name, "reason": "made coverage worse"})
                 tried.add(rule.name)
                 continue
@@ -210,6 +223,7 @@ def _fix_onwards(
 
 def _adopt(
     result: FixResult,
+    before: CoverageReport,
     step: RewriteResult,
     branch: FixResult,
     rewrites: list[RewriteResult],
@@ -219,10 +233,16 @@ def _adopt(
     """Continue `result` with a cleanup step and the branch that fixed on from it."""
     for rewrite in (step, *rewrites):
         _record(result, rewrite, on_step, on_rewrite)
+    end = branch.coverage_after
+    known = (
+        f" with the shapes of {before.macs_unknown_nodes - end.macs_unknown_nodes} more "
+        "matrix op(s) known"
+        if end.macs_unknown_nodes < before.macs_unknown_nodes
+        else ""
+    )
     result.steps[-len(rewrites) - 1]["look_ahead"] = (
         f"made coverage worse by itself; kept because the {len(rewrites)} step(s) after it "
-        f"reach {branch.coverage_after.mla_segments} MLA segment(s) and "
-        f"{len(branch.coverage_after.blockers)} blocker(s)"
+        f"reach {end.mla_segments} MLA segment(s) and {len(end.blockers)} blocker(s){known}"
     )
     result.rejected.extend(branch.rejected)
     result.notes.extend(branch.notes)

@@ -2,7 +2,8 @@
 
 A node is a candidate when coverage blocks it, its op has a lift (`rank4_ops.SUPPORT`) that
 admits it exactly, and lifting changes something: a data tensor is not 4-D, or the op is one the
-lift re-expresses (Softmax/LayerNorm moved to the channel axis, Gather → Slice, Gemm → Conv, …).
+lift re-expresses (Softmax/LayerNorm moved to the channel axis, Gather → Slice, Gemm → Conv, …),
+or a 4-D Transpose that moves a batch axis of size 1 (the lift keeps axis 0 in place).
 Candidates connected through tensors form a region; each region is one match. An MLA node at a
 rank the target allows by exception (rk3588's rank-2 Gemm) that touches a region is lifted
 with it, so the lift does not rebuild its operands on the host around it.
@@ -19,8 +20,9 @@ A region's blockers are the nodes whose lifted form runs on the MLA according to
 own constraints (the layout constraints excepted: those are what the lift fixes). A reshape
 that only hands a lifted tensor back to a graph output is part of its region but is not counted:
 it stays as the trailing host stage. A region is dropped when the reshapes its edges would add
-(non-4-D tensors entering or leaving it) are at least as many as the blockers it removes:
-lifting a lone Sigmoid between two host ops would only add work.
+(non-4-D tensors entering or leaving it, graph outputs aside: their reshape is that trailing
+stage) are at least as many as the blockers it removes: lifting a lone Sigmoid between two host
+ops would only add work.
 """
 
 from __future__ import annotations
@@ -128,9 +130,25 @@ def _candidate(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
     if not ctx.coverage.placements[idx].is_blocker:
         return None
     info = _liftable(ctx, idx, opset)
-    if info is None or (all(r == 4 for r in info.ranks()) and info.op not in _REEXPRESSED):
+    if info is None:
         return None
+    if all(r == 4 for r in info.ranks()) and info.op not in _REEXPRESSED:
+        return info if _moves_unit_batch(info) else None
     return info
+
+
+def _moves_unit_batch(info: NodeInfo) -> bool:
+    """A 4-D Transpose whose input has at most three non-unit axes (so a unit batch axis).
+
+    The MLA keeps axis 0 in place, but with the batch axis of size 1 any such permutation is a
+    Transpose of the other three axes between two Reshapes: the lift carries it as a relabel and
+    converts with batch-keeping steps. torch's nn.MultiheadAttention (sequence-first inside)
+    writes one per attention block: [1,H,L,d] → perm (2,0,1,3) → [L,1,H,d].
+    """
+    if info.op != "Transpose":
+        return False
+    shape = info.shape(info.input(0))
+    return shape is not None and sum(1 for d in shape if d != 1) < 4
 
 
 def _liftable(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
@@ -241,17 +259,20 @@ def _components(view: GraphView, order: list[int], members: set[int]) -> list[li
 
 
 def _boundary_cost(view: GraphView, members: list[int], constants: frozenset[str]) -> int:
-    """Reshapes the lift adds at the edges: non-4-D tensors entering or leaving the region."""
+    """Reshapes the lift adds at the edges: non-4-D tensors entering or leaving the region.
+
+    A tensor that leaves only as a graph output costs nothing: its reshape back is a trailing
+    host stage, which adds no segment (a `mean([2, 3])` → Linear head on rk3588, whose rank-2
+    Gemm runs on the MLA, joins the body through such an exit).
+    """
     inside = set(members)
-    outputs = set(view.graph_outputs)
     entering, leaving = set(), set()
     for idx in members:
         for t in view.node_inputs[idx]:
             if t and t not in constants and view.producer.get(t) not in inside:
                 entering.add(t)
         for t in view.node_outputs[idx]:
-            users = view.consumers.get(t, ())
-            if t in outputs or any(c not in inside for c in users):
+            if any(c not in inside for c in view.consumers.get(t, ())):
                 leaving.add(t)
     return sum(1 for t in entering | leaving if view.tensor(t).rank != 4)
 
