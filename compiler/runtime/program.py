@@ -139,20 +139,33 @@ class FloatStep:
 
     def run(self, values: Values) -> None:
         feeds = {name: np.asarray(values[name]) for name in self.inputs}
-        session = self._session(feeds) if self._on_onnxruntime else None
-        if session is not None:
-            results = session.run(
-                None, {k: v for k, v in feeds.items() if k not in self._constants}
-            )
-        else:
+        results = self._run_onnxruntime(feeds) if self._on_onnxruntime else None
+        if results is None:
             results = self._evaluator.run(None, feeds)
         for name, result in zip((o for o in self.outputs if o), results, strict=True):
             values[name] = np.asarray(result)
 
+    def _run_onnxruntime(self, feeds: Values) -> list | None:
+        """The node's outputs from ONNX Runtime, or None where it cannot run them (no kernel,
+        or an input dtype its Python binding does not take, such as ml_dtypes' int4): those
+        inputs go to onnx.reference from then on."""
+        session = self._session(feeds)
+        if session is None:
+            return None
+        try:
+            return session.run(None, {k: v for k, v in feeds.items() if k not in self._constants})
+        except Exception:  # noqa: BLE001 - ORT's own exception types
+            self._sessions[self._key(feeds)] = None
+            return None
+
+    @staticmethod
+    def _key(feeds: Values) -> tuple:
+        return tuple((name, value.dtype.str, value.shape) for name, value in feeds.items())
+
     def _session(self, feeds: Values) -> Any:
         """The ONNX Runtime session for inputs of these dtypes and shapes (None when ONNX
         Runtime has no kernel for them: onnx.reference runs the node then)."""
-        key = tuple((name, value.dtype.str, value.shape) for name, value in feeds.items())
+        key = self._key(feeds)
         if key not in self._sessions:
             try:
                 self._sessions[key] = single_node_session(
