@@ -180,7 +180,7 @@ def run_archive(
     for node in document["output_nodes"]:
         key = (node["name"], node["layout"])
         parts = [_logical(frame[key], node) for frame in frames]
-        outputs[node["name"]] = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        outputs[node["name"]] = _stack_frames(parts)
     tensors: dict[str, np.ndarray] = {}
     if keep_tensors:
         shapes = _declared_shapes(archive)
@@ -191,9 +191,17 @@ def run_archive(
             parts = [
                 _logical(frame[(name, layout)], {**node, "layout": layout}) for frame in frames
             ]
-            tensors.setdefault(name, np.concatenate(parts, axis=0))
+            tensors.setdefault(name, _stack_frames(parts))
     pipeline = PipelineStats(stats, len(frames), batch, time.perf_counter() - started, tensors)
     return outputs, pipeline
+
+
+def _stack_frames(parts: list[np.ndarray]) -> np.ndarray:
+    """Per-frame values of one tensor, frames stacked on axis 0. A 0-d tensor (a scalar a host
+    stage computes, e.g. Swin-T's window-shift arithmetic) has no frame axis: the last frame's."""
+    if len(parts) == 1 or np.ndim(parts[0]) == 0:
+        return parts[-1]
+    return np.concatenate(parts, axis=0)
 
 
 # --- inputs and layouts -------------------------------------------------------------------------------
