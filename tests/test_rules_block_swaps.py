@@ -120,6 +120,33 @@ def test_pixel_shuffles_are_left_to_depth_to_space() -> None:
     assert apply_rule(model, "shuffle-to-depth-to-space", "mlsoc").verification.passed
 
 
+def test_a_channel_shuffle_is_left_to_the_rank4_lift() -> None:
+    """[1, g, C/g, H, W] → perm (0, 2, 1, 3, 4) moves three blocks: one 4-D Transpose, which
+    reshape-to-4d carries inside its region."""
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (C, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(np.array([1, 2, C // 2, H, H], np.int64), "groups"),
+        numpy_helper.from_array(np.array([1, C, H, H], np.int64), "image"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Reshape", ["a", "groups"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["t"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t", "image"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "channel_shuffle",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, H, H])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    with pytest.raises(RuleNotApplicableError):
+        apply_rule(model, "transpose-to-block-swaps", "mlsoc")
+
+
 def test_unfold_and_fold_compile_to_one_elf_bit_exact(tmp_path) -> None:
     fixed = apply_rule(_unfold_fold(), "transpose-to-block-swaps", "mlsoc").model
     qdq = quantize_on(fixed, "mlsoc")

@@ -14,12 +14,14 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.rank4_layout import transpose_runs
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -159,8 +161,9 @@ def _describe(attrs: dict) -> str:
 BlockSwap = tuple[tuple[int, int, int, int], tuple[int, ...]]
 """One step of a block-swap chain: the 4-D shape the tensor is viewed as, and the Transpose."""
 
-MAX_RUNS = 8
-"""Axes moved independently; a search over more (none seen in exports) is not attempted."""
+MAX_RUNS = 6
+"""Most blocks of axes that move independently (a rank-6 transpose has at most six): the
+search visits at most 6! orders; more (none seen in exports) is not attempted."""
 
 
 @register
@@ -176,7 +179,9 @@ class TransposeToBlockSwaps(GraphRule):
     X, Y, Z consecutive blocks after it) and permute X, Y, Z; the batch slot A never moves,
     as the MLA requires. The shortest chain is found by breadth-first search over the order
     of the moving axes (two Transposes for a patch unfold or fold). Pure data movement: exact.
-    Pixel shuffles are left to shuffle-to-depth-to-space (one op instead of a chain).
+    Pixel shuffles are left to shuffle-to-depth-to-space (one op instead of a chain), and
+    permutations that move at most four blocks (a channel shuffle, a Swin window partition)
+    to the rank-4 lift, which carries them as one 4-D Transpose inside its region.
     """
 
     name = "transpose-to-block-swaps"
@@ -236,6 +241,8 @@ class TransposeToBlockSwaps(GraphRule):
         if not pat.is_float(x):
             return None
         perm = tuple(pat.attrs(transpose).get("perm") or reversed(range(len(ms))))
+        if transpose_runs(ms, perm) is not None:
+            return None  # one 4-D Transpose of at most four blocks: the rank-4 lift's case
         steps = block_swaps(ms, perm)
         if not steps:
             return None
@@ -268,6 +275,14 @@ def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | 
     (read in memory order, as a Reshape would read the result): each step views the current
     tensor as [A, X, Y, Z] and permutes X, Y, Z. [] when no data moves; None when the axes
     that move independently are too many to search."""
+    steps = _block_swaps(tuple(shape), tuple(perm))
+    return None if steps is None else list(steps)
+
+
+@lru_cache(maxsize=256)
+def _block_swaps(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[BlockSwap, ...] | None:
+    """`block_swaps`, once per shape and perm: `surgery check` asks on every run, and a model
+    repeats the same unfold in every block."""
     nonunit = [a for a, d in enumerate(shape) if d != 1]
     following = dict(itertools.pairwise(nonunit))
     runs: list[list[int]] = []
@@ -298,7 +313,7 @@ def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | 
     while (back := previous[state]) is not None:
         state, step = back
         steps.append(step)
-    return steps[::-1]
+    return tuple(steps[::-1])
 
 
 def _block_moves(state: tuple[int, ...], size: Sequence[int]):
