@@ -112,6 +112,7 @@ def verify_brief(data: dict[str, Any] | None, reference: str | None = None) -> V
         worst_max_abs=_num(max_abs),
         worst_max_rel=_num(data.get("worst_max_rel")),
         reference=reference or data.get("reference"),
+        note=data.get("note"),
     )
 
 

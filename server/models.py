@@ -94,6 +94,11 @@ class VerifyBrief(Out):
     reference: str | None = Field(
         default=None, description="What the new version was compared with."
     )
+    note: str | None = Field(
+        default=None,
+        description="Set when the outputs follow a TopK/ArgMax/NMS and the versions were "
+        "compared stage by stage (float rounding flips a selection's tie order).",
+    )
 
 
 class CoverageBrief(Out):

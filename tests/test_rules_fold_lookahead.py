@@ -224,3 +224,43 @@ def test_fix_keeps_a_fold_that_makes_the_shapes_known_even_with_more_segments() 
     after = result.coverage_after
     assert after.macs_unknown_nodes == 0
     assert after.mla_segments == 2  # the Cos between the Convs is a host op on mlsoc
+
+
+def _resize_to_computed_size() -> onnx.ModelProto:
+    """Conv → Resize whose sizes are Concat(Shape(x)[0:2], [8, 8]) (torchvision's LR-ASPP and
+    DeepLabV3 write F.interpolate(size=...) so) → Conv. Check places the Resize on the MLA as if
+    the sizes were known; the model is one segment with no blockers before any rewrite."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([8, 8], np.int64), "hw"),
+    ]
+    nodes = [
+        _constant("zero", np.array([0], np.int64)),
+        _constant("two", np.array([2], np.int64)),
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Shape", ["a"], ["a_shape"]),
+        helper.make_node("Slice", ["a_shape", "zero", "two", "zero"], ["a_lead"]),
+        helper.make_node("Concat", ["a_lead", "hw"], ["sizes"], axis=0),
+        helper.make_node("Resize", ["a", "", "", "sizes"], ["up"], mode="nearest"),
+        helper.make_node("Conv", ["up", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_fix_folds_the_constants_of_a_model_that_is_already_one_segment() -> None:
+    model = load_model(_resize_to_computed_size())
+    before = check_model(model, "mlsoc", suggest=False)
+    assert before.single_elf and not before.blockers
+    result = fix_model(model, "mlsoc")
+    assert [s["rule"] for s in result.steps] == ["fold-constants"]
+    assert "Shape" not in GraphView(result.model).op_types
+    assert result.coverage_after.single_elf

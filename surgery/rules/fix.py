@@ -77,6 +77,13 @@ def _outcome(cov: CoverageReport) -> tuple[int, int, int, float]:
     return (cov.macs_unknown_nodes, *_score(cov))
 
 
+def _unfolded(cov: CoverageReport) -> bool:
+    """Nodes that compute constants still in the graph. Check places their consumers as if the
+    values were known (a Resize whose sizes are Concat(Shape(x)[:2], …)), but the compiler reads
+    the model as it is: such a Resize went to the host and split LR-ASPP's one segment in two."""
+    return any(p.foldable for p in cov.placements)
+
+
 def _candidates(
     rules: Sequence[Rule], ctx: RuleContext, tried: set[str]
 ) -> list[tuple[int, int, Rule, int]]:
@@ -130,7 +137,7 @@ def fix_model(
     reference: Reference | None = None  # computed on first use: nothing to run if nothing applies
     tried: set[str] = set()
     while len(result.steps) < max_steps:
-        if ctx.coverage.single_elf and not ctx.coverage.blockers:
+        if ctx.coverage.single_elf and not ctx.coverage.blockers and not _unfolded(ctx.coverage):
             break
         applied = False
         for _, _, rule, _ in _candidates(rules, ctx, tried):

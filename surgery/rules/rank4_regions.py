@@ -138,12 +138,13 @@ def _candidate(ctx: RuleContext, idx: int, opset: int) -> NodeInfo | None:
 
 
 def _moves_unit_batch(info: NodeInfo) -> bool:
-    """A 4-D Transpose whose input has at most three non-unit axes (so a unit batch axis).
+    """A 4-D Transpose whose input has at most three non-unit axes.
 
-    The MLA keeps axis 0 in place, but with the batch axis of size 1 any such permutation is a
-    Transpose of the other three axes between two Reshapes: the lift carries it as a relabel and
-    converts with batch-keeping steps. torch's nn.MultiheadAttention (sequence-first inside)
-    writes one per attention block: [1,H,L,d] → perm (2,0,1,3) → [L,1,H,d].
+    The MLA keeps axis 0 in place, but with three non-unit axes or fewer any permutation is a
+    Transpose of slots 1–3 between two Reshapes that put a unit axis first: the lift carries
+    the Transpose as a relabel and converts with such batch-keeping steps. torch's
+    nn.MultiheadAttention (sequence-first inside) writes one per attention block:
+    [1,H,L,d] → perm (2,0,1,3) → [L,1,H,d].
     """
     if info.op != "Transpose":
         return False

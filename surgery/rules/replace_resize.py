@@ -1,5 +1,6 @@
-"""Resizes in a form the MLA accepts: resize-to-supported (nearest resizes the MLA rejects, in
-an exactly equivalent form), upsample-to-resize (the pre-opset-10 Upsample op)."""
+"""Resizes in a form the MLA accepts: resize-to-supported (nearest resizes the MLA rejects, and
+any resize of a single pixel, in an exactly equivalent form), upsample-to-resize (the
+pre-opset-10 Upsample op)."""
 
 from __future__ import annotations
 
@@ -322,16 +323,17 @@ class ResizeToSupported(GraphRule):
     then per axis a Concat of Slices of it (runs of consecutive rows; a repeated row is one
     Slice read again), the factor chosen for the fewest Slices and Concat inputs (at most 64
     per axis). Indices are computed in float32 as ONNX Runtime does. Every form copies pixels
-    unchanged, so results are identical; bilinear resizes are never rewritten (a chain of
-    bilinear resizes is not one bilinear resize). Only nodes the target keeps off its MLA are
-    matched.
+    unchanged, so results are identical. Linear and cubic resizes are rewritten only from a
+    single pixel (every output is that pixel, as in the image-pooling branch of DeepLabV3's
+    ASPP); otherwise a chain of bilinear resizes is not one bilinear resize. Only nodes the
+    target keeps off its MLA are matched.
     """
 
     name = "resize-to-supported"
     suggest_for = frozenset({"Resize"})
     summary = (
-        "Nearest Resize the MLA rejects → Resize chain, DepthToSpace, ConvTranspose, Slice, "
-        "or Slices + Concat of its index map."
+        "Nearest Resize (or any Resize of one pixel) the MLA rejects → Resize chain, "
+        "DepthToSpace, ConvTranspose, Slice, or Slices + Concat of its index map."
     )
     category = "replace"
     example = "surgery apply resize-to-supported model.onnx --target rk3588"
@@ -359,10 +361,13 @@ class ResizeToSupported(GraphRule):
         attrs = pat.attrs(node)
         x, y = pat.ins(node)[0], pat.outs(node)[0]
         xs, ys = pat.shape(x), pat.shape(y)
-        if attrs.get("mode", "nearest") != "nearest" or xs is None or ys is None or len(xs) != 4:
+        if xs is None or ys is None or len(xs) != 4 or xs[:2] != ys[:2]:
             return None
-        if xs[:2] != ys[:2]:
-            return None
+        if attrs.get("mode", "nearest") != "nearest":
+            if not _from_one_pixel(xs, ys):
+                return None
+            kinds = [("up", ys[a], 0) if xs[a] != ys[a] else ("same", 1, 0) for a in (2, 3)]
+            return _upsample_plan(_Planner(ctx, xs), kinds[0][1], kinds[1][1])
         ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
         rounding = attrs.get("nearest_mode", "round_prefer_floor")
         scales = _declared_scales(pat, node, xs, ys)
@@ -404,6 +409,13 @@ class ResizeToSupported(GraphRule):
         }
         builders[d["kind"]]()
         return True
+
+
+def _from_one_pixel(xs: Sequence[int], ys: Sequence[int]) -> bool:
+    """Every resized axis has one input pixel: any mode then copies it to every output (the
+    linear or cubic weights all fall on that pixel), the image-pooling branch of DeepLabV3's
+    ASPP upsampling its 1×1 map to the feature map's size."""
+    return all(xs[a] == 1 or xs[a] == ys[a] for a in (2, 3)) and any(xs[a] != ys[a] for a in (2, 3))
 
 
 def _declared_scales(pat: Pattern, node: int, xs: Sequence[int], ys: Sequence[int]) -> list[float]:
