@@ -7,6 +7,8 @@ bench/memory_plan.py), side by side in one process:
 * emulator: `run_archive` on one frame (archive read once) — the whole pipeline, and its
   MLA stages alone;
 * ORT: ONNX Runtime on the QDQ model (default graph optimisations, CPU);
+* BLAS floor: the model's dense GEMMs alone in float32 BLAS (bench/blas_floor.py), a lower
+  bound on any numpy emulator — when floor / ORT is above 3, the bar is out of numpy's reach;
 * each the best of N runs, N at least --repeat and enough for a second of runs (at most 50);
 * the ratio emulator / ORT (bar: <= 3x), and whether the outputs agree with the reference.
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from blas_floor import blas_floor_seconds
 from memory_plan import ROOT, prepared_models
 
 from compiler.archive import read_archive
@@ -104,6 +107,7 @@ def main() -> None:
             ort_seconds, _ = _best(
                 lambda session=session, feeds=feeds: session.run(None, feeds), args.repeat
             )
+            floor_seconds, dense_macs = blas_floor_seconds(model, args.repeat)
             rows.append(
                 {
                     "model": name,
@@ -113,13 +117,16 @@ def main() -> None:
                     "emulator_mla_seconds": round(mla_seconds, 4),
                     "ort_seconds": round(ort_seconds, 4),
                     "ratio": round(emulator_seconds / ort_seconds, 2),
+                    "dense_macs": dense_macs,
+                    "blas_floor_seconds": round(floor_seconds, 4),
+                    "blas_floor_ratio": round(floor_seconds / ort_seconds, 2),
                     "mla_static_cycles": stats.mla_static_cycles,
                     "latency_us_per_frame": round(stats.latency_us_per_frame, 2),
                 }
             )
     header = (
         f"{'model':<18} {'elf':>3} {'compile s':>10} {'emulator s':>11} {'(MLA s)':>9} "
-        f"{'ORT s':>8} {'emu/ORT':>8} {'MLA cycles':>12}"
+        f"{'ORT s':>8} {'emu/ORT':>8} {'floor/ORT':>10} {'MLA cycles':>12}"
     )
     print(header)
     print("-" * len(header))
@@ -127,12 +134,14 @@ def main() -> None:
         print(
             f"{row['model']:<18} {row['elf_files']:>3} {row['compile_seconds']:>10.2f} "
             f"{row['emulator_seconds']:>11.3f} {row['emulator_mla_seconds']:>9.3f} "
-            f"{row['ort_seconds']:>8.4f} {row['ratio']:>8.1f} {row['mla_static_cycles']:>12,}"
+            f"{row['ort_seconds']:>8.4f} {row['ratio']:>8.1f} {row['blas_floor_ratio']:>10.1f} "
+            f"{row['mla_static_cycles']:>12,}"
         )
     yolo = next((r for r in rows if r["model"] == "yolov8n"), None)
     if yolo:
         print(f"\nyolov8n compile: {yolo['compile_seconds']:.2f} s (bar: < 10 s)")
     print(f"worst emulator/ORT: {max(r['ratio'] for r in rows):.1f}x (bar: <= 3x)")
+    print("floor/ORT: the dense GEMMs alone in float32 BLAS / ORT (a numpy emulator's lower bound)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     document = {"emulator_workers": parallel.worker_count(), "rows": rows}
     args.output.write_text(json.dumps(document, indent=2) + "\n")

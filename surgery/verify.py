@@ -44,6 +44,7 @@ from surgery.model import (
     save_model,
     set_input_shapes,
 )
+from surgery.ort_logging import ERRORS_ONLY, quiet_ort_logging
 
 ModelSource = str | os.PathLike | onnx.ModelProto
 
@@ -259,6 +260,15 @@ def _tensor_dims(model: onnx.ModelProto, name: str, depth: int = 0) -> list[int]
 # --------------------------------------------------------------------------- running
 
 
+def quiet_session_options() -> ort.SessionOptions:
+    """Session options that log errors only, for every session the project opens (and ORT's
+    default logger too: see surgery.ort_logging)."""
+    quiet_ort_logging()
+    options = ort.SessionOptions()
+    options.log_severity_level = ERRORS_ONLY
+    return options
+
+
 def ort_session(
     model: onnx.ModelProto, *, label: str = "model", config: Mapping[str, str] | None = None
 ) -> ort.InferenceSession:
@@ -268,8 +278,7 @@ def ort_session(
     a temporary directory with external data and opened by path. `config` adds session config
     entries (e.g. threads that sleep instead of spinning between runs).
     """
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = quiet_session_options()
     # Simulate Q/DQ in float (the QDQ reference semantics) instead of fusing them into ORT's
     # int8 kernels, which round differently; float models are unaffected.
     options.add_session_config_entry("session.disable_quant_qdq", "1")

@@ -356,3 +356,33 @@ def test_models_over_protobuf_limit_run_from_external_data(monkeypatch: pytest.M
     # Pretend the model is over 2 GB; a 4 KB table makes save_model write a real data file.
     monkeypatch.setattr("surgery.verify.model_nbytes", lambda model: 2**40)
     assert verify_models(embedding_model(rows=256), embedding_model(rows=256)).passed
+
+
+def _unsqueeze_with_runtime_axes() -> onnx.ModelProto:
+    """ORT's UnsqueezeElimination logs a warning that it cannot remove this node."""
+    data = numpy_helper.from_array(np.ones(4, np.float32), "data")
+    graph = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["data", "axes"], ["y"], name="unsqueeze")],
+        "g",
+        [helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [data],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sessions_without_options_stay_quiet_after_quiet_ort_logging(
+    capfd: pytest.CaptureFixture[str],
+):
+    """onnx-graphsurgeon's fold_constants opens such sessions; ORT's default logger prints."""
+    import onnxruntime as ort
+
+    from surgery.ort_logging import quiet_ort_logging
+
+    model = _unsqueeze_with_runtime_axes().SerializeToString()
+    ort.set_default_logger_severity(2)  # ORT's default in a fresh process: warnings
+    ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert "UnsqueezeElimination" in capfd.readouterr().err
+    quiet_ort_logging()
+    ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert "UnsqueezeElimination" not in capfd.readouterr().err

@@ -45,6 +45,7 @@ from surgery.model import (
     raise_ir_version,
     toposort_nodes,
 )
+from surgery.verify import quiet_session_options
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
@@ -381,8 +382,7 @@ def _evaluate(
     sub = onnx.helper.make_model(
         graph, opset_imports=list(model.opset_import), ir_version=model.ir_version
     )
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = quiet_session_options()
     try:
         session = ort.InferenceSession(
             sub.SerializeToString(), options, providers=["CPUExecutionProvider"]

@@ -20,9 +20,10 @@ def host_session(model_bytes: bytes) -> Any:
     """An InferenceSession for a serialized model, configured as described above."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    from surgery.verify import quiet_session_options
+
+    options = quiet_session_options()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 

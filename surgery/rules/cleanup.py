@@ -18,6 +18,7 @@ from surgery.coverage import NodePlacement, analyze_coverage
 from surgery.errors import SurgeryError
 from surgery.graph import shape_from_type
 from surgery.model import infer_model_shapes, load_model, read_model, set_input_shapes
+from surgery.ort_logging import quiet_ort_logging
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import (
@@ -83,6 +84,7 @@ class FoldConstants(Rule):
         for _ in range(_MAX_FOLD_ROUNDS):
             count = len(graph.nodes)
             with quiet_graphsurgeon():
+                quiet_ort_logging()  # onnx-graphsurgeon folds in sessions without options
                 graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
                 graph.cleanup()
             if len(graph.nodes) == count or not _refresh_shapes(graph, ctx.model):
