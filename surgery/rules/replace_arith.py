@@ -1,5 +1,5 @@
-"""Elementwise arithmetic in the cheapest exact form: sub-div-to-add-mul, pow2-to-mul,
-where-to-mask-arith."""
+"""Elementwise arithmetic in the cheapest exact form: sub-div-to-add-mul, neg-to-mul,
+pow2-to-mul, where-to-mask-arith."""
 
 from __future__ import annotations
 
@@ -77,6 +77,51 @@ class SubDivToAddMul(GraphRule):
             "negated" if node.op == "Sub" else "reciprocal", value.astype(c.dtype)
         )
         node.op = "Add" if node.op == "Sub" else "Mul"
+        return True
+
+
+@register
+class NegToMul(GraphRule):
+    """Rewrite Neg(x) as Mul(x, −1) where the target keeps Neg off its MLA.
+
+    Negation is exact either way. SiMa-style MLAs multiply but have no Neg, and a Neg in the
+    middle of a block splits it: rotary position embeddings negate half of every query and key
+    (rotate_half in Llama, Qwen, Mistral, GPT-NeoX, RoFormer), so each attention layer would
+    otherwise cost an MLA segment.
+    """
+
+    name = "neg-to-mul"
+    suggest_for = frozenset({"Neg"})
+    summary = "Neg(x) → Mul(x, −1)."
+    category = "replace"
+    example = "surgery apply neg-to-mul llama.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Neg"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            if pat.is_const(x) or not pat.is_float(x):
+                continue
+            dtype = helper.tensor_dtype_to_np_dtype(pat.elem_type(x))
+            minus_one = TensorSpec.const(np.array(-1, dtype=dtype))
+            probe = probe_node(ctx, "Mul", [pat.spec(x), minus_one], [pat.spec(y)])
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"Neg {pat.name(node)} → Mul by −1",
+                    net_freed(ctx, [pat.name(node)], [probe]),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x = node.inputs[0]
+        dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+        node.op = "Mul"
+        node.inputs = [x, ed.const("minus_one", np.array(-1, dtype=dtype))]
         return True
 
 

@@ -1,5 +1,5 @@
 """Padding and broadcasting as data movement: pad-to-slices, pad-to-concat, expand-into-broadcast,
-expand-to-concat, conv-pads-to-pad.
+expand-to-concat, repeat-to-concat, conv-pads-to-pad.
 
 An MLA pads with constant zeros only and has no Expand, but every MLA slices and concatenates.
 A reflect or edge Pad copies rows and columns of its input next to it, a constant Pad puts
@@ -11,7 +11,9 @@ only: exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -460,6 +462,175 @@ class ExpandToConcat(GraphRule):
             ed.node("Concat", f"{expand.name}_concat", [current] * k, [out], axis=axis)
             current = out
         return True
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """An Unsqueeze → Expand → Reshape that repeats axis `axis` of its input `copies` times:
+    each slice in turn (interleave: [a, a, b, b]) or the whole axis in turn (tile: [a, b, a, b])."""
+
+    axis: int
+    copies: int
+    interleave: bool
+
+    def staging_shape(self, shape: Sequence[int]) -> list[int] | None:
+        """Interleave: the input reshaped so that Concat along a unit axis after `axis` repeats
+        each of its slices (None for tile, which concatenates the input as it is)."""
+        if not self.interleave:
+            return None
+        return [*shape[: self.axis + 1], 1, math.prod(shape[self.axis + 1 :])]
+
+    def concat_axis(self) -> int:
+        return self.axis + 1 if self.interleave else self.axis
+
+
+def plan_repeat(
+    source: Sequence[int], unsqueezed: Sequence[int], expanded: Sequence[int], out: Sequence[int]
+) -> Repeat | None:
+    """The repeat these four shapes describe, when they describe one.
+
+    The unit axis the Unsqueeze inserts is the one the Expand broadcasts; the Reshape folds it
+    into the axis before it (interleave) or after it (tile).
+    """
+    if len(unsqueezed) != len(source) + 1 or len(expanded) != len(unsqueezed):
+        return None
+    differ = [a for a, (u, e) in enumerate(zip(unsqueezed, expanded, strict=True)) if u != e]
+    if len(differ) != 1 or unsqueezed[differ[0]] != 1:
+        return None
+    new = differ[0]
+    copies = expanded[new]
+    if [*unsqueezed[:new], *unsqueezed[new + 1 :]] != list(source) or not 2 <= copies <= MAX_COPIES:
+        return None
+    out = list(out)
+    if new > 0 and out == [*source[: new - 1], source[new - 1] * copies, *source[new:]]:
+        return Repeat(new - 1, copies, interleave=True)
+    if new < len(source) and out == [*source[:new], copies * source[new], *source[new + 1 :]]:
+        return Repeat(new, copies, interleave=False)
+    return None
+
+
+@register
+class RepeatToConcat(GraphRule):
+    """Rewrite Unsqueeze → Expand → Reshape that repeats one axis as a Concat of copies.
+
+    Grouped-query attention shares each key/value head among several query heads
+    (`repeat_kv` in Llama, Qwen2, Mistral, Gemma): [1, kv, L, d] is unsqueezed to
+    [1, kv, 1, L, d], expanded to [1, kv, n, L, d] and reshaped to [1, kv·n, L, d]. The rank-5
+    middle and the Expand keep it off an MLA, splitting every attention layer. The same values
+    come from Reshape to [1, kv, 1, L·d] → Concat of n copies on axis 2 → Reshape to the output
+    (each head repeated in place); when the new axis is folded into the axis after it instead
+    (a tile), the Concat of n copies of the input along that axis alone. Data movement: exact.
+    """
+
+    name = "repeat-to-concat"
+    suggest_for = frozenset({"Expand", "Unsqueeze", "Reshape"})
+    summary = "Unsqueeze → Expand → Reshape repeating an axis (GQA repeat_kv) → Concat of copies."
+    category = "replace"
+    example = "surgery apply repeat-to-concat llama.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for expand in pat.nodes("Expand"):
+            chain = self._chain(pat, expand)
+            if chain is None:
+                continue
+            nodes, x, y, repeat = chain
+            if not any(pat.name(n) in ctx.blocker_names for n in nodes):
+                continue
+            shape, out = pat.shape(x), pat.shape(y)
+            assert shape is not None and out is not None
+            elem_type = pat.elem_type(x)
+            staged = repeat.staging_shape(shape)
+            probes: list[Reason | None] = []
+            source = TensorSpec(tuple(shape), elem_type)
+            if staged is not None:
+                source = TensorSpec(tuple(staged), elem_type)
+                probes.append(_probe_reshape(ctx, pat.spec(x), source))
+            axis = repeat.concat_axis()
+            assert source.shape is not None
+            joined = TensorSpec(_with(source.shape, axis, repeat.copies), elem_type)
+            probes.append(
+                probe_node(ctx, "Concat", [source] * repeat.copies, [joined], {"axis": axis})
+            )
+            if staged is not None:
+                probes.append(_probe_reshape(ctx, joined, pat.spec(y)))
+            names = [pat.name(n) for n in nodes]
+            kind = "each slice" if repeat.interleave else "the whole axis"
+            found.append(
+                self.match(
+                    names,
+                    f"{' → '.join(pat.op(n) for n in nodes)} {pat.name(expand)}: axis "
+                    f"{repeat.axis} of {fmt_shape(shape)} repeated {repeat.copies}× ({kind}) "
+                    "→ Concat of copies",
+                    net_freed(ctx, names, probes),
+                    axis=repeat.axis,
+                    copies=repeat.copies,
+                    interleave=repeat.interleave,
+                    shape=list(shape),
+                    out=list(out),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _chain(pat: Pattern, expand: int) -> tuple[list[int], str, str, Repeat] | None:
+        """(Unsqueeze, Expand, Reshape), the input, the output and the repeat; None if the
+        Expand is not the middle of such a chain with private intermediates."""
+        middle = pat.ins(expand)[0]
+        unsqueeze = pat.producer(middle, "Unsqueeze")
+        if unsqueeze is None or not pat.private(middle):
+            return None
+        reshape = pat.sole_consumer(pat.outs(expand)[0], "Reshape")
+        if reshape is None:
+            return None
+        x, y = pat.ins(unsqueeze)[0], pat.outs(reshape)[0]
+        shapes = [pat.shape(t) for t in (x, middle, pat.outs(expand)[0], y)]
+        if any(s is None for s in shapes) or pat.is_const(x) or not pat.is_float(x):
+            return None
+        repeat = plan_repeat(*shapes)  # type: ignore[arg-type]
+        if repeat is None:
+            return None
+        return [unsqueeze, expand, reshape], x, y, repeat
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        nodes = [ed.node_named(n) for n in match.nodes]
+        if any(n is None for n in nodes):
+            return False
+        unsqueeze, _, reshape = nodes
+        assert unsqueeze is not None and reshape is not None
+        x, y = unsqueeze.inputs[0], reshape.outputs[0]
+        ed.detach(*nodes)  # type: ignore[arg-type]
+        d = match.data
+        repeat = Repeat(d["axis"], d["copies"], d["interleave"])
+        staged = repeat.staging_shape(d["shape"])
+        if staged is None:
+            ed.node("Concat", "repeat", [x] * repeat.copies, [y], axis=repeat.concat_axis())
+            return True
+        source = ed.op(
+            "Reshape", "repeat_stage", [x, ed.const("shape", _int64(staged))], staged, x.dtype
+        )
+        joined_shape = list(_with(staged, repeat.concat_axis(), repeat.copies))
+        joined = ed.op(
+            "Concat",
+            "repeat",
+            [source] * repeat.copies,
+            joined_shape,
+            x.dtype,
+            axis=repeat.concat_axis(),
+        )
+        ed.node("Reshape", "repeat_unstage", [joined, ed.const("shape", _int64(d["out"]))], [y])
+        return True
+
+
+def _int64(values: Sequence[int]) -> np.ndarray:
+    return np.array(list(values), np.int64)
+
+
+def _probe_reshape(ctx: RuleContext, source: TensorSpec, target: TensorSpec) -> Reason | None:
+    assert target.shape is not None
+    shape = TensorSpec.const(_int64(target.shape))
+    return probe_node(ctx, "Reshape", [source, shape], [TensorSpec(target.shape, source.elem_type)])
 
 
 @register
