@@ -592,6 +592,26 @@ def add_slice(
     return ed.node("Slice", "slice", [x, *consts], [out])
 
 
+def probe_zero_pad(
+    ctx: RuleContext, x: TensorSpec, padded: Sequence[int], pads: Sequence[int]
+) -> Reason | None:
+    """Placement of a constant-zero Pad by ONNX `pads` ([begin…, end…]) in the model's opset."""
+    out = [TensorSpec(tuple(padded), x.elem_type)]
+    if model_opset(ctx) >= 11:
+        return probe_node(ctx, "Pad", [x, TensorSpec.const(np.array(pads, np.int64))], out)
+    return probe_node(ctx, "Pad", [x], out, {"pads": list(pads)})
+
+
+def add_zero_pad(
+    ed: Editor, x: gs.Tensor, pads: Sequence[int], padded: Sequence[int], base: str
+) -> gs.Variable:
+    """A constant-zero Pad of `x` (its output, of shape `padded`) in the model's opset."""
+    if model_opset(ed.ctx) >= 11:
+        amounts = ed.const(f"{base}_pads", np.array(pads, np.int64))
+        return ed.op("Pad", base, [x, amounts], padded, x.dtype)
+    return ed.op("Pad", base, [x], padded, x.dtype, pads=list(pads))
+
+
 class GraphRule(Rule):
     """A rule that edits through an `Editor`, one match at a time.
 

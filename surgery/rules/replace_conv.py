@@ -1,4 +1,5 @@
-"""Convolutions whose kernel the MLA rejects, as sums of convolutions it runs: conv-kernel-split.
+"""Convolutions whose kernel or padding the MLA rejects, as sums of convolutions it runs:
+conv-kernel-split.
 
 RK3588's NPU runs depthwise kernels up to 8×8 only, while EdgeNeXt (9×9 in its last stage) and
 other large-kernel networks use larger ones. A convolution is linear in its kernel: split the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,9 +22,13 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    add_slice,
+    add_zero_pad,
     constant_array,
     net_freed,
     probe_node,
+    probe_slice,
+    probe_zero_pad,
 )
 
 Tile = tuple[int, int, int, int, int]
@@ -44,6 +50,11 @@ class ConvKernelSplit(GraphRule):
     are split only as far as the target needs (probed with its own op table: W, then H, then
     both); the bias stays with the first tile. The partial results are summed with Adds, so
     the output equals the original up to float summation order.
+
+    When no such split runs — the pads themselves are past the MLA's limit, or a tile would
+    still be too large (wav2vec 2.0's 128-tap positional convolution padded by 64 on rk3588) —
+    the input is zero-padded once by a Pad and the kernel cut into up to 8 tiles per axis,
+    each convolving its own crop (Slice) of the padded input without padding (`CroppedPlan`).
     Only Convs the target keeps off its MLA are matched.
     """
 
@@ -84,6 +95,9 @@ class ConvKernelSplit(GraphRule):
                     plan = tiles
                     break
             if plan is None:
+                cropped = _cropped_plan(ctx, pat, node, weight)
+                if cropped is not None:
+                    found.append(self._cropped_match(pat, node, kernel, cropped))
                 continue
             names = [pat.name(node)]
             sizes = " + ".join(f"{r[1] - r[0] + 1}×{c[1] - c[0] + 1}" for r, c in _pairs(plan))
@@ -114,7 +128,21 @@ class ConvKernelSplit(GraphRule):
         probes.append(probe_node(ctx, "Add", [pat.spec(y), pat.spec(y)], [pat.spec(y)]))
         return probes
 
+    def _cropped_match(self, pat: Pattern, node: int, kernel: tuple, plan: CroppedPlan) -> Match:
+        names = [pat.name(node)]
+        tiles = " + ".join(f"{r1 - r0 + 1}×{c1 - c0 + 1}" for (r0, r1), (c0, c1) in plan.tiles())
+        padding = "zero Pad, then " if any(plan.pads) else ""
+        return self.match(
+            names,
+            f"Conv {pat.name(node)} kernel {kernel[0]}×{kernel[1]} → {padding}cropped "
+            f"{tiles} tiles summed",
+            net_freed(pat.ctx, names, plan.probes),
+            cropped=plan.to_data(),
+        )
+
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        if "cropped" in match.data:
+            return _edit_cropped(ed, match)
         node = ed.node_named(match.nodes[0])
         assert node is not None
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -176,3 +204,158 @@ def _tile_attrs(attrs: dict, rows: Tile, cols: Tile) -> dict:
     new["kernel_shape"] = [rows[1] - rows[0] + 1, cols[1] - cols[0] + 1]
     new["pads"] = [rows[3], cols[3], rows[4], cols[4]]
     return new
+
+
+MAX_TILES_PER_AXIS = 8
+"""Most tiles one spatial axis is cut into by the cropped plan (each one more Slice, Conv and
+Add): wav2vec 2.0's positional convolution (128 taps, rk3588 runs 31) needs five."""
+
+
+@dataclass
+class CroppedPlan:
+    """A Conv as a zero Pad of its input by its own pads, then per tile of taps a crop (Slice)
+    of the padded input convolved with that tile without padding, the tiles summed.
+
+    Tile [r₀, r₁] of an axis with K taps and dilation d reads padded rows o·s + d·r for
+    r ∈ [r₀, r₁]: the padded input cropped to [d·r₀, P − d·(K−1−r₁)) gives exactly the
+    original's output size. No tile needs padding of its own, so the plan works where the
+    pad-shifting split cannot (pads past the MLA's limit, tiles that do not reach the centre).
+    """
+
+    pads: list[int]
+    padded: list[int]
+    row_tiles: list[tuple[int, int]]
+    col_tiles: list[tuple[int, int]]
+    probes: list = field(default_factory=list)
+
+    def tiles(self) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        return list(itertools.product(self.row_tiles, self.col_tiles))
+
+    def to_data(self) -> dict:
+        return {
+            "pads": self.pads,
+            "padded": self.padded,
+            "row_tiles": [list(t) for t in self.row_tiles],
+            "col_tiles": [list(t) for t in self.col_tiles],
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> CroppedPlan:
+        return cls(
+            data["pads"],
+            data["padded"],
+            [tuple(t) for t in data["row_tiles"]],  # type: ignore[misc]
+            [tuple(t) for t in data["col_tiles"]],  # type: ignore[misc]
+        )
+
+
+def even_tiles(taps: int, count: int) -> list[tuple[int, int]]:
+    """`taps` taps cut into `count` runs whose sizes differ by at most one."""
+    bounds = [round(k * taps / count) for k in range(count + 1)]
+    return [(bounds[k], bounds[k + 1] - 1) for k in range(count)]
+
+
+def _crop(tile: tuple[int, int], taps: int, dilation: int, padded: int) -> tuple[int, int]:
+    """The rows [start, end) of the padded input that tile's outputs read."""
+    return tile[0] * dilation, padded - (taps - 1 - tile[1]) * dilation
+
+
+def _cropped_plan(
+    ctx: RuleContext, pat: Pattern, node: int, weight: np.ndarray
+) -> CroppedPlan | None:
+    """The fewest tiles (at most MAX_TILES_PER_AXIS per axis) whose every op the MLA runs."""
+    attrs = pat.attrs(node)
+    xs = pat.shape(pat.ins(node)[0])
+    if xs is None or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    kernel = weight.shape[2:]
+    top, left, bottom, right = list(attrs.get("pads", [0, 0, 0, 0]))
+    pads = [0, 0, top, left, 0, 0, bottom, right]
+    padded = [xs[0], xs[1], xs[2] + top + bottom, xs[3] + left + right]
+    counts = sorted(
+        itertools.product(
+            range(1, min(kernel[0], MAX_TILES_PER_AXIS) + 1),
+            range(1, min(kernel[1], MAX_TILES_PER_AXIS) + 1),
+        ),
+        key=lambda c: (c[0] * c[1], c),
+    )
+    for rows, cols in counts[1:]:
+        plan = CroppedPlan(pads, padded, even_tiles(kernel[0], rows), even_tiles(kernel[1], cols))
+        plan.probes = _cropped_probes(ctx, pat, node, plan, weight)
+        if all(p is None for p in plan.probes):
+            return plan
+    return None
+
+
+def _cropped_probes(
+    ctx: RuleContext, pat: Pattern, node: int, plan: CroppedPlan, weight: np.ndarray
+) -> list:
+    ins, attrs = pat.ins(node), pat.attrs(node)
+    x, y = pat.spec(ins[0]), pat.spec(pat.outs(node)[0])
+    dilations = list(attrs.get("dilations", [1, 1]))
+    source = TensorSpec(tuple(plan.padded), x.elem_type)
+    probes = [probe_zero_pad(ctx, x, plan.padded, plan.pads)] if any(plan.pads) else []
+    for k, (rows, cols) in enumerate(plan.tiles()):
+        (h0, h1), (w0, w1) = (
+            _crop(rows, weight.shape[2], dilations[0], plan.padded[2]),
+            _crop(cols, weight.shape[3], dilations[1], plan.padded[3]),
+        )
+        cropped = TensorSpec((*plan.padded[:2], h1 - h0, w1 - w0), x.elem_type)
+        if cropped.shape != source.shape:
+            probes.append(probe_slice(ctx, source, cropped, [h0, w0], [h1, w1], [2, 3]))
+        kernel = (rows[1] - rows[0] + 1, cols[1] - cols[0] + 1)
+        inputs = [cropped, TensorSpec((*weight.shape[:2], *kernel), constant=True)]
+        if k == 0 and len(ins) > 2 and ins[2]:
+            inputs.append(pat.spec(ins[2]))
+        probes.append(probe_node(ctx, "Conv", inputs, [y], _cropped_attrs(attrs, kernel)))
+    probes.append(probe_node(ctx, "Add", [y, y], [y]))
+    return probes
+
+
+def _cropped_attrs(attrs: dict, kernel: tuple[int, int]) -> dict:
+    new = {k: v for k, v in attrs.items() if k not in ("pads", "kernel_shape", "auto_pad")}
+    new["kernel_shape"] = list(kernel)
+    return new
+
+
+def _edit_cropped(ed: Editor, match: Match) -> bool:
+    node = ed.node_named(match.nodes[0])
+    assert node is not None
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+    weight = ed.value(w)
+    assert weight is not None
+    attrs = dict(node.attrs)
+    ed.detach(node)
+    plan = CroppedPlan.from_data(match.data["cropped"])
+    dilations = list(attrs.get("dilations", [1, 1]))
+    source = x
+    if any(plan.pads):
+        source = add_zero_pad(ed, x, plan.pads, plan.padded, f"{node.name}_pad")
+    total = None
+    tiles = plan.tiles()
+    for k, (rows, cols) in enumerate(tiles):
+        (h0, h1), (w0, w1) = (
+            _crop(rows, weight.shape[2], dilations[0], plan.padded[2]),
+            _crop(cols, weight.shape[3], dilations[1], plan.padded[3]),
+        )
+        cropped = source
+        if (h0, h1, w0, w1) != (0, plan.padded[2], 0, plan.padded[3]):
+            shape = [*plan.padded[:2], h1 - h0, w1 - w0]
+            cropped = ed.var(f"{node.name}_crop", x.dtype, shape)
+            add_slice(ed, source, cropped, [h0, w0], [h1, w1], [2, 3])
+        part = weight[:, :, rows[0] : rows[1] + 1, cols[0] : cols[1] + 1]
+        inputs = [cropped, ed.const(f"{node.name}_tile", np.ascontiguousarray(part))]
+        if k == 0 and bias is not None:
+            inputs.append(bias)
+        kernel = (rows[1] - rows[0] + 1, cols[1] - cols[0] + 1)
+        conv_attrs = _cropped_attrs(attrs, kernel)
+        if total is None:
+            total = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **conv_attrs)
+            continue
+        conv = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **conv_attrs)
+        if k == len(tiles) - 1:
+            ed.node("Add", f"{node.name}_sum", [total, conv], [y])
+        else:
+            total = ed.op("Add", f"{node.name}_sum", [total, conv], y.shape, y.dtype)
+    return True

@@ -26,11 +26,13 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
+    add_zero_pad,
     fmt_shape,
     model_opset,
     net_freed,
     probe_node,
     probe_slice,
+    probe_zero_pad,
 )
 from surgery.rules.replace_pool import pads_over_all_axes
 from surgery.targets import Reason
@@ -664,17 +666,7 @@ class ConvPadsToPad(GraphRule):
             top, left, bottom, right = pads
             padded = (*shape[:2], shape[2] + top + bottom, shape[3] + left + right)
             onnx_pads = [0, 0, top, left, 0, 0, bottom, right]
-            if model_opset(ctx) >= 11:
-                pad_probe = probe_node(
-                    ctx,
-                    "Pad",
-                    [pat.spec(ins[0]), TensorSpec.const(np.array(onnx_pads, np.int64))],
-                    [TensorSpec(padded)],
-                )
-            else:
-                pad_probe = probe_node(
-                    ctx, "Pad", [pat.spec(ins[0])], [TensorSpec(padded)], {"pads": onnx_pads}
-                )
+            pad_probe = probe_zero_pad(ctx, pat.spec(ins[0]), padded, onnx_pads)
             unpadded = {k: v for k, v in attrs.items() if k != "pads"}
             conv_probe = probe_node(
                 ctx,
@@ -698,12 +690,6 @@ class ConvPadsToPad(GraphRule):
         node = ed.node_named(match.nodes[0])
         assert node is not None
         x = node.inputs[0]
-        pads = match.data["pads"]
-        if model_opset(ed.ctx) >= 11:
-            amounts = ed.const("conv_pads", np.array(pads, np.int64))
-            padded = ed.op("Pad", "conv_pad", [x, amounts], match.data["padded"], x.dtype)
-        else:
-            padded = ed.op("Pad", "conv_pad", [x], match.data["padded"], x.dtype, pads=pads)
-        node.inputs[0] = padded
+        node.inputs[0] = add_zero_pad(ed, x, match.data["pads"], match.data["padded"], "conv_pad")
         node.attrs.pop("pads", None)
         return True
