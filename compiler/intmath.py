@@ -622,8 +622,13 @@ def fp16_input_exponent(max_abs: float, count: int) -> int:
 
 
 def fp16_epsilon(epsilon: float, exponent: int) -> np.float16:
-    """epsilon * 2**-2e rounded to fp16 (half to even), at least `FP16_TINY`. Build time."""
-    scaled = np.float16(np.float64(epsilon) * 2.0 ** (-2 * exponent))
+    """epsilon * 2**-2e rounded to fp16 (half to even), at least `FP16_TINY`. Build time.
+
+    Past fp16's range (an input whose codes are all far below sqrt(epsilon), as in a randomly
+    initialised MobileViT) it is +inf, and the normalisation gives 0: what the true value,
+    (x - mean) / sqrt(epsilon) with |x| tiny, rounds to on the output's grid."""
+    with np.errstate(over="ignore"):
+        scaled = np.float16(np.float64(epsilon) * 2.0 ** (-2 * exponent))
     return max(scaled, FP16_TINY)
 
 

@@ -135,6 +135,19 @@ def test_a_constant_row_gives_beta_not_nan() -> None:
     assert fp16_epsilon(0.0, 0) == FP16_TINY
 
 
+def test_an_epsilon_past_fp16_range_is_inf_and_normalises_to_beta(recwarn) -> None:
+    """Codes far below sqrt(epsilon): the scaled epsilon overflows fp16 without a warning, and
+    (x - mean) / sqrt(inf) = 0 leaves beta, what the true value rounds to."""
+    exponent = fp16_input_exponent(128 * 1e-24, 16)
+    assert fp16_epsilon(1e-5, exponent) == np.float16(np.inf)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    q = np.arange(32, dtype=np.int8).reshape(2, 16)
+    beta = np.linspace(-1, 1, 16).astype(np.float16)
+    got = _normalise(q, 1e-24, 0, np.ones(16, np.float16), beta, 1e-5, True)
+    expected = np.rint(beta.astype(np.float32) / np.float32(0.02)).astype(np.int8)
+    np.testing.assert_array_equal(got, np.broadcast_to(expected, got.shape))
+
+
 # --- NORM_FP16 in the emulator against the reference kernel ---------------------------------------
 
 
