@@ -60,8 +60,10 @@ class SweepRow:
     error: str | None = None
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """The per-model time limit. A BaseException, like KeyboardInterrupt, so that library code
+    catching Exception (compile measures unknown shapes by running the model, and reports any
+    failure as a CompileError) cannot turn a slow model into a refusal."""
 
 
 def _on_alarm(signum: int, frame: object) -> None:
