@@ -138,12 +138,15 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     if not set(view.domains) <= STANDARD_DOMAINS | declared:
         _raise_unknown_domain(view, declared, label)
     produced = view.producer
-    if len(produced) != sum(1 for outs in view.node_outputs for o in outs if o):
+    # Outputs are rarely omitted (""): count them only when the cheap count disagrees.
+    if len(produced) != sum(map(len, view.node_outputs)) and len(produced) != sum(
+        1 for outs in view.node_outputs for o in outs if o
+    ):
         _raise_produced_twice(view, label)
     # Graph inputs that are also initializers are in `available` through the initializers.
     available = {*view.graph_inputs, *view.initializers, ""}
-    read = {t for ins in view.node_inputs for t in ins}
-    if read.difference(available, produced) or set(view.graph_outputs).difference(
+    read = view.consumers.keys()  # every non-empty input of a node
+    if read - available - produced.keys() or set(view.graph_outputs).difference(
         available, produced
     ):
         _raise_dangling(view, available, label)
