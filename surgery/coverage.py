@@ -477,10 +477,9 @@ def _segment(
         anc[idx] = mask
         if not on_mla[idx]:
             continue
-        candidates = sorted(
-            {find(group_of[p]) for p in producers if group_of[p] >= 0},
-            key=lambda g: -len(members[g]),
-        )
+        roots = {find(group_of[p]) for p in producers if group_of[p] >= 0}
+        # Most nodes extend one group: only several candidates need ordering (largest first).
+        candidates = sorted(roots, key=lambda g: -len(members[g])) if len(roots) > 1 else roots
         chosen: list[int] = []
         for g in candidates:
             trial = [*chosen, g]

@@ -152,11 +152,17 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
 def _labels(names: list[str], op_types: list[str]) -> list[str]:
     """`node_label` for every node, with `#<index>` appended to a repeated label.
 
-    Most graphs name every node uniquely; that case is one set comparison.
+    Most graphs give every node a unique label (their own names, or none at all, as Paddle
+    exports): that case is one comprehension and one set comparison.
     """
-    if "" not in names and len(set(names)) == len(names):
-        return names
-    labels: list[str] = []
+    labels = (
+        [name or f"{op_types[idx]}_{idx}" for idx, name in enumerate(names)]
+        if "" in names
+        else names
+    )
+    if len(set(labels)) == len(labels):
+        return labels
+    labels = []
     seen: set[str] = set()
     for idx, name in enumerate(names):
         label = name or f"{op_types[idx]}_{idx}"
@@ -226,7 +232,7 @@ class GraphView:
         """Re-read tensor types after shape inference changed `graph.value_info`. The index
         of value infos is built on first use: `open_model` builds a view before inference
         (to validate) and reloads after it, and only the second index is ever read."""
-        self._value_infos: dict[str, onnx.ValueInfoProto] | None = None
+        self._value_types: dict[str, bytes] | None = None
         self._tensors: dict[str, TensorInfo] = {}
         self._constants: dict[tuple[str, int], np.ndarray | None] = {}
         self._types: dict[bytes, tuple[int, tuple[Dim, ...] | None, bool]] = {}
@@ -236,7 +242,11 @@ class GraphView:
         """Whether every node comes after the producers of its inputs (the stored order is a
         topological order). Validation, coverage and the rules all ask; it is computed once."""
         get = self.producer.get
-        return all(get(t, -1) < i for i, ins in enumerate(self.node_inputs) for t in ins)
+        for i, ins in enumerate(self.node_inputs):
+            for t in ins:
+                if get(t, -1) >= i:
+                    return False
+        return True
 
     @cached_property
     def nodes_by_op(self) -> dict[str, list[int]]:
@@ -262,36 +272,45 @@ class GraphView:
             self._tensors[name] = info
         return info
 
-    def _value_info_index(self) -> dict[str, onnx.ValueInfoProto]:
-        """Tensor name → its declared or inferred ValueInfoProto (graph inputs win over
-        value_info, which wins over outputs)."""
-        index = self._value_infos
+    def _value_type_index(self) -> dict[str, bytes]:
+        """Tensor name → its declared or inferred type, serialized (graph inputs win over
+        value_info, which wins over outputs). Read in one pass: copying every type out in one
+        comprehension costs a third of fetching each ValueInfoProto when its tensor is asked
+        for. Inputs that are initializers are left out (the initializer gives their type)."""
+        index = self._value_types
         if index is None:
             g = self.model.graph
-            index = {vi.name: vi for vi in (*g.output, *g.value_info, *g.input)}
-            self._value_infos = index
+            inits = self.initializers
+            index = {vi.name: vi.type.SerializeToString() for vi in (*g.output, *g.value_info)}
+            index.update(
+                (vi.name, vi.type.SerializeToString()) for vi in g.input if vi.name not in inits
+            )
+            self._value_types = index
         return index
 
     def has_tensor_info(self, name: str) -> bool:
-        return name in self.initializers or name in self._value_info_index()
+        return name in self.initializers or name in self._value_type_index()
 
     def _make_tensor_info(self, name: str) -> TensorInfo:
         init = self.initializers.get(name)
         if init is not None:
             return TensorInfo(name, init.data_type, tuple(init.dims), True)
-        vi = self._value_info_index().get(name)
-        if vi is not None:
-            return TensorInfo(name, *self._parse_type(vi.type))
+        key = self._value_type_index().get(name)
+        if key is not None:
+            return TensorInfo(name, *self._parsed_type(key))
         return TensorInfo(name, 0, None, False)
 
     def _parse_type(self, tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, bool]:
-        """`shape_from_type` and whether the shape is static, once per distinct type: reading
-        dims field by field is slow, and most tensors of a network share a handful of types
-        (the serialized type is the key)."""
-        key = tp.SerializeToString()
+        """`_parsed_type` of a TypeProto."""
+        return self._parsed_type(tp.SerializeToString())
+
+    def _parsed_type(self, key: bytes) -> tuple[int, tuple[Dim, ...] | None, bool]:
+        """`shape_from_type` and whether the shape is static, once per distinct serialized
+        type: reading dims field by field is slow, and most tensors of a network share a
+        handful of types."""
         parsed = self._types.get(key)
         if parsed is None:
-            elem, shape = shape_from_type(tp)
+            elem, shape = shape_from_type(onnx.TypeProto.FromString(key))
             static = shape is not None and all(type(d) is int for d in shape)
             parsed = (elem, shape, static)
             self._types[key] = parsed

@@ -31,6 +31,9 @@ from surgery.targets import CONTRIB_OPS
 PROTOBUF_LIMIT = 2**31 - 1
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 _STRIP_BYTES = 4096  # weights larger than this are hidden from shape inference (speed, >2 GB)
+_HIDE_WEIGHTS_FROM_BYTES = 2 * 2**20
+"""Model files smaller than this are shape-inferred with their weights in place: finding the
+weights to hide costs microseconds per tensor in Python, more than serialising them all."""
 
 InputShapes = Mapping[str, Sequence[int]]
 
@@ -109,11 +112,21 @@ def open_model(
     if input_shapes:
         set_input_shapes(model, input_shapes)
     if infer_shapes:
-        model = _shape_inferred(model, label, view)
+        model = _shape_inferred(model, label, view, _worth_hiding_weights(source, model))
         view.rebind(model)
     else:
         view.reload_value_info()
     return model, view
+
+
+def _worth_hiding_weights(
+    source: str | os.PathLike | onnx.ModelProto, model: onnx.ModelProto
+) -> bool:
+    """Whether to hide large weights from the shape inferencer: unless `source` is a small,
+    self-contained file (a ModelProto's size is unknown without serialising it)."""
+    if isinstance(source, onnx.ModelProto) or _uses_external_data(model):
+        return True
+    return Path(source).stat().st_size >= _HIDE_WEIGHTS_FROM_BYTES
 
 
 def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
@@ -125,12 +138,15 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     if not set(view.domains) <= STANDARD_DOMAINS | declared:
         _raise_unknown_domain(view, declared, label)
     produced = view.producer
-    if len(produced) != sum(1 for outs in view.node_outputs for o in outs if o):
+    # Outputs are rarely omitted (""): count them only when the cheap count disagrees.
+    if len(produced) != sum(map(len, view.node_outputs)) and len(produced) != sum(
+        1 for outs in view.node_outputs for o in outs if o
+    ):
         _raise_produced_twice(view, label)
     # Graph inputs that are also initializers are in `available` through the initializers.
     available = {*view.graph_inputs, *view.initializers, ""}
-    read = {t for ins in view.node_inputs for t in ins}
-    if read.difference(available, produced) or set(view.graph_outputs).difference(
+    read = view.consumers.keys()  # every non-empty input of a node
+    if read - available - produced.keys() or set(view.graph_outputs).difference(
         available, produced
     ):
         _raise_dangling(view, available, label)
@@ -287,12 +303,13 @@ def infer_model_shapes(
 
 
 def _run_inferencer(
-    model: onnx.ModelProto, label: str, view: GraphView | None
+    model: onnx.ModelProto, label: str, view: GraphView | None, hide_weights: bool = True
 ) -> tuple[onnx.ModelProto, list[HiddenWeight]]:
-    """The C++ inferencer's output for `model` with its large weights hidden, and those weights
-    (still hidden from `model`: the caller restores them where it needs them). On failure the
-    weights are back in place and the error is a ShapeError."""
-    hidden = _hide_large_weights(model, view)
+    """The C++ inferencer's output for `model` with its large weights hidden (unless
+    `hide_weights` is False), and those weights (still hidden from `model`: the caller
+    restores them where it needs them). On failure the weights are back in place and the
+    error is a ShapeError."""
+    hidden = _hide_large_weights(model, view) if hide_weights else []
     try:
         inferred = infer_shapes_through_contrib_ops(
             model, domains=view.domains if view is not None else None
@@ -360,7 +377,9 @@ _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _STANDARD_ONLY = frozenset({"", "ai.onnx"})
 
 
-def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx.ModelProto:
+def _shape_inferred(
+    model: onnx.ModelProto, label: str, view: GraphView, hide_weights: bool = True
+) -> onnx.ModelProto:
     """Shape inference with data propagation; returns the inferred model (`model` is spent).
 
     Without subgraphs, local functions or custom ops, the inferencer's output is the input
@@ -376,7 +395,7 @@ def _shape_inferred(model: onnx.ModelProto, label: str, view: GraphView) -> onnx
     ):
         infer_model_shapes(model, label, view)
         return model
-    inferred, hidden = _run_inferencer(model, label, view)
+    inferred, hidden = _run_inferencer(model, label, view, hide_weights)
     _restore_weights(hidden, inferred)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}

@@ -135,6 +135,10 @@ class Target:
         self._rules: dict[str, tuple[Rule, ...]] = {
             op: self._resolve(spec) for op, spec in profile.ops.items()
         }
+        # Ops with an MLA placement, resolved once: `decide` asks for every node of a model.
+        self._mla_ops = frozenset(
+            op for op, rules in self._rules.items() if any(r.processor == "MLA" for r in rules)
+        )
 
     def _resolve(self, spec: OpSpec) -> tuple[Rule, ...]:
         rules: list[Rule] = []
@@ -171,9 +175,9 @@ class Target:
 
     def decide(self, op_type: str, ctx: NodeContext, known_op: bool = True) -> OpDecision:
         """First processor (MLA, then CVU) whose constraints all hold; otherwise the APU."""
-        rules = self.rules_for(op_type)
+        rules = self._rules.get(op_type, ())
         reasons: list[Reason] = []
-        if not any(r.processor == "MLA" for r in rules):
+        if op_type not in self._mla_ops:
             if known_op:
                 reasons.append(
                     Reason(
