@@ -118,6 +118,8 @@ class MemoryPort(Protocol):
         self, tensor: Tensor, key: Hashable, derive: Callable[[np.ndarray], T]
     ) -> T: ...
 
+    def constant(self, tensor: Tensor, key: Hashable, build: Callable[[], T]) -> T: ...
+
     def target(self, tensor: Tensor) -> np.ndarray: ...
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None: ...
@@ -534,7 +536,7 @@ class _OutputStage:
             if low <= requant.low and requant.high <= high:
                 out_dtype = np.dtype(target.dtype.numpy)
 
-        def prepare(_: object = None) -> FusedOutputStage | None:
+        def prepare() -> FusedOutputStage | None:
             addend = -zero_point if biases is None else biases - zero_point
             return FusedOutputStage.prepare(
                 multiplier, shift, requant.zero_point, requant.low, requant.high, addend, out_dtype
@@ -555,7 +557,7 @@ class _OutputStage:
             )
         elif all(t.space == Space.CONST for t in operands):
             key = ("stage", requant, bias, ndim, per_channel, zero_point, out_dtype.str)
-            fused = memory.read_cached(operands[0], key, prepare)
+            fused = memory.constant(operands[0], key, prepare)
         else:
             fused = prepare()
         return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused)
@@ -722,32 +724,40 @@ def _centred(memory: MemoryPort, tensor: Tensor, zero_point: int) -> np.ndarray:
     return memory.read(tensor).astype(np.int64) - zero_point
 
 
-def _copy(memory: MemoryPort, src: Tensor, dst: Tensor) -> None:
+def check_copy(instruction: Load | Store | Move) -> None:
+    """What a LOAD, STORE or plain MOVE needs: the spaces its kind moves between, and one shape
+    and dtype on both sides."""
+    src, dst = instruction.src, instruction.dst
+    if isinstance(instruction, Load):
+        if src.space not in (Space.DRAM, Space.CONST):
+            raise EmulatorError("LOAD reads DRAM or CONST")
+        if dst.space != Space.ARENA:
+            raise EmulatorError("LOAD writes the arena")
+    if isinstance(instruction, Store) and (src.space != Space.ARENA or dst.space != Space.DRAM):
+        raise EmulatorError("STORE copies from the arena to DRAM")
     _expect_shape("the destination", dst.shape, src.shape)
     if src.dtype != dst.dtype:
         raise EmulatorError(
             f"a plain copy keeps the dtype: {src.dtype.name} -> {dst.dtype.name} needs a rescale"
         )
-    memory.write(dst, memory.view(src))
+
+
+def _copy(memory: MemoryPort, instruction: Load | Store | Move) -> None:
+    check_copy(instruction)
+    memory.write(instruction.dst, memory.view(instruction.src))
 
 
 def execute_load(instruction: Load, memory: MemoryPort) -> None:
-    if instruction.src.space not in (Space.DRAM, Space.CONST):
-        raise EmulatorError("LOAD reads DRAM or CONST")
-    if instruction.dst.space != Space.ARENA:
-        raise EmulatorError("LOAD writes the arena")
-    _copy(memory, instruction.src, instruction.dst)
+    _copy(memory, instruction)
 
 
 def execute_store(instruction: Store, memory: MemoryPort) -> None:
-    if instruction.src.space != Space.ARENA or instruction.dst.space != Space.DRAM:
-        raise EmulatorError("STORE copies from the arena to DRAM")
-    _copy(memory, instruction.src, instruction.dst)
+    _copy(memory, instruction)
 
 
 def execute_move(instruction: Move, memory: MemoryPort) -> None:
     if instruction.requant is None:
-        _copy(memory, instruction.src, instruction.dst)
+        _copy(memory, instruction)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
     codes = memory.view(instruction.src)
@@ -1112,15 +1122,28 @@ class _TapProducts:
         return grid[None, :, :, :wo]
 
 
-def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
-    """im2col (or per-tap) exact matrix products; a depthwise CONV multiplies each channel's
-    weights by its tap columns (`_DepthwiseTaps`).
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A CONV's validated shapes: (N, C) input, M outputs in `group` groups, kernel, output."""
 
-    The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
-    they are in cache: runs of output rows for the matrix products (each one product per
-    group on that part of the columns), runs of channels (or of one channel's rows) for the
-    depthwise products.
-    """
+    batch: int
+    channels: int
+    out_channels: int
+    group: int
+    kernel: tuple[int, int]
+    out_hw: tuple[int, int]
+
+    @property
+    def group_out(self) -> int:
+        return self.out_channels // self.group
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.out_channels, *self.out_hw)
+
+
+def conv_geometry(instruction: Conv) -> ConvGeometry:
+    """The CONV's shapes, checked against each other (an `EmulatorError` says what is wrong)."""
     batch, channels, height, width = _rank4("the CONV input", instruction.input)
     out_channels, group_channels, kh, kw = _rank4("the CONV weight", instruction.weight)
     group = instruction.group
@@ -1130,28 +1153,74 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         )
     if min(instruction.strides) < 1 or min(instruction.dilations) < 1:
         raise EmulatorError("CONV strides and dilations must be positive")
-    (sh, sw), (dh, dw) = strides, dilations = instruction.strides, instruction.dilations
-    codes = memory.view(instruction.input)
-    weights = memory.read_cached(
-        instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3))
+    if min(instruction.pads) < 0:
+        raise EmulatorError(f"negative padding {instruction.pads}")
+    (sh, sw), (dh, dw) = instruction.strides, instruction.dilations
+    top, left, bottom, right = instruction.pads
+    ho = _output_size(height + top + bottom, kh, sh, dh)
+    wo = _output_size(width + left + right, kw, sw, dw)
+    _expect_shape("the CONV output", instruction.output.shape, (batch, out_channels, ho, wo))
+    return ConvGeometry(batch, channels, out_channels, group, (kh, kw), (ho, wo))
+
+
+def conv_weights(memory: MemoryPort, instruction: Conv) -> _Weights:
+    """The CONV's weights, made once per program (`MemoryPort.read_cached`)."""
+    return memory.read_cached(instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3)))
+
+
+def conv_stage(memory: MemoryPort, instruction: Conv) -> _OutputStage:
+    """The CONV's output stage: per-channel tables and bias along axis 1 of its output."""
+    return _OutputStage.read(
+        memory,
+        instruction.requant,
+        instruction.output.ndim,
+        per_channel=True,
+        bias=instruction.bias,
+        channels=instruction.output.shape[1],
+        target=instruction.output,
     )
+
+
+def column_product(weight: np.ndarray, cols: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The (N, M, rows, wo) accumulators of (N, C, kh, kw, rows, wo) im2col columns and a
+    (G, M/G, C/G·kh·kw) weight: one exact product per group. For one image it is computed into
+    `out`, a (1, G, M/G, rows·wo) buffer of the weight's dtype."""
+    batch, rows, wo = cols.shape[0], cols.shape[-2], cols.shape[-1]
+    group, group_out, depth = weight.shape
+    positions = rows * wo
+    if batch == 1:
+        np.matmul(weight, cols.reshape(1, group, depth, positions), out=out)
+        return out.reshape(1, group * group_out, rows, wo)
+    # The batch joins the columns: one product per group, not one per image (a transformer's
+    # linear layers are 1x1 CONVs over a batch of tokens).
+    cols = cols.reshape(batch, group, depth, positions).transpose(1, 2, 0, 3)
+    acc = np.matmul(weight, cols.reshape(group, depth, batch * positions))
+    acc = acc.reshape(group, group_out, batch, positions).transpose(2, 0, 1, 3)
+    return acc.reshape(batch, group * group_out, rows, wo)
+
+
+def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
+    """im2col (or per-tap) exact matrix products; a depthwise CONV multiplies each channel's
+    weights by its tap columns (`_DepthwiseTaps`).
+
+    The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
+    they are in cache: runs of output rows for the matrix products (each one product per
+    group on that part of the columns), runs of channels (or of one channel's rows) for the
+    depthwise products.
+    """
+    geometry = conv_geometry(instruction)
+    batch, out_channels, ho, wo = shape = geometry.shape
+    channels, group, group_out = geometry.channels, geometry.group, geometry.group_out
+    kh, kw = geometry.kernel
+    group_channels = channels // group
+    strides, dilations = instruction.strides, instruction.dilations
+    sh, dh = strides[0], dilations[0]
+    codes = memory.view(instruction.input)
+    weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
     x = _centred_as(codes, zero_point, dtype, instruction.pads, "conv-input")
-    ho = _output_size(x.shape[2], kh, sh, dh)
-    wo = _output_size(x.shape[3], kw, sw, dw)
-    shape = (batch, out_channels, ho, wo)
-    _expect_shape("the CONV output", instruction.output.shape, shape)
-    group_out = out_channels // group
-    stage = _OutputStage.read(
-        memory,
-        instruction.requant,
-        len(shape),
-        per_channel=True,
-        bias=instruction.bias,
-        channels=out_channels,
-        target=instruction.output,
-    )
+    stage = conv_stage(memory, instruction)
     everything = slice(None)
 
     if group_channels == 1:
@@ -1207,17 +1276,10 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             rows = range(ho)[block[2]]
             window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
             cols = _im2col(window, (kh, kw), strides, dilations)
-            positions = len(rows) * wo
+            out = None
             if batch == 1:
-                acc = _scratch("gemm", (1, group, group_out, positions), weight.dtype)
-                np.matmul(weight, cols.reshape(1, group, depth, positions), out=acc)
-                return acc.reshape(1, out_channels, len(rows), wo)
-            # The batch joins the columns: one product per group, not one per image (a
-            # transformer's linear layers are 1x1 CONVs over a batch of tokens).
-            cols = cols.reshape(batch, group, depth, positions).transpose(1, 2, 0, 3)
-            acc = np.matmul(weight, cols.reshape(group, depth, batch * positions))
-            acc = acc.reshape(group, group_out, batch, positions).transpose(2, 0, 1, 3)
-            return acc.reshape(batch, out_channels, len(rows), wo)
+                out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
+            return column_product(weight, cols, out)
 
     if stage.blockwise(shape):
         result = _blockwise(
