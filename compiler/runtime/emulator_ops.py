@@ -341,10 +341,29 @@ def _tabulated(
     size = math.prod(shape)
     if size < TABLE_FACTOR * 256 ** len(codes):
         return False
+    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
+    full_key = None
+    if key is not None:
+        full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
+    pairs = None
+    if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
+        pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
+    _lookup(memory, target, table, codes, shape, pairs)
+    return True
+
+
+def function_table(
+    function: Callable[..., np.ndarray],
+    dtype: np.dtype | type,
+    code_dtypes: tuple[np.dtype, ...],
+    key: Hashable | None = None,
+) -> np.ndarray:
+    """function's values, as `dtype`, over every code (pair) of 8-bit dtypes `code_dtypes`, at
+    the index the codes' bytes spell (see `_tabulated`); kept under `key` if given."""
 
     def build() -> np.ndarray:
-        domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
-        if len(codes) == 1:
+        domains = [np.arange(256, dtype=np.uint8).view(d).astype(np.int64) for d in code_dtypes]
+        if len(domains) == 1:
             table = function(domains[0])
         else:
             table = function(domains[0][:, None], domains[1][None, :])
@@ -352,13 +371,8 @@ def _tabulated(
 
     full_key = None
     if key is not None:
-        full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
-    table = _kept(full_key, build)
-    pairs = None
-    if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
-        pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
-    _lookup(memory, target, table, codes, shape, pairs)
-    return True
+        full_key = (key, tuple(np.dtype(d).str for d in code_dtypes), np.dtype(dtype).str)
+    return _kept(full_key, build)
 
 
 PAIR_ELEMENTS = 1 << 16
@@ -755,19 +769,25 @@ def execute_store(instruction: Store, memory: MemoryPort) -> None:
     _copy(memory, instruction)
 
 
+def move_stage(memory: MemoryPort, instruction: Move) -> _OutputStage:
+    """A rescaling MOVE's output stage (centred on its input zero point)."""
+    assert instruction.requant is not None
+    return _OutputStage.read(
+        memory,
+        instruction.requant,
+        instruction.src.ndim,
+        zero_point=instruction.input_zero_point,
+        target=instruction.dst,
+    )
+
+
 def execute_move(instruction: Move, memory: MemoryPort) -> None:
     if instruction.requant is None:
         _copy(memory, instruction)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
     codes = memory.view(instruction.src)
-    stage = _OutputStage.read(
-        memory,
-        instruction.requant,
-        codes.ndim,
-        zero_point=instruction.input_zero_point,
-        target=instruction.dst,
-    )
+    stage = move_stage(memory, instruction)
     key = ("move", *stage.key()) if stage.uniform(codes.ndim) else None
     if key is not None and _tabulated(
         memory, instruction.dst, stage, stage.out_dtype, codes, key=key
@@ -1387,7 +1407,7 @@ _COMMON_SCALE: dict[EltwiseOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] =
 """The ELTWISE ops that combine both operands at their common scale (`rescale_operand`)."""
 
 
-def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The accumulator of ELTWISE from centred int64 operands of the same shape."""
     op, mode, shift = instruction.op, instruction.requant.mode, instruction.left_shift
     if op in _COMMON_SCALE:
@@ -1397,6 +1417,34 @@ def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarr
     if op == EltwiseOp.MUL:
         return a * b
     return _divide(a << shift, b)
+
+
+def eltwise_function(
+    instruction: Eltwise, stage: _OutputStage
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The ELTWISE as a function of int64 codes (a, b), its stage included (for tables)."""
+
+    def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
+        return stage(eltwise_acc(instruction, *centred))
+
+    return function
+
+
+def eltwise_key(instruction: Eltwise, stage: _OutputStage) -> tuple[object, ...]:
+    """Values that determine `eltwise_function` of a `uniform` stage completely."""
+    return (
+        "eltwise",
+        instruction.op,
+        instruction.a_zero_point,
+        instruction.b_zero_point,
+        instruction.left_shift,
+        instruction.a_multiplier,
+        instruction.a_shift,
+        instruction.b_multiplier,
+        instruction.b_shift,
+        *stage.key(),
+    )
 
 
 def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
@@ -1420,25 +1468,10 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
         where = Ellipsis if block is None else block
         a = a_codes[where].astype(np.int64) - instruction.a_zero_point
         b = b_codes[where].astype(np.int64) - instruction.b_zero_point
-        return stage(_eltwise_acc(instruction, a, b), block, out=out, scratch=scratch)
-
-    def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
-        return stage(_eltwise_acc(instruction, *centred))
+        return stage(eltwise_acc(instruction, a, b), block, out=out, scratch=scratch)
 
     if stage.uniform(len(shape)):
-        key = (
-            "eltwise",
-            instruction.op,
-            instruction.a_zero_point,
-            instruction.b_zero_point,
-            instruction.left_shift,
-            instruction.a_multiplier,
-            instruction.a_shift,
-            instruction.b_multiplier,
-            instruction.b_shift,
-            *stage.key(),
-        )
+        function, key = eltwise_function(instruction, stage), eltwise_key(instruction, stage)
         if _tabulated_eltwise(
             memory, instruction, function, stage.out_dtype, a_codes, b_codes, key
         ):
@@ -1492,8 +1525,9 @@ def _tabulated_eltwise(
     return _tabulated(memory, target, function, dtype, a_codes, b_codes, key=key)
 
 
-def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
-    """One table for every code, or (8-bit inputs) one 256-entry table per channel (axis 1)."""
+def lut_tables(instruction: Lut) -> int:
+    """How many tables a LUT holds: one for every code, or (8-bit inputs) one 256-entry table
+    per channel (axis 1); an `EmulatorError` if it fits neither."""
     _expect_shape("the LUT output", instruction.output.shape, instruction.input.shape)
     low, high = _dtype_range(instruction.input.dtype.numpy)
     entries = high - low + 1
@@ -1507,17 +1541,31 @@ def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
             f"{f' (or {entries} per channel, {entries * channels})' if channels > 1 else ''}, "
             f"not {instruction.table.size}"
         )
-    x = memory.view(instruction.input)
+    return 1 if instruction.table.size == entries else channels
+
+
+def lut_function(
+    memory: MemoryPort, instruction: Lut
+) -> tuple[Callable[[np.ndarray], np.ndarray], np.dtype, Hashable]:
+    """A one-table LUT as (function of int64 codes, its values' dtype, the key of its table)."""
     dtype = instruction.input.dtype.numpy
-    if instruction.table.size != entries:
-        table = memory.read(instruction.table).reshape(channels, entries)
-        memory.write(instruction.output, apply_lut(table, x, dtype, axis=1))
-        return
     table = memory.read(instruction.table).reshape(-1)
     key = ("lut", table.tobytes(), table.dtype.str, np.dtype(dtype).str)
-    function = functools.partial(apply_lut, table, input_dtype=dtype)
-    if not _tabulated(memory, instruction.output, function, table.dtype, x, key=key):
-        memory.write(instruction.output, apply_lut(table, x, dtype))
+    return functools.partial(apply_lut, table, input_dtype=dtype), table.dtype, key
+
+
+def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
+    """One table for every code, or (8-bit inputs) one 256-entry table per channel (axis 1)."""
+    tables = lut_tables(instruction)
+    x = memory.view(instruction.input)
+    dtype = instruction.input.dtype.numpy
+    if tables > 1:
+        table = memory.read(instruction.table).reshape(tables, -1)
+        memory.write(instruction.output, apply_lut(table, x, dtype, axis=1))
+        return
+    function, table_dtype, key = lut_function(memory, instruction)
+    if not _tabulated(memory, instruction.output, function, table_dtype, x, key=key):
+        memory.write(instruction.output, function(x))
 
 
 def _windows(
@@ -1656,28 +1704,43 @@ def _execute_argmax(instruction: Reduce, memory: MemoryPort, axes: tuple[int, ..
     memory.write(instruction.output, result.reshape(instruction.output.shape))
 
 
+def resize_passes(memory: MemoryPort, instruction: Resize) -> list[tuple[int, np.ndarray]]:
+    """The RESIZE's gathers, in order: (axis, its int64 table: a row of indices, or for LINEAR
+    rows x0, x1, w0, w1), each checked against the input's shape as the passes before it left
+    it."""
+    linear = instruction.mode == ResizeMode.LINEAR
+    shape = list(instruction.input.shape)
+    passes = []
+    for axis, table in (
+        (instruction.axis0, instruction.table0),
+        (instruction.axis1, instruction.table1),
+    ):
+        if axis < 0:
+            continue
+        if table is None or not 0 <= axis < len(shape):
+            raise EmulatorError(f"RESIZE axis {axis} without a valid index table")
+        rows = memory.read(table).astype(np.int64)
+        if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
+            raise EmulatorError(f"RESIZE table of shape {rows.shape}")
+        indices = rows[:2] if linear else rows[:1]
+        if indices.min(initial=0) < 0 or indices.max(initial=0) >= shape[axis]:
+            raise EmulatorError(f"RESIZE index table points outside axis {axis}")
+        if linear and np.any(rows[2] + rows[3] != WEIGHT_ONE):
+            raise EmulatorError("RESIZE linear weights must sum to 1.0 in Q10")
+        shape[axis] = rows.shape[1]
+        passes.append((axis, rows))
+    return passes
+
+
 def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
     """NEAREST gathers the stored codes as they are; LINEAR interpolates centred int64 codes."""
     x = memory.read(instruction.input)
     linear = instruction.mode == ResizeMode.LINEAR
     if linear:
         x = x.astype(np.int64) - instruction.input_zero_point
-    passes = [(instruction.axis0, instruction.table0), (instruction.axis1, instruction.table1)]
-    for axis, table in passes:
-        if axis < 0:
-            continue
-        if table is None or not 0 <= axis < x.ndim:
-            raise EmulatorError(f"RESIZE axis {axis} without a valid index table")
-        rows = memory.read(table).astype(np.int64)
-        if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
-            raise EmulatorError(f"RESIZE table of shape {rows.shape}")
-        indices = rows[:2] if linear else rows[:1]
-        if indices.min(initial=0) < 0 or indices.max(initial=0) >= x.shape[axis]:
-            raise EmulatorError(f"RESIZE index table points outside axis {axis}")
+    for axis, rows in resize_passes(memory, instruction):
         if linear:
             x0, x1, w0, w1 = rows
-            if np.any(w0 + w1 != WEIGHT_ONE):
-                raise EmulatorError("RESIZE linear weights must sum to 1.0 in Q10")
             shape = [1] * x.ndim
             shape[axis] = rows.shape[1]
             x = np.take(x, x0, axis=axis) * w0.reshape(shape) + np.take(

@@ -32,7 +32,24 @@ from typing import Protocol
 import numpy as np
 
 from compiler.intmath import dtype_range
-from compiler.isa import Conv, Instruction, Load, Move, Space, Store, Tensor
+from compiler.isa import (
+    Conv,
+    Eltwise,
+    Instruction,
+    Load,
+    Lut,
+    MatMul,
+    Move,
+    Pool,
+    PoolOp,
+    Reduce,
+    ReduceOp,
+    Resize,
+    ResizeMode,
+    Space,
+    Store,
+    Tensor,
+)
 from compiler.runtime.emulator_ops import (
     EXECUTORS,
     PARALLEL_ELEMENTS,
@@ -40,16 +57,29 @@ from compiler.runtime.emulator_ops import (
     MemoryPort,
     _DepthwiseTaps,
     _exact_dtype,
+    _in_place,
     _largest_value,
+    _OutputStage,
+    _rank4,
+    _single_code,
     _sums_tap_products,
     _TapProducts,
     _Weights,
+    _window_max,
     _windows,
     check_copy,
     column_product,
     conv_geometry,
     conv_stage,
     conv_weights,
+    eltwise_acc,
+    eltwise_function,
+    eltwise_key,
+    function_table,
+    lut_function,
+    lut_tables,
+    move_stage,
+    resize_passes,
 )
 
 PLANNED = True
@@ -234,10 +264,364 @@ def _im2col_accumulator(
     return accumulate
 
 
+# --- output stages and lookups --------------------------------------------------------------------
+
+
+def _stage_into(
+    stage: _OutputStage, out: np.ndarray, *, overwrite: bool = False
+) -> Callable[[np.ndarray], object] | None:
+    """stage(acc) written into `out` (a place in the image) as the fused stage of one whole
+    block, as `output_stage` computes it; None where the stage is not fused or its codes are
+    not of out's dtype (a range-checked write is needed)."""
+    fused = stage.fused
+    if fused is None or stage.out_dtype != out.dtype or not stage.blockwise(out.shape):
+        return None
+    scratch = np.empty(max(1, out.size), np.int64)
+    return lambda acc: fused.apply(acc, out, None, scratch, overwrite=overwrite)
+
+
+def _lookup(table: np.ndarray, codes: np.ndarray, out: np.ndarray) -> Step | None:
+    """out = table[code byte] for 8-bit codes (a table of `function_table`), gathered straight
+    into `out` where it reads each code before it writes that place, else through a copy."""
+    if table.dtype != out.dtype or codes.shape != out.shape:
+        return None
+    index = codes.view(np.uint8)
+    if _in_place(out, (index,)):
+        return lambda: np.take(table, index, out=out, mode="wrap")
+
+    def lookup() -> None:
+        out[...] = np.take(table, index, mode="wrap")
+
+    return lookup
+
+
+def _one_code_table(tensor: Tensor) -> bool:
+    """Whether a tensor holds 8-bit integer codes (a table of 256 entries covers them)."""
+    return tensor.itemsize == 1 and tensor.dtype.numpy.kind in "iu"
+
+
+def _small(*tensors: Tensor) -> bool:
+    return all(t.size < SMALL_ELEMENTS for t in tensors)
+
+
+def _plan_move(instruction: Move, memory: PlanPort) -> Step | None:
+    """A plain MOVE is a copy; a rescaling one with a per-tensor stage on 8-bit codes a lookup
+    in the table of its stage over every code (`execute_move` takes the same table), other
+    rescales the fused stage from the source's place into the destination's."""
+    if instruction.requant is None:
+        return _plan_copy(instruction, memory)
+    src, dst = instruction.src, instruction.dst
+    if src.shape != dst.shape or not _small(dst) or not _tables_constant(instruction, "src"):
+        return None
+    stage = move_stage(memory, instruction)
+    codes = memory.place(src)
+    out = memory.place(dst, writable=True)
+    if stage.uniform(src.ndim) and _one_code_table(src):
+        key = ("move", *stage.key())
+        return _lookup(function_table(stage, stage.out_dtype, (codes.dtype,), key), codes, out)
+    apply = _stage_into(stage, out)
+    if apply is None or np.may_share_memory(codes, out):
+        return None
+    return lambda: apply(codes)
+
+
+def _plan_lut(instruction: Lut, memory: PlanPort) -> Step | None:
+    """A one-table LUT on 8-bit codes: a lookup in the table of its function over every code
+    (the table `execute_lut` takes for larger inputs)."""
+    if lut_tables(instruction) != 1 or instruction.table.space != Space.CONST:
+        return None
+    if not _one_code_table(instruction.input) or not _small(instruction.output):
+        return None
+    function, dtype, key = lut_function(memory, instruction)
+    table = function_table(function, dtype, (instruction.input.dtype.numpy,), key)
+    codes = memory.place(instruction.input)
+    return _lookup(table, codes, memory.place(instruction.output, writable=True))
+
+
+# --- POOL, REDUCE, RESIZE -------------------------------------------------------------------------
+
+
+def _plan_pool(instruction: Pool, memory: PlanPort) -> Step | None:
+    """A MAX POOL: the input copied into a buffer whose padding holds the pad value (written
+    once), its running window maximum, then the optional output stage."""
+    if instruction.op != PoolOp.MAX or not _small(instruction.input, instruction.output):
+        return None
+    if not _tables_constant(instruction, "input"):
+        return None
+    batch, channels, height, width = _rank4("the POOL input", instruction.input)
+    if min(instruction.kernel) < 1 or min(instruction.strides) < 1 or min(instruction.pads) < 0:
+        return None
+    geometry = (instruction.kernel, instruction.strides, instruction.dilations)
+    dtype = instruction.input.dtype.numpy
+    low, high = dtype_range(dtype)
+    if not low <= instruction.pad_value <= high:
+        dtype = np.dtype(np.int64)
+    top, left, bottom, right = instruction.pads
+    padded = np.full(
+        (batch, channels, height + top + bottom, width + left + right),
+        instruction.pad_value,
+        dtype,
+    )
+    inside = padded[:, :, top : top + height, left : left + width]
+    pooled_shape = _window_max(padded, *geometry).shape
+    if pooled_shape != instruction.output.shape:
+        return None
+    codes = memory.place(instruction.input)
+    out = memory.place(instruction.output, writable=True)
+    finish = _finish(memory, instruction, out, "a MAX POOL")
+    if finish is None:
+        return None
+
+    def pool() -> None:
+        inside[...] = codes
+        finish(_window_max(padded, *geometry))
+
+    return pool
+
+
+def _finish(
+    memory: PlanPort, instruction: Pool | Resize, out: np.ndarray, what: str
+) -> Callable[[np.ndarray], object] | None:
+    """What `_rescaled` does to selected codes, into `out`: its output stage if it has one,
+    else the codes as they are (same dtype on both sides, else an error)."""
+    if instruction.requant is None:
+        if instruction.input.dtype != instruction.output.dtype:
+            raise EmulatorError(f"{what} without a rescale keeps the dtype")
+
+        def store(codes: np.ndarray) -> None:
+            out[...] = codes
+
+        return store
+    stage = _OutputStage.read(
+        memory,
+        instruction.requant,
+        out.ndim,
+        zero_point=instruction.input_zero_point,
+        target=instruction.output,
+    )
+    return _stage_into(stage, out)
+
+
+def _plan_reduce(instruction: Reduce, memory: PlanPort) -> Step | None:
+    """A summing REDUCE, or a MAX / MIN one with an output stage: the reduction of the input's
+    place, the fused stage into a buffer of the kept-dimensions shape, copied to the output
+    (`execute_reduce`'s values; its range-checked write is the stage's clamp)."""
+    ndim, mask = instruction.input.ndim, instruction.axes
+    if mask <= 0 or mask >> ndim or instruction.requant is None:
+        return None
+    if instruction.op not in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN):
+        return None
+    if not _small(instruction.input) or not _tables_constant(instruction, "input"):
+        return None
+    axes = tuple(a for a in range(ndim) if mask >> a & 1)
+    kept = tuple(1 if a in axes else n for a, n in enumerate(instruction.input.shape))
+    if math.prod(kept) != instruction.output.size:
+        return None
+    stage = _OutputStage.read(memory, instruction.requant, ndim, target=instruction.output)
+    apply = _stage_into(stage, np.empty(kept, instruction.output.dtype.numpy))
+    if apply is None:
+        return None
+    codes = memory.place(instruction.input)
+    out = memory.place(instruction.output, writable=True)
+    zero_point = instruction.input_zero_point
+    reduce = {ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}.get(instruction.op)
+
+    def total() -> np.ndarray:
+        return np.subtract(codes, zero_point, dtype=np.int64).sum(axis=axes, keepdims=True)
+
+    def extreme() -> np.ndarray:
+        return reduce(codes.astype(np.int64), axis=axes, keepdims=True) - zero_point
+
+    accumulate = total if reduce is None else extreme
+
+    def reduction() -> None:
+        out[...] = apply(accumulate()).reshape(out.shape)
+
+    return reduction
+
+
+def _plan_resize(instruction: Resize, memory: PlanPort) -> Step | None:
+    """A NEAREST RESIZE: its gathers from the input's place along index tables read once, then
+    the optional output stage into the output's place."""
+    if instruction.mode != ResizeMode.NEAREST or not _small(instruction.input, instruction.output):
+        return None
+    if not _tables_constant(instruction, "input"):
+        return None
+    passes = [(axis, rows[0]) for axis, rows in resize_passes(memory, instruction)]
+    if not passes:
+        return None
+    shape = list(instruction.input.shape)
+    for axis, indices in passes:
+        shape[axis] = indices.size
+    if tuple(shape) != instruction.output.shape:
+        return None
+    codes = memory.place(instruction.input)
+    out = memory.place(instruction.output, writable=True)
+    finish = _finish(memory, instruction, out, "a NEAREST RESIZE")
+    if finish is None:
+        return None
+
+    def resize() -> None:
+        x = codes
+        for axis, indices in passes:
+            x = np.take(x, indices, axis=axis)
+        finish(x)
+
+    return resize
+
+
+# --- ELTWISE, MATMUL ------------------------------------------------------------------------------
+
+
+def _plan_eltwise(instruction: Eltwise, memory: PlanPort) -> Step | None:
+    """An ELTWISE on the operands' places (broadcast once): with a per-tensor stage and one
+    operand a CONST single code, a lookup in the table of the other operand's codes
+    (`_tabulated_eltwise`'s table); otherwise the centred int64 accumulator and the fused
+    stage into the output's place."""
+    if not _small(instruction.output) or not _tables_constant(instruction, "a", "b"):
+        return None
+    try:
+        a_codes, b_codes = np.broadcast_arrays(
+            memory.place(instruction.a), memory.place(instruction.b)
+        )
+    except ValueError:
+        return None
+    out = memory.place(instruction.output, writable=True)
+    if a_codes.shape != out.shape:
+        return None
+    stage = _OutputStage.read(memory, instruction.requant, out.ndim, target=instruction.output)
+    if stage.uniform(out.ndim):
+        lookup = _eltwise_lookup(instruction, stage, a_codes, b_codes, out)
+        if lookup is not None:
+            return lookup
+    apply = _stage_into(stage, out)
+    if apply is None:
+        return None
+    a_zero_point, b_zero_point = instruction.a_zero_point, instruction.b_zero_point
+
+    def eltwise() -> None:
+        a = np.subtract(a_codes, a_zero_point, dtype=np.int64)
+        b = np.subtract(b_codes, b_zero_point, dtype=np.int64)
+        apply(eltwise_acc(instruction, a, b))
+
+    return eltwise
+
+
+def _eltwise_lookup(
+    instruction: Eltwise,
+    stage: _OutputStage,
+    a_codes: np.ndarray,
+    b_codes: np.ndarray,
+    out: np.ndarray,
+) -> Step | None:
+    """The ELTWISE as a lookup on one operand's 8-bit codes when the other is a CONST tensor
+    holding one code, else None."""
+    function = eltwise_function(instruction, stage)
+    key = eltwise_key(instruction, stage)
+    for single, other, tensor, side in (
+        (b_codes, a_codes, instruction.b, "b"),
+        (a_codes, b_codes, instruction.a, "a"),
+    ):
+        code = _single_code(single)
+        if tensor.space != Space.CONST or code is None:
+            continue
+        if other.itemsize != 1 or other.dtype.kind not in "iu":
+            return None
+        value = np.int64(code)
+        if side == "b":
+            unary = functools.partial(_with_second, function, value)
+        else:
+            unary = functools.partial(function, value)
+        side_key = (key, side, single.dtype.str, code)
+        table = function_table(unary, stage.out_dtype, (other.dtype,), side_key)
+        return _lookup(table, other, out)
+    return None
+
+
+def _with_second(
+    function: Callable[..., np.ndarray], second: np.int64, first: np.ndarray
+) -> np.ndarray:
+    return function(first, second)
+
+
+def _plan_matmul(instruction: MatMul, memory: PlanPort) -> Step | None:
+    """A MATMUL: (a - za) in an exact dtype fixed by the codes' ranges (`_exact_dtype` of the
+    largest value any codes could give), times b's centred values (made once when b is CONST),
+    + bias, the fused stage into the output's place."""
+    a_shape, b_shape = instruction.a.shape, instruction.b.shape
+    depth_axis = -2 if len(b_shape) > 1 else 0
+    if not a_shape or not b_shape or a_shape[-1] != b_shape[depth_axis]:
+        return None
+    if not _small(instruction.a, instruction.b, instruction.output):
+        return None
+    if not _tables_constant(instruction, "a", "b"):
+        return None
+    try:
+        shape = np.matmul(np.empty(a_shape, np.int8), np.empty(b_shape, np.int8)).shape
+    except ValueError:
+        return None
+    if shape != instruction.output.shape:
+        return None
+    bias = instruction.bias
+    stage = _OutputStage.read(memory, instruction.requant, len(shape), target=instruction.output)
+    out = memory.place(instruction.output, writable=True)
+    apply = _stage_into(stage, out)
+    if apply is None:
+        return None
+    biases = None
+    if bias is not None:
+        biases = memory.read_cached(bias, "int64", lambda codes: codes.astype(np.int64))
+        if np.broadcast_shapes(shape, biases.shape) != shape:
+            return None
+    a_zero_point = instruction.a_zero_point
+    right, dtype = _matmul_operand(memory, instruction)
+    a_codes = memory.place(instruction.a)
+
+    def matmul() -> None:
+        a = np.subtract(a_codes, a_zero_point, dtype=dtype)
+        acc = np.matmul(a, right()).astype(np.int64)
+        if biases is not None:
+            acc += biases
+        apply(acc)
+
+    return matmul
+
+
+def _matmul_operand(memory: PlanPort, instruction: MatMul) -> tuple[Callable[[], np.ndarray], type]:
+    """b - zb as a function of no arguments, and the dtype in which every partial sum of the
+    product is exact for any codes of a: for a CONST b its values (`execute_matmul`'s, made
+    once), else centred from b's place on each run, with the largest weight mass b's dtype
+    allows."""
+    b, b_zero_point = instruction.b, instruction.b_zero_point
+    a_range = _code_range(instruction.a)
+    if b.space == Space.CONST:
+        depth_axis = -2 if b.ndim > 1 else 0
+        weights = memory.read_cached(
+            b,
+            f"matmul/{b_zero_point}",
+            lambda codes: _Weights(codes.astype(np.int64) - b_zero_point, (depth_axis,)),
+        )
+        dtype = _exact_dtype(_largest_value(a_range, instruction.a_zero_point, weights.mass))
+        matrix = weights.astype(dtype)
+        return lambda: matrix, dtype
+    low, high = dtype_range(b.dtype.numpy)
+    depth = instruction.a.shape[-1]
+    mass = depth * max(abs(low - b_zero_point), abs(high - b_zero_point))
+    dtype = _exact_dtype(_largest_value(a_range, instruction.a_zero_point, mass))
+    codes = memory.place(b)
+    return lambda: np.subtract(codes, b_zero_point, dtype=dtype), dtype
+
+
 PLANNERS: dict[type[Instruction], Callable[..., Step | None]] = {
     Load: _plan_copy,
     Store: _plan_copy,
-    Move: _plan_copy,
+    Move: _plan_move,
     Conv: _plan_conv,
+    Lut: _plan_lut,
+    Pool: _plan_pool,
+    Reduce: _plan_reduce,
+    Resize: _plan_resize,
+    Eltwise: _plan_eltwise,
+    MatMul: _plan_matmul,
 }
 """Instruction type -> planner(instruction, memory): its planned step, or None."""
