@@ -13,6 +13,7 @@ results are int64 unless the function says otherwise.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +57,13 @@ IntArray = npt.NDArray[np.integer]
 
 def dtype_range(dtype: npt.DTypeLike) -> tuple[int, int]:
     """(min, max) of an integer dtype, as Python ints."""
-    info = np.iinfo(np.dtype(dtype))
+    return _integer_range(np.dtype(dtype))
+
+
+@functools.cache
+def _integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """`dtype_range` of a numpy dtype, remembered (np.iinfo costs microseconds a call)."""
+    info = np.iinfo(dtype)
     return int(info.min), int(info.max)
 
 
@@ -976,8 +983,11 @@ def quantize_linear_fast(
         and float(ratio.min()) > -(2.0**62)
         and float(ratio.max()) < 2.0**62
         and max(-low, high) <= 2**23
-        and np.all(np.abs(zero_point) <= 2**23)
-        and np.broadcast_shapes(ratio.shape, zero_point.shape) == ratio.shape
+        and _largest_magnitude(zero_point) <= 2**23
+        and (
+            zero_point.ndim == 0
+            or np.broadcast_shapes(ratio.shape, zero_point.shape) == ratio.shape
+        )
     )
     if not usable:
         return quantize_linear(x, scale, zero_point, dtype)
@@ -987,6 +997,13 @@ def quantize_linear_fast(
     result = np.empty(ratio.shape, dtype=dtype)
     np.add(ratio, shift, out=result, casting="unsafe")
     return result
+
+
+def _largest_magnitude(values: np.ndarray) -> int:
+    """max |value| of int64 values (0 for none); a single value without an array pass."""
+    if values.size == 1:
+        return abs(int(values.reshape(-1)[0]))
+    return int(np.abs(values).max(initial=0))
 
 
 def dequantize_linear(
