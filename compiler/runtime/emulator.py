@@ -223,8 +223,11 @@ def _store(target: np.ndarray, values: np.ndarray) -> None:
     """target[...] = values; a large one split between the threads (`parallel.for_each`) in
     runs along target's outermost axis. Values that may share memory with the target are
     copied by numpy alone, which buffers an overlapping copy (the runs could not)."""
+    if target.nbytes < PARALLEL_STORE_BYTES:
+        target[...] = values
+        return
     workers = worker_count()
-    if workers < 2 or target.nbytes < PARALLEL_STORE_BYTES or np.may_share_memory(target, values):
+    if workers < 2 or np.may_share_memory(target, values):
         target[...] = values
         return
     axis = max(range(target.ndim), key=lambda a: (target.shape[a] > 1, abs(target.strides[a])))
@@ -238,8 +241,10 @@ def _store(target: np.ndarray, values: np.ndarray) -> None:
     for_each(range(0, target.shape[axis], step), copy)
 
 
+@functools.cache
 def _within(dtype: np.dtype, low: int, high: int) -> bool:
-    """Whether every value of an integer dtype lies in [low, high] (then no check is needed)."""
+    """Whether every value of an integer dtype lies in [low, high] (then no check is needed);
+    remembered (numpy's dtype tests cost a microsecond a call)."""
     if not np.issubdtype(dtype, np.integer):
         return False
     dtype_low, dtype_high = _dtype_range(dtype)
