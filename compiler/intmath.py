@@ -993,7 +993,8 @@ def quantize_linear_fast(
         return quantize_linear(x, scale, zero_point, dtype)
     shift = zero_point.astype(np.float32)
     np.rint(ratio, out=ratio)
-    np.clip(ratio, low - shift, high - shift, out=ratio)
+    np.maximum(ratio, low - shift, out=ratio)  # np.clip, without its Python-level checks
+    np.minimum(ratio, high - shift, out=ratio)
     result = np.empty(ratio.shape, dtype=dtype)
     np.add(ratio, shift, out=result, casting="unsafe")
     return result
