@@ -444,17 +444,42 @@ class FusedOutputStage:
         holds the intermediate values instead of a fresh array. `overwrite=True` lets a
         float32 acc be clipped in place.
         """
-        lower, upper, scale, offset, total_shift, lower32, upper32 = (
-            self.tables() if tables is None else tables
-        )
         if out.shape != acc.shape or out.dtype.itemsize != self.code_dtype.itemsize:
             raise ValueError(f"cannot write a {acc.shape} stage into {out.dtype} {out.shape}")
+        x, codes = self._work(out, scratch)
+        self._run(acc, x, codes, self.tables() if tables is None else tables, overwrite)
+        return out
+
+    def bind(
+        self, out: np.ndarray, scratch: np.ndarray | None = None, *, overwrite: bool = False
+    ) -> Callable[[np.ndarray], None]:
+        """`apply` into `out` with these tables and this scratch, its views made once: a
+        function of acc (of out's shape) for a caller that applies the stage on every run."""
+        if out.dtype.itemsize != self.code_dtype.itemsize:
+            raise ValueError(f"cannot write the stage into {out.dtype} {out.shape}")
+        x, codes = self._work(out, scratch)
+        tables = self.tables()
+        return lambda acc: self._run(acc, x, codes, tables, overwrite)
+
+    def _work(self, out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The intermediate array (in `scratch` if given) and out's codes as `code_dtype`."""
         carrier = np.float64 if self.exact_float else np.int64
         if scratch is None:
-            x = np.empty(acc.shape, dtype=carrier)
+            x = np.empty(out.shape, dtype=carrier)
         else:
-            x = scratch[: acc.size].view(carrier).reshape(acc.shape)
-        codes = out.view(self.code_dtype)
+            x = scratch[: out.size].view(carrier).reshape(out.shape)
+        return x, out.view(self.code_dtype)
+
+    def _run(
+        self,
+        acc: np.ndarray,
+        x: np.ndarray,
+        codes: np.ndarray,
+        tables: ExactTables,
+        overwrite: bool,
+    ) -> None:
+        """The stage's passes: acc -> x (the clipped, scaled sum) -> codes."""
+        lower, upper, scale, offset, total_shift, lower32, upper32 = tables
         if overwrite and acc.dtype == np.float32 and lower32.size:
             np.maximum(acc, lower32, out=acc)
             np.minimum(acc, upper32, out=acc)
@@ -474,7 +499,6 @@ class FusedOutputStage:
             np.right_shift(x, total_shift, out=codes, casting="unsafe")
         if self.excess:
             np.bitwise_xor(codes, self.code_dtype.type(self.excess), out=codes)
-        return out
 
 
 def _all_at_most(values: np.ndarray, limit: int) -> bool:

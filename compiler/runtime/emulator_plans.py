@@ -186,10 +186,9 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
     if math.prod(shape) >= SMALL_ELEMENTS or not _tables_constant(instruction, "input"):
         return None
     stage = conv_stage(memory, instruction)
-    fused = stage.fused
-    if fused is None or stage.out_dtype != instruction.output.dtype.numpy:
-        return None
-    if not stage.blockwise(shape):
+    target = memory.place(instruction.output, writable=True)
+    apply = _stage_into(stage, target, overwrite=True)
+    if apply is None:
         return None
     weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
@@ -199,13 +198,11 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
     x = np.zeros((batch, channels, height + top + bottom, width + left + right), dtype)
     inside = x[:, :, top : top + height, left : left + width]
     codes = memory.place(instruction.input)
-    target = memory.place(instruction.output, writable=True)
     accumulate = _conv_accumulator(instruction, x, weights, dtype)
-    scratch = np.empty(math.prod(shape), np.int64)
 
     def conv() -> None:
         np.subtract(codes, zero_point, out=inside, dtype=dtype)
-        fused.apply(accumulate(), target, None, scratch, overwrite=True)
+        apply(accumulate())
 
     return conv
 
@@ -276,8 +273,7 @@ def _stage_into(
     fused = stage.fused
     if fused is None or stage.out_dtype != out.dtype or not stage.blockwise(out.shape):
         return None
-    scratch = np.empty(max(1, out.size), np.int64)
-    return lambda acc: fused.apply(acc, out, None, scratch, overwrite=overwrite)
+    return fused.bind(out, np.empty(max(1, out.size), np.int64), overwrite=overwrite)
 
 
 def _lookup(table: np.ndarray, codes: np.ndarray, out: np.ndarray) -> Step | None:
@@ -418,7 +414,8 @@ def _plan_reduce(instruction: Reduce, memory: PlanPort) -> Step | None:
     if math.prod(kept) != instruction.output.size:
         return None
     stage = _OutputStage.read(memory, instruction.requant, ndim, target=instruction.output)
-    apply = _stage_into(stage, np.empty(kept, instruction.output.dtype.numpy))
+    result = np.empty(kept, instruction.output.dtype.numpy)
+    apply = _stage_into(stage, result)
     if apply is None:
         return None
     codes = memory.place(instruction.input)
@@ -435,7 +432,8 @@ def _plan_reduce(instruction: Reduce, memory: PlanPort) -> Step | None:
     accumulate = total if reduce is None else extreme
 
     def reduction() -> None:
-        out[...] = apply(accumulate()).reshape(out.shape)
+        apply(accumulate())
+        out[...] = result.reshape(out.shape)
 
     return reduction
 
