@@ -13,6 +13,11 @@ gives garbage rather than plausible zeros. Like a runtime, which allocates a mod
 and runs many frames in it, an emulator keeps its image between runs (and hands it to the next
 emulator of the same ELF when it is dropped), re-poisoning all of it at the start of each run.
 
+Small instructions run as steps planned once per image (`compiler.runtime.emulator_plans`):
+their checks, CONST-derived tables and views of their operands' places are made on the
+image's first run, so later runs only compute; larger ones run their executors in
+`compiler.runtime.emulator_ops`.
+
 An instruction's independent blocks can run on a few threads, as the hardware's quads share it
 (`compiler.runtime.parallel`; `parallel.WORKERS`, one thread by default); each thread writes its
 own part of the result, so the numbers do not depend on the thread count.

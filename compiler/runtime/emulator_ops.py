@@ -28,7 +28,9 @@ Speed without changing a bit (the emulator runs whole networks):
 * what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
   output stages) is made once per program (`MemoryPort.read_cached`);
 * operands are read in place (`MemoryPort.view`) where the result is complete before it is
-  written.
+  written;
+* small instructions skip all of the above bookkeeping: `emulator_plans` makes each a step
+  once per memory image from the same helpers (`conv_geometry`, `function_table`, ...).
 """
 
 from __future__ import annotations
