@@ -13,6 +13,7 @@ results are int64 unless the function says otherwise.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +57,13 @@ IntArray = npt.NDArray[np.integer]
 
 def dtype_range(dtype: npt.DTypeLike) -> tuple[int, int]:
     """(min, max) of an integer dtype, as Python ints."""
-    info = np.iinfo(np.dtype(dtype))
+    return _integer_range(np.dtype(dtype))
+
+
+@functools.cache
+def _integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """`dtype_range` of a numpy dtype, remembered (np.iinfo costs microseconds a call)."""
+    info = np.iinfo(dtype)
     return int(info.min), int(info.max)
 
 
@@ -437,17 +444,42 @@ class FusedOutputStage:
         holds the intermediate values instead of a fresh array. `overwrite=True` lets a
         float32 acc be clipped in place.
         """
-        lower, upper, scale, offset, total_shift, lower32, upper32 = (
-            self.tables() if tables is None else tables
-        )
         if out.shape != acc.shape or out.dtype.itemsize != self.code_dtype.itemsize:
             raise ValueError(f"cannot write a {acc.shape} stage into {out.dtype} {out.shape}")
+        x, codes = self._work(out, scratch)
+        self._run(acc, x, codes, self.tables() if tables is None else tables, overwrite)
+        return out
+
+    def bind(
+        self, out: np.ndarray, scratch: np.ndarray | None = None, *, overwrite: bool = False
+    ) -> Callable[[np.ndarray], None]:
+        """`apply` into `out` with these tables and this scratch, its views made once: a
+        function of acc (of out's shape) for a caller that applies the stage on every run."""
+        if out.dtype.itemsize != self.code_dtype.itemsize:
+            raise ValueError(f"cannot write the stage into {out.dtype} {out.shape}")
+        x, codes = self._work(out, scratch)
+        tables = self.tables()
+        return lambda acc: self._run(acc, x, codes, tables, overwrite)
+
+    def _work(self, out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The intermediate array (in `scratch` if given) and out's codes as `code_dtype`."""
         carrier = np.float64 if self.exact_float else np.int64
         if scratch is None:
-            x = np.empty(acc.shape, dtype=carrier)
+            x = np.empty(out.shape, dtype=carrier)
         else:
-            x = scratch[: acc.size].view(carrier).reshape(acc.shape)
-        codes = out.view(self.code_dtype)
+            x = scratch[: out.size].view(carrier).reshape(out.shape)
+        return x, out.view(self.code_dtype)
+
+    def _run(
+        self,
+        acc: np.ndarray,
+        x: np.ndarray,
+        codes: np.ndarray,
+        tables: ExactTables,
+        overwrite: bool,
+    ) -> None:
+        """The stage's passes: acc -> x (the clipped, scaled sum) -> codes."""
+        lower, upper, scale, offset, total_shift, lower32, upper32 = tables
         if overwrite and acc.dtype == np.float32 and lower32.size:
             np.maximum(acc, lower32, out=acc)
             np.minimum(acc, upper32, out=acc)
@@ -467,7 +499,6 @@ class FusedOutputStage:
             np.right_shift(x, total_shift, out=codes, casting="unsafe")
         if self.excess:
             np.bitwise_xor(codes, self.code_dtype.type(self.excess), out=codes)
-        return out
 
 
 def _all_at_most(values: np.ndarray, limit: int) -> bool:
@@ -981,17 +1012,28 @@ def quantize_linear_fast(
         and float(ratio.min()) > -(2.0**62)
         and float(ratio.max()) < 2.0**62
         and max(-low, high) <= 2**23
-        and np.all(np.abs(zero_point) <= 2**23)
-        and np.broadcast_shapes(ratio.shape, zero_point.shape) == ratio.shape
+        and _largest_magnitude(zero_point) <= 2**23
+        and (
+            zero_point.ndim == 0
+            or np.broadcast_shapes(ratio.shape, zero_point.shape) == ratio.shape
+        )
     )
     if not usable:
         return quantize_linear(x, scale, zero_point, dtype)
     shift = zero_point.astype(np.float32)
     np.rint(ratio, out=ratio)
-    np.clip(ratio, low - shift, high - shift, out=ratio)
+    np.maximum(ratio, low - shift, out=ratio)  # np.clip, without its Python-level checks
+    np.minimum(ratio, high - shift, out=ratio)
     result = np.empty(ratio.shape, dtype=dtype)
     np.add(ratio, shift, out=result, casting="unsafe")
     return result
+
+
+def _largest_magnitude(values: np.ndarray) -> int:
+    """max |value| of int64 values (0 for none); a single value without an array pass."""
+    if values.size == 1:
+        return abs(int(values.reshape(-1)[0]))
+    return int(np.abs(values).max(initial=0))
 
 
 def dequantize_linear(

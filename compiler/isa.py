@@ -82,7 +82,7 @@ class DType(IntEnum):
 
     @property
     def numpy(self) -> np.dtype:
-        return np.dtype(_NUMPY_NAMES[self]).newbyteorder("<")
+        return _NUMPY_DTYPES[self]
 
     @property
     def itemsize(self) -> int:
@@ -110,6 +110,9 @@ _NUMPY_NAMES = {
     DType.INT64: "int64",
     DType.FLOAT16: "float16",
 }
+
+_NUMPY_DTYPES = {member: np.dtype(name).newbyteorder("<") for member, name in _NUMPY_NAMES.items()}
+"""The little-endian numpy dtype of every DType, made once (the emulator asks per operand)."""
 
 
 class Opcode(IntEnum):

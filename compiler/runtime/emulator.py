@@ -13,6 +13,11 @@ gives garbage rather than plausible zeros. Like a runtime, which allocates a mod
 and runs many frames in it, an emulator keeps its image between runs (and hands it to the next
 emulator of the same ELF when it is dropped), re-poisoning all of it at the start of each run.
 
+Small instructions run as steps planned once per image (`compiler.runtime.emulator_plans`):
+their checks, CONST-derived tables and views of their operands' places are made on the
+image's first run, so later runs only compute; larger ones run their executors in
+`compiler.runtime.emulator_ops`.
+
 An instruction's independent blocks can run on a few threads, as the hardware's quads share it
 (`compiler.runtime.parallel`; `parallel.WORKERS`, one thread by default); each thread writes its
 own part of the result, so the numbers do not depend on the thread count.
@@ -51,8 +56,10 @@ from compiler.costmodel import (
 )
 from compiler.intmath import dtype_range
 from compiler.isa import Instruction, IsaError, MlaProgram, Space, Tensor, decode
+from compiler.runtime import emulator_plans
 from compiler.runtime.cache import LruCache
-from compiler.runtime.emulator_ops import EXECUTORS, EmulatorError
+from compiler.runtime.emulator_ops import EmulatorError
+from compiler.runtime.emulator_plans import Plan, plan_program
 from compiler.runtime.parallel import for_each, worker_count
 
 POISON = 0xA5
@@ -93,6 +100,7 @@ class Memory:
         self.bytes_written = dict.fromkeys(self.spaces, 0)
         self.constants: dict[tuple[Tensor, Hashable], Any] = {} if constants is None else constants
         self._views: dict[Tensor, np.ndarray] = {}
+        self.plan: Plan | None = None
 
     def reset(self) -> None:
         """Back to the state of a new image: DRAM and arena all poison again (so a run on a
@@ -130,6 +138,13 @@ class Memory:
         self._views[tensor] = view
         return view
 
+    def count(self, reads: Mapping[Space, int], writes: Mapping[Space, int]) -> None:
+        """Add bytes read and written per space (a planned step's, counted per run)."""
+        for space, nbytes in reads.items():
+            self.bytes_read[space] += nbytes
+        for space, nbytes in writes.items():
+            self.bytes_written[space] += nbytes
+
     def read(self, tensor: Tensor) -> np.ndarray:
         """A copy of the tensor's elements, shape `tensor.shape`, dtype `tensor.dtype`."""
         self.bytes_read[tensor.space] += tensor.nbytes
@@ -151,10 +166,26 @@ class Memory:
         if tensor.space != Space.CONST:
             return derive(self.read(tensor))
         self.bytes_read[tensor.space] += tensor.nbytes
+        return self.constant(tensor, key, lambda: derive(self._view(tensor).copy()))
+
+    def constant(self, tensor: Tensor, key: Hashable, build: Callable[[], T]) -> T:
+        """build(), kept once per program under (tensor, key): for values made from CONST
+        tables an instruction has already read (not counted again), which no run can change."""
         entry = (tensor, key)
         if entry not in self.constants:
-            self.constants[entry] = derive(self._view(tensor).copy())
+            self.constants[entry] = build()
         return self.constants[entry]
+
+    def place(self, tensor: Tensor, *, writable: bool = False) -> np.ndarray:
+        """The tensor's elements in place, not counted, for a step planned once per image
+        (`emulator_plans`), which counts its traffic per run instead. A writable place is
+        checked as `target` checks it; a read-only one cannot be written by mistake."""
+        if writable:
+            self._writable(tensor)
+            return self._view(tensor)
+        view = self._view(tensor).view()
+        view.flags.writeable = False
+        return view
 
     def _writable(self, tensor: Tensor) -> None:
         if tensor.space == Space.CONST:
@@ -197,8 +228,11 @@ def _store(target: np.ndarray, values: np.ndarray) -> None:
     """target[...] = values; a large one split between the threads (`parallel.for_each`) in
     runs along target's outermost axis. Values that may share memory with the target are
     copied by numpy alone, which buffers an overlapping copy (the runs could not)."""
+    if target.nbytes < PARALLEL_STORE_BYTES:
+        target[...] = values
+        return
     workers = worker_count()
-    if workers < 2 or target.nbytes < PARALLEL_STORE_BYTES or np.may_share_memory(target, values):
+    if workers < 2 or np.may_share_memory(target, values):
         target[...] = values
         return
     axis = max(range(target.ndim), key=lambda a: (target.shape[a] > 1, abs(target.strides[a])))
@@ -212,8 +246,10 @@ def _store(target: np.ndarray, values: np.ndarray) -> None:
     for_each(range(0, target.shape[axis], step), copy)
 
 
+@functools.cache
 def _within(dtype: np.dtype, low: int, high: int) -> bool:
-    """Whether every value of an integer dtype lies in [low, high] (then no check is needed)."""
+    """Whether every value of an integer dtype lies in [low, high] (then no check is needed);
+    remembered (numpy's dtype tests cost a microsecond a call)."""
     if not np.issubdtype(dtype, np.integer):
         return False
     dtype_low, dtype_high = _dtype_range(dtype)
@@ -455,6 +491,14 @@ class Emulator:
         weakref.finalize(self, self._decoded.release, memory)
         return memory
 
+    def _plan(self, memory: Memory) -> Plan:
+        """The program's steps on this image (`emulator_plans`), made on its first run (the
+        views and buffers they hold stay valid: an image keeps its buffers)."""
+        plan = memory.plan
+        if plan is None or plan.planned != emulator_plans.PLANNED:
+            plan = memory.plan = plan_program(self.instructions, memory)
+        return plan
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Execute the program once; returns every output tensor as integers (logical shape)."""
         metadata = self.program.metadata
@@ -477,14 +521,16 @@ class Emulator:
                 memory.write(info.tensor, values)
             except EmulatorError as error:
                 raise EmulatorError(f"input {info.name!r}: {error}") from error
+        plan = self._plan(memory)
         memory.bytes_read = dict.fromkeys(memory.spaces, 0)
         memory.bytes_written = dict.fromkeys(memory.spaces, 0)
         with single_threaded_blas():
-            for index, instruction in enumerate(self.instructions):
+            for index, step in enumerate(plan.steps):
                 try:
-                    EXECUTORS[type(instruction)](instruction, memory)
+                    step()
                 except EmulatorError as error:
                     raise EmulatorError(f"{self._describe(index)}: {error}") from error
+        memory.count(plan.reads, plan.writes)
         self.stats = RunStats(
             static=self.static_schedule(),
             stall_aware=self.stall_aware_schedule(),

@@ -28,7 +28,9 @@ Speed without changing a bit (the emulator runs whole networks):
 * what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
   output stages) is made once per program (`MemoryPort.read_cached`);
 * operands are read in place (`MemoryPort.view`) where the result is complete before it is
-  written.
+  written;
+* small instructions skip all of the above bookkeeping: `emulator_plans` makes each a step
+  once per memory image from the same helpers (`conv_geometry`, `function_table`, ...).
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class MemoryPort(Protocol):
     def read_cached(
         self, tensor: Tensor, key: Hashable, derive: Callable[[np.ndarray], T]
     ) -> T: ...
+
+    def constant(self, tensor: Tensor, key: Hashable, build: Callable[[], T]) -> T: ...
 
     def target(self, tensor: Tensor) -> np.ndarray: ...
 
@@ -339,10 +343,29 @@ def _tabulated(
     size = math.prod(shape)
     if size < TABLE_FACTOR * 256 ** len(codes):
         return False
+    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
+    full_key = None
+    if key is not None:
+        full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
+    pairs = None
+    if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
+        pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
+    _lookup(memory, target, table, codes, shape, pairs)
+    return True
+
+
+def function_table(
+    function: Callable[..., np.ndarray],
+    dtype: np.dtype | type,
+    code_dtypes: tuple[np.dtype, ...],
+    key: Hashable | None = None,
+) -> np.ndarray:
+    """function's values, as `dtype`, over every code (pair) of 8-bit dtypes `code_dtypes`, at
+    the index the codes' bytes spell (see `_tabulated`); kept under `key` if given."""
 
     def build() -> np.ndarray:
-        domains = [np.arange(256, dtype=np.uint8).view(c.dtype).astype(np.int64) for c in codes]
-        if len(codes) == 1:
+        domains = [np.arange(256, dtype=np.uint8).view(d).astype(np.int64) for d in code_dtypes]
+        if len(domains) == 1:
             table = function(domains[0])
         else:
             table = function(domains[0][:, None], domains[1][None, :])
@@ -350,13 +373,8 @@ def _tabulated(
 
     full_key = None
     if key is not None:
-        full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
-    table = _kept(full_key, build)
-    pairs = None
-    if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
-        pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
-    _lookup(memory, target, table, codes, shape, pairs)
-    return True
+        full_key = (key, tuple(np.dtype(d).str for d in code_dtypes), np.dtype(dtype).str)
+    return _kept(full_key, build)
 
 
 PAIR_ELEMENTS = 1 << 16
@@ -534,7 +552,7 @@ class _OutputStage:
             if low <= requant.low and requant.high <= high:
                 out_dtype = np.dtype(target.dtype.numpy)
 
-        def prepare(_: object = None) -> FusedOutputStage | None:
+        def prepare() -> FusedOutputStage | None:
             addend = -zero_point if biases is None else biases - zero_point
             return FusedOutputStage.prepare(
                 multiplier, shift, requant.zero_point, requant.low, requant.high, addend, out_dtype
@@ -555,7 +573,7 @@ class _OutputStage:
             )
         elif all(t.space == Space.CONST for t in operands):
             key = ("stage", requant, bias, ndim, per_channel, zero_point, out_dtype.str)
-            fused = memory.read_cached(operands[0], key, prepare)
+            fused = memory.constant(operands[0], key, prepare)
         else:
             fused = prepare()
         return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused)
@@ -722,42 +740,56 @@ def _centred(memory: MemoryPort, tensor: Tensor, zero_point: int) -> np.ndarray:
     return memory.read(tensor).astype(np.int64) - zero_point
 
 
-def _copy(memory: MemoryPort, src: Tensor, dst: Tensor) -> None:
+def check_copy(instruction: Load | Store | Move) -> None:
+    """What a LOAD, STORE or plain MOVE needs: the spaces its kind moves between, and one shape
+    and dtype on both sides."""
+    src, dst = instruction.src, instruction.dst
+    if isinstance(instruction, Load):
+        if src.space not in (Space.DRAM, Space.CONST):
+            raise EmulatorError("LOAD reads DRAM or CONST")
+        if dst.space != Space.ARENA:
+            raise EmulatorError("LOAD writes the arena")
+    if isinstance(instruction, Store) and (src.space != Space.ARENA or dst.space != Space.DRAM):
+        raise EmulatorError("STORE copies from the arena to DRAM")
     _expect_shape("the destination", dst.shape, src.shape)
     if src.dtype != dst.dtype:
         raise EmulatorError(
             f"a plain copy keeps the dtype: {src.dtype.name} -> {dst.dtype.name} needs a rescale"
         )
-    memory.write(dst, memory.view(src))
+
+
+def _copy(memory: MemoryPort, instruction: Load | Store | Move) -> None:
+    check_copy(instruction)
+    memory.write(instruction.dst, memory.view(instruction.src))
 
 
 def execute_load(instruction: Load, memory: MemoryPort) -> None:
-    if instruction.src.space not in (Space.DRAM, Space.CONST):
-        raise EmulatorError("LOAD reads DRAM or CONST")
-    if instruction.dst.space != Space.ARENA:
-        raise EmulatorError("LOAD writes the arena")
-    _copy(memory, instruction.src, instruction.dst)
+    _copy(memory, instruction)
 
 
 def execute_store(instruction: Store, memory: MemoryPort) -> None:
-    if instruction.src.space != Space.ARENA or instruction.dst.space != Space.DRAM:
-        raise EmulatorError("STORE copies from the arena to DRAM")
-    _copy(memory, instruction.src, instruction.dst)
+    _copy(memory, instruction)
+
+
+def move_stage(memory: MemoryPort, instruction: Move) -> _OutputStage:
+    """A rescaling MOVE's output stage (centred on its input zero point)."""
+    assert instruction.requant is not None
+    return _OutputStage.read(
+        memory,
+        instruction.requant,
+        instruction.src.ndim,
+        zero_point=instruction.input_zero_point,
+        target=instruction.dst,
+    )
 
 
 def execute_move(instruction: Move, memory: MemoryPort) -> None:
     if instruction.requant is None:
-        _copy(memory, instruction.src, instruction.dst)
+        _copy(memory, instruction)
         return
     _expect_shape("the destination", instruction.dst.shape, instruction.src.shape)
     codes = memory.view(instruction.src)
-    stage = _OutputStage.read(
-        memory,
-        instruction.requant,
-        codes.ndim,
-        zero_point=instruction.input_zero_point,
-        target=instruction.dst,
-    )
+    stage = move_stage(memory, instruction)
     key = ("move", *stage.key()) if stage.uniform(codes.ndim) else None
     if key is not None and _tabulated(
         memory, instruction.dst, stage, stage.out_dtype, codes, key=key
@@ -1112,15 +1144,28 @@ class _TapProducts:
         return grid[None, :, :, :wo]
 
 
-def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
-    """im2col (or per-tap) exact matrix products; a depthwise CONV multiplies each channel's
-    weights by its tap columns (`_DepthwiseTaps`).
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A CONV's validated shapes: (N, C) input, M outputs in `group` groups, kernel, output."""
 
-    The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
-    they are in cache: runs of output rows for the matrix products (each one product per
-    group on that part of the columns), runs of channels (or of one channel's rows) for the
-    depthwise products.
-    """
+    batch: int
+    channels: int
+    out_channels: int
+    group: int
+    kernel: tuple[int, int]
+    out_hw: tuple[int, int]
+
+    @property
+    def group_out(self) -> int:
+        return self.out_channels // self.group
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.out_channels, *self.out_hw)
+
+
+def conv_geometry(instruction: Conv) -> ConvGeometry:
+    """The CONV's shapes, checked against each other (an `EmulatorError` says what is wrong)."""
     batch, channels, height, width = _rank4("the CONV input", instruction.input)
     out_channels, group_channels, kh, kw = _rank4("the CONV weight", instruction.weight)
     group = instruction.group
@@ -1130,28 +1175,74 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         )
     if min(instruction.strides) < 1 or min(instruction.dilations) < 1:
         raise EmulatorError("CONV strides and dilations must be positive")
-    (sh, sw), (dh, dw) = strides, dilations = instruction.strides, instruction.dilations
-    codes = memory.view(instruction.input)
-    weights = memory.read_cached(
-        instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3))
+    if min(instruction.pads) < 0:
+        raise EmulatorError(f"negative padding {instruction.pads}")
+    (sh, sw), (dh, dw) = instruction.strides, instruction.dilations
+    top, left, bottom, right = instruction.pads
+    ho = _output_size(height + top + bottom, kh, sh, dh)
+    wo = _output_size(width + left + right, kw, sw, dw)
+    _expect_shape("the CONV output", instruction.output.shape, (batch, out_channels, ho, wo))
+    return ConvGeometry(batch, channels, out_channels, group, (kh, kw), (ho, wo))
+
+
+def conv_weights(memory: MemoryPort, instruction: Conv) -> _Weights:
+    """The CONV's weights, made once per program (`MemoryPort.read_cached`)."""
+    return memory.read_cached(instruction.weight, "conv", lambda codes: _Weights(codes, (1, 2, 3)))
+
+
+def conv_stage(memory: MemoryPort, instruction: Conv) -> _OutputStage:
+    """The CONV's output stage: per-channel tables and bias along axis 1 of its output."""
+    return _OutputStage.read(
+        memory,
+        instruction.requant,
+        instruction.output.ndim,
+        per_channel=True,
+        bias=instruction.bias,
+        channels=instruction.output.shape[1],
+        target=instruction.output,
     )
+
+
+def column_product(weight: np.ndarray, cols: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The (N, M, rows, wo) accumulators of (N, C, kh, kw, rows, wo) im2col columns and a
+    (G, M/G, C/G·kh·kw) weight: one exact product per group. For one image it is computed into
+    `out`, a (1, G, M/G, rows·wo) buffer of the weight's dtype."""
+    batch, rows, wo = cols.shape[0], cols.shape[-2], cols.shape[-1]
+    group, group_out, depth = weight.shape
+    positions = rows * wo
+    if batch == 1:
+        np.matmul(weight, cols.reshape(1, group, depth, positions), out=out)
+        return out.reshape(1, group * group_out, rows, wo)
+    # The batch joins the columns: one product per group, not one per image (a transformer's
+    # linear layers are 1x1 CONVs over a batch of tokens).
+    cols = cols.reshape(batch, group, depth, positions).transpose(1, 2, 0, 3)
+    acc = np.matmul(weight, cols.reshape(group, depth, batch * positions))
+    acc = acc.reshape(group, group_out, batch, positions).transpose(2, 0, 1, 3)
+    return acc.reshape(batch, group * group_out, rows, wo)
+
+
+def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
+    """im2col (or per-tap) exact matrix products; a depthwise CONV multiplies each channel's
+    weights by its tap columns (`_DepthwiseTaps`).
+
+    The output is computed in blocks (`BLOCK_ELEMENTS`) that go through the output stage while
+    they are in cache: runs of output rows for the matrix products (each one product per
+    group on that part of the columns), runs of channels (or of one channel's rows) for the
+    depthwise products.
+    """
+    geometry = conv_geometry(instruction)
+    batch, out_channels, ho, wo = shape = geometry.shape
+    channels, group, group_out = geometry.channels, geometry.group, geometry.group_out
+    kh, kw = geometry.kernel
+    group_channels = channels // group
+    strides, dilations = instruction.strides, instruction.dilations
+    sh, dh = strides[0], dilations[0]
+    codes = memory.view(instruction.input)
+    weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
     x = _centred_as(codes, zero_point, dtype, instruction.pads, "conv-input")
-    ho = _output_size(x.shape[2], kh, sh, dh)
-    wo = _output_size(x.shape[3], kw, sw, dw)
-    shape = (batch, out_channels, ho, wo)
-    _expect_shape("the CONV output", instruction.output.shape, shape)
-    group_out = out_channels // group
-    stage = _OutputStage.read(
-        memory,
-        instruction.requant,
-        len(shape),
-        per_channel=True,
-        bias=instruction.bias,
-        channels=out_channels,
-        target=instruction.output,
-    )
+    stage = conv_stage(memory, instruction)
     everything = slice(None)
 
     if group_channels == 1:
@@ -1207,17 +1298,10 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             rows = range(ho)[block[2]]
             window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
             cols = _im2col(window, (kh, kw), strides, dilations)
-            positions = len(rows) * wo
+            out = None
             if batch == 1:
-                acc = _scratch("gemm", (1, group, group_out, positions), weight.dtype)
-                np.matmul(weight, cols.reshape(1, group, depth, positions), out=acc)
-                return acc.reshape(1, out_channels, len(rows), wo)
-            # The batch joins the columns: one product per group, not one per image (a
-            # transformer's linear layers are 1x1 CONVs over a batch of tokens).
-            cols = cols.reshape(batch, group, depth, positions).transpose(1, 2, 0, 3)
-            acc = np.matmul(weight, cols.reshape(group, depth, batch * positions))
-            acc = acc.reshape(group, group_out, batch, positions).transpose(2, 0, 1, 3)
-            return acc.reshape(batch, out_channels, len(rows), wo)
+                out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
+            return column_product(weight, cols, out)
 
     if stage.blockwise(shape):
         result = _blockwise(
@@ -1325,7 +1409,7 @@ _COMMON_SCALE: dict[EltwiseOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] =
 """The ELTWISE ops that combine both operands at their common scale (`rescale_operand`)."""
 
 
-def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The accumulator of ELTWISE from centred int64 operands of the same shape."""
     op, mode, shift = instruction.op, instruction.requant.mode, instruction.left_shift
     if op in _COMMON_SCALE:
@@ -1335,6 +1419,34 @@ def _eltwise_acc(instruction: Eltwise, a: np.ndarray, b: np.ndarray) -> np.ndarr
     if op == EltwiseOp.MUL:
         return a * b
     return _divide(a << shift, b)
+
+
+def eltwise_function(
+    instruction: Eltwise, stage: _OutputStage
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The ELTWISE as a function of int64 codes (a, b), its stage included (for tables)."""
+
+    def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
+        return stage(eltwise_acc(instruction, *centred))
+
+    return function
+
+
+def eltwise_key(instruction: Eltwise, stage: _OutputStage) -> tuple[object, ...]:
+    """Values that determine `eltwise_function` of a `uniform` stage completely."""
+    return (
+        "eltwise",
+        instruction.op,
+        instruction.a_zero_point,
+        instruction.b_zero_point,
+        instruction.left_shift,
+        instruction.a_multiplier,
+        instruction.a_shift,
+        instruction.b_multiplier,
+        instruction.b_shift,
+        *stage.key(),
+    )
 
 
 def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
@@ -1358,25 +1470,10 @@ def execute_eltwise(instruction: Eltwise, memory: MemoryPort) -> None:
         where = Ellipsis if block is None else block
         a = a_codes[where].astype(np.int64) - instruction.a_zero_point
         b = b_codes[where].astype(np.int64) - instruction.b_zero_point
-        return stage(_eltwise_acc(instruction, a, b), block, out=out, scratch=scratch)
-
-    def function(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        centred = (a - instruction.a_zero_point, b - instruction.b_zero_point)
-        return stage(_eltwise_acc(instruction, *centred))
+        return stage(eltwise_acc(instruction, a, b), block, out=out, scratch=scratch)
 
     if stage.uniform(len(shape)):
-        key = (
-            "eltwise",
-            instruction.op,
-            instruction.a_zero_point,
-            instruction.b_zero_point,
-            instruction.left_shift,
-            instruction.a_multiplier,
-            instruction.a_shift,
-            instruction.b_multiplier,
-            instruction.b_shift,
-            *stage.key(),
-        )
+        function, key = eltwise_function(instruction, stage), eltwise_key(instruction, stage)
         if _tabulated_eltwise(
             memory, instruction, function, stage.out_dtype, a_codes, b_codes, key
         ):
@@ -1430,8 +1527,9 @@ def _tabulated_eltwise(
     return _tabulated(memory, target, function, dtype, a_codes, b_codes, key=key)
 
 
-def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
-    """One table for every code, or (8-bit inputs) one 256-entry table per channel (axis 1)."""
+def lut_tables(instruction: Lut) -> int:
+    """How many tables a LUT holds: one for every code, or (8-bit inputs) one 256-entry table
+    per channel (axis 1); an `EmulatorError` if it fits neither."""
     _expect_shape("the LUT output", instruction.output.shape, instruction.input.shape)
     low, high = _dtype_range(instruction.input.dtype.numpy)
     entries = high - low + 1
@@ -1445,17 +1543,31 @@ def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
             f"{f' (or {entries} per channel, {entries * channels})' if channels > 1 else ''}, "
             f"not {instruction.table.size}"
         )
-    x = memory.view(instruction.input)
+    return 1 if instruction.table.size == entries else channels
+
+
+def lut_function(
+    memory: MemoryPort, instruction: Lut
+) -> tuple[Callable[[np.ndarray], np.ndarray], np.dtype, Hashable]:
+    """A one-table LUT as (function of int64 codes, its values' dtype, the key of its table)."""
     dtype = instruction.input.dtype.numpy
-    if instruction.table.size != entries:
-        table = memory.read(instruction.table).reshape(channels, entries)
-        memory.write(instruction.output, apply_lut(table, x, dtype, axis=1))
-        return
     table = memory.read(instruction.table).reshape(-1)
     key = ("lut", table.tobytes(), table.dtype.str, np.dtype(dtype).str)
-    function = functools.partial(apply_lut, table, input_dtype=dtype)
-    if not _tabulated(memory, instruction.output, function, table.dtype, x, key=key):
-        memory.write(instruction.output, apply_lut(table, x, dtype))
+    return functools.partial(apply_lut, table, input_dtype=dtype), table.dtype, key
+
+
+def execute_lut(instruction: Lut, memory: MemoryPort) -> None:
+    """One table for every code, or (8-bit inputs) one 256-entry table per channel (axis 1)."""
+    tables = lut_tables(instruction)
+    x = memory.view(instruction.input)
+    dtype = instruction.input.dtype.numpy
+    if tables > 1:
+        table = memory.read(instruction.table).reshape(tables, -1)
+        memory.write(instruction.output, apply_lut(table, x, dtype, axis=1))
+        return
+    function, table_dtype, key = lut_function(memory, instruction)
+    if not _tabulated(memory, instruction.output, function, table_dtype, x, key=key):
+        memory.write(instruction.output, function(x))
 
 
 def _windows(
@@ -1594,28 +1706,43 @@ def _execute_argmax(instruction: Reduce, memory: MemoryPort, axes: tuple[int, ..
     memory.write(instruction.output, result.reshape(instruction.output.shape))
 
 
+def resize_passes(memory: MemoryPort, instruction: Resize) -> list[tuple[int, np.ndarray]]:
+    """The RESIZE's gathers, in order: (axis, its int64 table: a row of indices, or for LINEAR
+    rows x0, x1, w0, w1), each checked against the input's shape as the passes before it left
+    it."""
+    linear = instruction.mode == ResizeMode.LINEAR
+    shape = list(instruction.input.shape)
+    passes = []
+    for axis, table in (
+        (instruction.axis0, instruction.table0),
+        (instruction.axis1, instruction.table1),
+    ):
+        if axis < 0:
+            continue
+        if table is None or not 0 <= axis < len(shape):
+            raise EmulatorError(f"RESIZE axis {axis} without a valid index table")
+        rows = memory.read(table).astype(np.int64)
+        if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
+            raise EmulatorError(f"RESIZE table of shape {rows.shape}")
+        indices = rows[:2] if linear else rows[:1]
+        if indices.min(initial=0) < 0 or indices.max(initial=0) >= shape[axis]:
+            raise EmulatorError(f"RESIZE index table points outside axis {axis}")
+        if linear and np.any(rows[2] + rows[3] != WEIGHT_ONE):
+            raise EmulatorError("RESIZE linear weights must sum to 1.0 in Q10")
+        shape[axis] = rows.shape[1]
+        passes.append((axis, rows))
+    return passes
+
+
 def execute_resize(instruction: Resize, memory: MemoryPort) -> None:
     """NEAREST gathers the stored codes as they are; LINEAR interpolates centred int64 codes."""
     x = memory.read(instruction.input)
     linear = instruction.mode == ResizeMode.LINEAR
     if linear:
         x = x.astype(np.int64) - instruction.input_zero_point
-    passes = [(instruction.axis0, instruction.table0), (instruction.axis1, instruction.table1)]
-    for axis, table in passes:
-        if axis < 0:
-            continue
-        if table is None or not 0 <= axis < x.ndim:
-            raise EmulatorError(f"RESIZE axis {axis} without a valid index table")
-        rows = memory.read(table).astype(np.int64)
-        if rows.ndim != 2 or rows.shape[0] != (4 if linear else 1):
-            raise EmulatorError(f"RESIZE table of shape {rows.shape}")
-        indices = rows[:2] if linear else rows[:1]
-        if indices.min(initial=0) < 0 or indices.max(initial=0) >= x.shape[axis]:
-            raise EmulatorError(f"RESIZE index table points outside axis {axis}")
+    for axis, rows in resize_passes(memory, instruction):
         if linear:
             x0, x1, w0, w1 = rows
-            if np.any(w0 + w1 != WEIGHT_ONE):
-                raise EmulatorError("RESIZE linear weights must sum to 1.0 in Q10")
             shape = [1] * x.ndim
             shape[axis] = rows.shape[1]
             x = np.take(x, x0, axis=axis) * w0.reshape(shape) + np.take(

@@ -392,7 +392,7 @@ def _run_mla(
         for info in metadata.inputs:
             node = inputs[info.name]
             parts = [_logical(frame[(info.name, node["layout"])], node) for frame in padded]
-            feed[info.name] = np.concatenate(parts, axis=0)
+            feed[info.name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         results = emulator.run(feed)
         for info in metadata.outputs:
             node = outputs[info.name]
