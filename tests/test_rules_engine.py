@@ -85,6 +85,25 @@ def test_apply_removes_identity_and_verifies_exactly():
     assert [o.name for o in result.model.graph.output] == ["y"]
 
 
+@pytest.mark.parametrize(("op", "operand"), [("Tile", [1, 1, 1, 1]), ("Expand", [1, 4, 1, 1])])
+def test_a_tile_or_expand_to_its_own_shape_is_removed(op: str, operand: list[int]):
+    """GCViT's `q.repeat(B, 1, 1, 1, 1)` with one window copies nothing."""
+    graph = helper.make_graph(
+        [
+            helper.make_node(op, ["x", "operand"], ["copy"], name="copy"),
+            helper.make_node("Relu", ["copy"], ["y"]),
+        ],
+        "no_op_copy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 3])],
+        [numpy_helper.from_array(np.array(operand, np.int64), "operand")],
+    )
+    model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    result = apply_rule(model, "remove-identity")
+    assert result.nodes_removed == ["copy"]
+    assert result.verification.passed and result.verification.worst_max_abs == 0.0
+
+
 def test_apply_never_modifies_the_input_model():
     model = _identity_cnn()
     before = model.SerializeToString()

@@ -63,8 +63,11 @@ def _rotary() -> onnx.ModelProto:
     return _model(nodes, inits, [1, HEADS, LENGTH, DIM])
 
 
-def _repeat_kv(unsqueeze_axis: int, merged_shape: list[int]) -> onnx.ModelProto:
-    """Conv (kv heads) → Unsqueeze → Expand → Reshape(merged_shape) → Conv (query heads)."""
+def _repeat_kv(
+    unsqueeze_axis: int, merged_shape: list[int], copy_op: str = "Expand"
+) -> onnx.ModelProto:
+    """Conv (kv heads) → Unsqueeze → Expand (or Tile) → Reshape(merged_shape) → Conv (query
+    heads)."""
     rng = np.random.default_rng(1)
     copies = HEADS // KV_HEADS
     source = [1, KV_HEADS, LENGTH, DIM]
@@ -73,17 +76,25 @@ def _repeat_kv(unsqueeze_axis: int, merged_shape: list[int]) -> onnx.ModelProto:
         numpy_helper.from_array(rng.normal(0, 0.5, (KV_HEADS, 3, 1, 1)).astype(np.float32), "w1"),
         numpy_helper.from_array(rng.normal(0, 0.5, (HEADS, HEADS, 1, 1)).astype(np.float32), "w2"),
         numpy_helper.from_array(np.array([unsqueeze_axis], np.int64), "axes"),
-        numpy_helper.from_array(np.array(expanded, np.int64), "expanded"),
+        numpy_helper.from_array(
+            np.array(expanded if copy_op == "Expand" else _repeats(unsqueeze_axis), np.int64),
+            "expanded",
+        ),
         numpy_helper.from_array(np.array(merged_shape, np.int64), "merged"),
     ]
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["kv"]),
         helper.make_node("Unsqueeze", ["kv", "axes"], ["u"]),
-        helper.make_node("Expand", ["u", "expanded"], ["e"], name="repeat_kv_expand"),
+        helper.make_node(copy_op, ["u", "expanded"], ["e"], name="repeat_kv_copy"),
         helper.make_node("Reshape", ["e", "merged"], ["r"]),
         helper.make_node("Conv", ["r", "w2"], ["y"]),
     ]
     return _model(nodes, inits, [1, 3, LENGTH, DIM])
+
+
+def _repeats(axis: int) -> list[int]:
+    """Tile's repeats for a copy along the unit axis the Unsqueeze inserted at `axis`."""
+    return [HEADS // KV_HEADS if a == axis else 1 for a in range(5)]
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:
@@ -134,21 +145,25 @@ def test_fixed_rotary_compiles_to_one_elf_bit_exact(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- repeat-to-concat
 
 
-def test_plan_repeat_reads_interleave_from_a_fold_into_the_axis_before() -> None:
-    """[1, kv, L, d] → [1, kv, 1, L, d] → [1, kv, n, L, d] → [1, kv·n, L, d]: repeat_kv."""
+def test_plan_repeat_stages_repeat_kv_as_before_copies_after() -> None:
+    """[1, kv, L, d] → [1, kv, 1, L, d] → [1, kv, n, L, d] → [1, kv·n, L, d]: memory order
+    [kv, n, L·d]."""
     assert plan_repeat([1, 2, 8, 16], [1, 2, 1, 8, 16], [1, 2, 3, 8, 16], [1, 6, 8, 16]) == Repeat(
-        1, 3, interleave=True
+        2, 128, 3
     )
 
 
-def test_plan_repeat_reads_tile_from_a_fold_into_the_axis_after() -> None:
+def test_plan_repeat_reads_a_fold_into_the_axis_after_as_a_plain_concat() -> None:
     assert plan_repeat([1, 2, 8, 16], [1, 1, 2, 8, 16], [1, 3, 2, 8, 16], [1, 6, 8, 16]) == Repeat(
-        1, 3, interleave=False
+        1, 256, 3, tile_axis=1
     )
 
 
-def test_plan_repeat_refuses_a_reshape_that_is_not_a_fold_of_the_new_axis() -> None:
-    assert plan_repeat([1, 2, 8, 16], [1, 2, 1, 8, 16], [1, 2, 3, 8, 16], [1, 6, 16, 8]) is None
+def test_plan_repeat_takes_any_reshape_of_the_copies() -> None:
+    """GCViT: a global query [1, 7, 7, 64] tiled over 64 windows, reshaped to [64, 49, 2, 32]."""
+    assert plan_repeat([1, 7, 7, 64], [1, 1, 7, 7, 64], [1, 64, 7, 7, 64], [64, 49, 2, 32]) == (
+        Repeat(1, 3136, 64)
+    )
 
 
 def test_plan_repeat_refuses_an_expand_of_two_axes() -> None:
@@ -165,6 +180,20 @@ def test_interleaved_repeat_becomes_reshape_concat_reshape_with_identical_output
     assert step.verification.passed and step.verification.worst_max_abs == 0.0
     assert _ops(step.model) == ["Conv", "Reshape", "Concat", "Reshape", "Conv"]
     assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
+def test_a_tile_of_the_new_axis_is_rewritten_like_an_expand() -> None:
+    model = _repeat_kv(2, [1, HEADS, LENGTH, DIM], copy_op="Tile")
+    step = apply_rule(model, "repeat-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Reshape", "Concat", "Reshape", "Conv"]
+
+
+def test_copies_reshaped_across_axes_become_reshape_concat_reshape() -> None:
+    """[1, kv, n, L, d] → [1, 4, 16, 8] regroups L and d too: any Reshape relabels memory."""
+    step = apply_rule(_repeat_kv(2, [1, HEADS, 2 * DIM, LENGTH // 2]), "repeat-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model)[1:4] == ["Reshape", "Concat", "Reshape"]
 
 
 def test_tiled_repeat_becomes_a_concat_with_identical_outputs() -> None:

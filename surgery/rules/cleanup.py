@@ -133,18 +133,22 @@ def _static(shape: Sequence[int | str | None] | None) -> bool:
 
 
 _NO_OP = {"Identity", "Dropout"}
-_MAYBE_NO_OP = frozenset({*_NO_OP, "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Cast"})
+_SAME_SHAPE_NO_OP = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Expand", "Tile"})
+"""Ops that copy their input unchanged when the output has the input's shape (a Tile by ones:
+GCViT's `q.repeat(B, 1, 1, 1, 1)` with one window)."""
+_MAYBE_NO_OP = frozenset({*_NO_OP, *_SAME_SHAPE_NO_OP, "Transpose", "Cast"})
 """The ops `_is_no_op` can accept; checked first so other nodes cost one set lookup."""
 
 
 @register
 class RemoveIdentity(Rule):
     """Remove nodes that do not change their input: Identity, inference-mode Dropout, Reshape
-    to the same shape, Transpose with the identity permutation, Cast to the same type."""
+    (Squeeze, Unsqueeze, Expand, Tile) to the same shape, Transpose with the identity
+    permutation, Cast to the same type."""
 
     name = "remove-identity"
     suggest_for = _MAYBE_NO_OP
-    summary = "Remove Identity, Dropout and no-op Reshape/Transpose/Cast nodes."
+    summary = "Remove Identity, Dropout and no-op Reshape/Expand/Tile/Transpose/Cast nodes."
     category = "cleanup"
     example = "surgery apply remove-identity model.onnx"
 
@@ -174,7 +178,7 @@ class RemoveIdentity(Rule):
         if op in _NO_OP:
             return len(outs) == 1 or not any(view.consumers.get(o) for o in outs[1:])
         x, y = view.tensor(ins[0]), view.tensor(outs[0])
-        if op == "Reshape" or op == "Squeeze" or op == "Unsqueeze":
+        if op in _SAME_SHAPE_NO_OP:
             return x.is_static and y.is_static and x.shape == y.shape
         if op == "Transpose":
             perm = view.nodes[idx].attribute

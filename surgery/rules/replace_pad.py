@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -466,34 +466,41 @@ class ExpandToConcat(GraphRule):
         return True
 
 
+MAX_REPEAT_COPIES = 64
+"""Most copies repeat-to-concat makes (one Concat input each): GCViT repeats its global query
+over 64 windows."""
+
+
 @dataclass(frozen=True)
 class Repeat:
-    """An Unsqueeze → Expand → Reshape that repeats axis `axis` of its input `copies` times:
-    each slice in turn (interleave: [a, a, b, b]) or the whole axis in turn (tile: [a, b, a, b])."""
+    """An Unsqueeze → Expand/Tile → Reshape that repeats its input `copies` times along a new
+    unit axis with `before` elements ahead of it and `after` behind it in memory order.
 
-    axis: int
+    The expanded tensor's memory is then [before, copies, after], and any Reshape only relabels
+    it: the input staged as [1, before, 1, after], `copies` of it concatenated on axis 2, and
+    the result reshaped to the output give the same values. When the output is just the input
+    with axis `tile_axis` `copies` times longer (the new axis folded into the one after it),
+    a Concat of the input along that axis is all it takes.
+    """
+
+    before: int
+    after: int
     copies: int
-    interleave: bool
+    tile_axis: int | None = None
 
-    def staging_shape(self, shape: Sequence[int]) -> list[int] | None:
-        """Interleave: the input reshaped so that Concat along a unit axis after `axis` repeats
-        each of its slices (None for tile, which concatenates the input as it is)."""
-        if not self.interleave:
-            return None
-        return [*shape[: self.axis + 1], 1, math.prod(shape[self.axis + 1 :])]
+    def staging_shape(self) -> list[int] | None:
+        """[1, before, 1, after], or None when a plain Concat along `tile_axis` does."""
+        return None if self.tile_axis is not None else [1, self.before, 1, self.after]
 
     def concat_axis(self) -> int:
-        return self.axis + 1 if self.interleave else self.axis
+        return self.tile_axis if self.tile_axis is not None else 2
 
 
 def plan_repeat(
     source: Sequence[int], unsqueezed: Sequence[int], expanded: Sequence[int], out: Sequence[int]
 ) -> Repeat | None:
-    """The repeat these four shapes describe, when they describe one.
-
-    The unit axis the Unsqueeze inserts is the one the Expand broadcasts; the Reshape folds it
-    into the axis before it (interleave) or after it (tile).
-    """
+    """The repeat these four shapes describe, when they describe one: the unit axis the
+    Unsqueeze inserts is the only one the Expand (or Tile) copies."""
     if len(unsqueezed) != len(source) + 1 or len(expanded) != len(unsqueezed):
         return None
     differ = [a for a, (u, e) in enumerate(zip(unsqueezed, expanded, strict=True)) if u != e]
@@ -501,39 +508,46 @@ def plan_repeat(
         return None
     new = differ[0]
     copies = expanded[new]
-    if [*unsqueezed[:new], *unsqueezed[new + 1 :]] != list(source) or not 2 <= copies <= MAX_COPIES:
+    if [*unsqueezed[:new], *unsqueezed[new + 1 :]] != list(source):
         return None
-    out = list(out)
-    if new > 0 and out == [*source[: new - 1], source[new - 1] * copies, *source[new:]]:
-        return Repeat(new - 1, copies, interleave=True)
-    if new < len(source) and out == [*source[:new], copies * source[new], *source[new + 1 :]]:
-        return Repeat(new, copies, interleave=False)
-    return None
+    if not 2 <= copies <= MAX_REPEAT_COPIES or math.prod(out) != math.prod(expanded):
+        return None
+    before, after = math.prod(source[:new]), math.prod(source[new:])
+    if new < len(source) and list(out) == [*source[:new], copies * source[new], *source[new + 1 :]]:
+        return Repeat(before, after, copies, tile_axis=new)
+    return Repeat(before, after, copies)
 
 
 @register
 class RepeatToConcat(GraphRule):
-    """Rewrite Unsqueeze → Expand → Reshape that repeats one axis as a Concat of copies.
+    """Rewrite Unsqueeze → Expand (or Tile) → Reshape that repeats one axis as a Concat of
+    copies.
 
     Grouped-query attention shares each key/value head among several query heads
     (`repeat_kv` in Llama, Qwen2, Mistral, Gemma): [1, kv, L, d] is unsqueezed to
     [1, kv, 1, L, d], expanded to [1, kv, n, L, d] and reshaped to [1, kv·n, L, d]. The rank-5
     middle and the Expand keep it off an MLA, splitting every attention layer. The same values
     come from Reshape to [1, kv, 1, L·d] → Concat of n copies on axis 2 → Reshape to the output
-    (each head repeated in place); when the new axis is folded into the axis after it instead
-    (a tile), the Concat of n copies of the input along that axis alone. Data movement: exact.
+    (each head repeated in place), whatever shape the Reshape gives (GCViT tiles its global
+    query [1, 7, 7, 64] over 64 windows and reshapes it to [64, 49, 2, 32]); when the new axis
+    is folded into the one after it (a tile), the Concat of n copies of the input along that
+    axis alone. A Tile of the new unit axis is the same copy as an Expand. Data movement:
+    exact.
     """
 
     name = "repeat-to-concat"
-    suggest_for = frozenset({"Expand", "Unsqueeze", "Reshape"})
-    summary = "Unsqueeze → Expand → Reshape repeating an axis (GQA repeat_kv) → Concat of copies."
+    suggest_for = frozenset({"Expand", "Tile", "Unsqueeze", "Reshape"})
+    summary = (
+        "Unsqueeze → Expand/Tile → Reshape repeating an axis (GQA repeat_kv, GCViT's global "
+        "query) → Concat of copies."
+    )
     category = "replace"
     example = "surgery apply repeat-to-concat llama.onnx -w ws"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for expand in pat.nodes("Expand"):
+        for expand in pat.nodes("Expand", "Tile"):
             chain = self._chain(pat, expand)
             if chain is None:
                 continue
@@ -543,7 +557,7 @@ class RepeatToConcat(GraphRule):
             shape, out = pat.shape(x), pat.shape(y)
             assert shape is not None and out is not None
             elem_type = pat.elem_type(x)
-            staged = repeat.staging_shape(shape)
+            staged = repeat.staging_shape()
             probes: list[Reason | None] = []
             source = TensorSpec(tuple(shape), elem_type)
             if staged is not None:
@@ -558,18 +572,14 @@ class RepeatToConcat(GraphRule):
             if staged is not None:
                 probes.append(_probe_reshape(ctx, joined, pat.spec(y)))
             names = [pat.name(n) for n in nodes]
-            kind = "each slice" if repeat.interleave else "the whole axis"
+            form = "Concat" if staged is None else "Reshape → Concat → Reshape"
             found.append(
                 self.match(
                     names,
-                    f"{' → '.join(pat.op(n) for n in nodes)} {pat.name(expand)}: axis "
-                    f"{repeat.axis} of {fmt_shape(shape)} repeated {repeat.copies}× ({kind}) "
-                    "→ Concat of copies",
+                    f"{' → '.join(pat.op(n) for n in nodes)} {pat.name(expand)}: "
+                    f"{repeat.copies} copies of {fmt_shape(shape)} → {fmt_shape(out)} as {form}",
                     net_freed(ctx, names, probes),
-                    axis=repeat.axis,
-                    copies=repeat.copies,
-                    interleave=repeat.interleave,
-                    shape=list(shape),
+                    repeat=asdict(repeat),
                     out=list(out),
                 )
             )
@@ -577,8 +587,8 @@ class RepeatToConcat(GraphRule):
 
     @staticmethod
     def _chain(pat: Pattern, expand: int) -> tuple[list[int], str, str, Repeat] | None:
-        """(Unsqueeze, Expand, Reshape), the input, the output and the repeat; None if the
-        Expand is not the middle of such a chain with private intermediates."""
+        """(Unsqueeze, Expand or Tile, Reshape), the input, the output and the repeat; None if
+        the copy is not the middle of such a chain with private intermediates."""
         middle = pat.ins(expand)[0]
         unsqueeze = pat.producer(middle, "Unsqueeze")
         if unsqueeze is None or not pat.private(middle):
@@ -604,8 +614,8 @@ class RepeatToConcat(GraphRule):
         x, y = unsqueeze.inputs[0], reshape.outputs[0]
         ed.detach(*nodes)  # type: ignore[arg-type]
         d = match.data
-        repeat = Repeat(d["axis"], d["copies"], d["interleave"])
-        staged = repeat.staging_shape(d["shape"])
+        repeat = Repeat(**d["repeat"])
+        staged = repeat.staging_shape()
         if staged is None:
             ed.node("Concat", "repeat", [x] * repeat.copies, [y], axis=repeat.concat_axis())
             return True
