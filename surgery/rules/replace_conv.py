@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
@@ -141,39 +142,63 @@ class ConvKernelSplit(GraphRule):
         )
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        conv = _take_conv(ed, match)
         if "cropped" in match.data:
-            return _edit_cropped(ed, match)
-        node = ed.node_named(match.nodes[0])
-        assert node is not None
-        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
-        weight = ed.value(w)
-        assert weight is not None
-        attrs = dict(node.attrs)
-        ed.detach(node)
+            _sum_tile_convs(ed, conv, _cropped_tile_convs(ed, conv, match))
+            return True
+        weight = conv.weight
         tiles = [[tuple(t) for t in axis] for axis in match.data["tiles"]]
-        total = None
-        pairs = _pairs(tiles)
-        for k, (rows, cols) in enumerate(pairs):
+        convs = []
+        for rows, cols in _pairs(tiles):
             part = np.zeros((*weight.shape[:2], rows[1] - rows[0] + 1, cols[1] - cols[0] + 1))
             r_own, c_own = rows[2], cols[2]
             part[:, :, r_own - rows[0] :, c_own - cols[0] :] = weight[
                 :, :, r_own : rows[1] + 1, c_own : cols[1] + 1
             ]
-            inputs = [x, ed.const(f"{node.name}_tile", part.astype(weight.dtype))]
-            if k == 0 and bias is not None:
-                inputs.append(bias)
-            tile_attrs = _tile_attrs(attrs, rows, cols)
-            last = k == len(pairs) - 1
-            if total is None:
-                total = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **tile_attrs)
-                continue
-            conv = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **tile_attrs)
-            if last:
-                ed.node("Add", f"{node.name}_sum", [total, conv], [y])
-            else:
-                total = ed.op("Add", f"{node.name}_sum", [total, conv], y.shape, y.dtype)
+            tile = ed.const(f"{conv.name}_tile", part.astype(weight.dtype))
+            convs.append(([conv.x, tile], _tile_attrs(conv.attrs, rows, cols)))
+        _sum_tile_convs(ed, conv, convs)
         return True
+
+
+@dataclass
+class _TakenConv:
+    """A matched Conv's parts, the node itself detached (its output rewired by the edit)."""
+
+    name: str
+    x: gs.Tensor
+    y: gs.Tensor
+    bias: gs.Tensor | None
+    weight: np.ndarray
+    attrs: dict
+
+
+def _take_conv(ed: Editor, match: Match) -> _TakenConv:
+    node = ed.node_named(match.nodes[0])
+    assert node is not None
+    weight = ed.value(node.inputs[1])
+    assert weight is not None
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+    taken = _TakenConv(
+        node.name, node.inputs[0], node.outputs[0], bias, np.asarray(weight), dict(node.attrs)
+    )
+    ed.detach(node)
+    return taken
+
+
+def _sum_tile_convs(ed: Editor, conv: _TakenConv, tiles: list[tuple[list, dict]]) -> None:
+    """One Conv per (inputs, attributes) — the bias with the first — summed by Adds into the
+    original output."""
+    y, total = conv.y, None
+    for k, (inputs, attrs) in enumerate(tiles):
+        inputs = [*inputs, conv.bias] if k == 0 and conv.bias is not None else inputs
+        out = ed.op("Conv", f"{conv.name}_tile", inputs, y.shape, y.dtype, **attrs)
+        if total is None:
+            total = out
+        elif k == len(tiles) - 1:
+            ed.node("Add", f"{conv.name}_sum", [total, out], [y])
+        else:
+            total = ed.op("Add", f"{conv.name}_sum", [total, out], y.shape, y.dtype)
 
 
 def _axis_tiles(taps: int, before: int, after: int, dilation: int) -> list[Tile] | None:
@@ -307,55 +332,36 @@ def _cropped_probes(
         inputs = [cropped, TensorSpec((*weight.shape[:2], *kernel), constant=True)]
         if k == 0 and len(ins) > 2 and ins[2]:
             inputs.append(pat.spec(ins[2]))
-        probes.append(probe_node(ctx, "Conv", inputs, [y], _cropped_attrs(attrs, kernel)))
+        tile_attrs = _tile_attrs(attrs, _unpadded(rows), _unpadded(cols))
+        probes.append(probe_node(ctx, "Conv", inputs, [y], tile_attrs))
     probes.append(probe_node(ctx, "Add", [y, y], [y]))
     return probes
 
 
-def _cropped_attrs(attrs: dict, kernel: tuple[int, int]) -> dict:
-    new = {k: v for k, v in attrs.items() if k not in ("pads", "kernel_shape", "auto_pad")}
-    new["kernel_shape"] = list(kernel)
-    return new
-
-
-def _edit_cropped(ed: Editor, match: Match) -> bool:
-    node = ed.node_named(match.nodes[0])
-    assert node is not None
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
-    weight = ed.value(w)
-    assert weight is not None
-    attrs = dict(node.attrs)
-    ed.detach(node)
+def _cropped_tile_convs(ed: Editor, conv: _TakenConv, match: Match) -> list[tuple[list, dict]]:
+    """The zero Pad and the crops; per tile, the Conv's inputs and attributes."""
     plan = CroppedPlan.from_data(match.data["cropped"])
-    dilations = list(attrs.get("dilations", [1, 1]))
-    source = x
+    dilations = list(conv.attrs.get("dilations", [1, 1]))
+    source = conv.x
     if any(plan.pads):
-        source = add_zero_pad(ed, x, plan.pads, plan.padded, f"{node.name}_pad")
-    total = None
-    tiles = plan.tiles()
-    for k, (rows, cols) in enumerate(tiles):
+        source = add_zero_pad(ed, conv.x, plan.pads, plan.padded, f"{conv.name}_pad")
+    convs = []
+    for rows, cols in plan.tiles():
         (h0, h1), (w0, w1) = (
-            _crop(rows, weight.shape[2], dilations[0], plan.padded[2]),
-            _crop(cols, weight.shape[3], dilations[1], plan.padded[3]),
+            _crop(rows, conv.weight.shape[2], dilations[0], plan.padded[2]),
+            _crop(cols, conv.weight.shape[3], dilations[1], plan.padded[3]),
         )
         cropped = source
         if (h0, h1, w0, w1) != (0, plan.padded[2], 0, plan.padded[3]):
             shape = [*plan.padded[:2], h1 - h0, w1 - w0]
-            cropped = ed.var(f"{node.name}_crop", x.dtype, shape)
+            cropped = ed.var(f"{conv.name}_crop", conv.x.dtype, shape)
             add_slice(ed, source, cropped, [h0, w0], [h1, w1], [2, 3])
-        part = weight[:, :, rows[0] : rows[1] + 1, cols[0] : cols[1] + 1]
-        inputs = [cropped, ed.const(f"{node.name}_tile", np.ascontiguousarray(part))]
-        if k == 0 and bias is not None:
-            inputs.append(bias)
-        kernel = (rows[1] - rows[0] + 1, cols[1] - cols[0] + 1)
-        conv_attrs = _cropped_attrs(attrs, kernel)
-        if total is None:
-            total = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **conv_attrs)
-            continue
-        conv = ed.op("Conv", f"{node.name}_tile", inputs, y.shape, y.dtype, **conv_attrs)
-        if k == len(tiles) - 1:
-            ed.node("Add", f"{node.name}_sum", [total, conv], [y])
-        else:
-            total = ed.op("Add", f"{node.name}_sum", [total, conv], y.shape, y.dtype)
-    return True
+        part = conv.weight[:, :, rows[0] : rows[1] + 1, cols[0] : cols[1] + 1]
+        tile = ed.const(f"{conv.name}_tile", np.ascontiguousarray(part))
+        convs.append(([cropped, tile], _tile_attrs(conv.attrs, _unpadded(rows), _unpadded(cols))))
+    return convs
+
+
+def _unpadded(taps: tuple[int, int]) -> Tile:
+    """A cropped tile as a `Tile` that owns all its taps and needs no padding."""
+    return (taps[0], taps[1], taps[0], 0, 0)
