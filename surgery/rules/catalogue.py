@@ -14,6 +14,7 @@ MODULES = (
     "cleanup_attention",
     "replace_activation",
     "replace_arith",
+    "replace_branches",
     "replace_conv_taps",
     "replace_conv",
     "replace_gelu",
