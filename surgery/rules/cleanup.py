@@ -376,6 +376,95 @@ class MergeTransposes(GraphRule):
         return True
 
 
+# --------------------------------------------------------------------------- drop-empty-concat-inputs
+
+
+def slice_length(size: int, start: int, end: int, step: int) -> int:
+    """Elements an ONNX Slice with a positive `step` keeps on an axis of `size` (negative
+    indices counted from the end, then clamped to [0, size]). Negative steps are left out:
+    ONNX Runtime reads an end of INT64_MAX there as "past the front", against the spec."""
+    if step <= 0:
+        raise ValueError(f"slice_length takes positive steps, not {step}")
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start, end = min(max(start, 0), size), min(max(end, 0), size)
+    return max(0, -(-(end - start) // step))
+
+
+@register
+class DropEmptyConcatInputs(GraphRule):
+    """Remove the inputs of a Concat that a Slice leaves empty.
+
+    Partial rotary embeddings split q and k into a rotated part and a pass-through part,
+    q[..., rotary_dim:], and concatenate them back. With rotary_dim equal to the head size
+    (Phi-3) the pass-through part is empty; shape inference cannot tell (the end is INT64_MAX),
+    so the Slice and the Concat count as dynamic and leave the MLA. A Concat without its empty
+    inputs is the same tensor: exact.
+    """
+
+    name = "drop-empty-concat-inputs"
+    suggest_for = frozenset({"Concat", "Slice"})
+    summary = "Concat inputs that a Slice leaves empty (Phi-3's rotary pass-through) → removed."
+    category = "cleanup"
+    example = "surgery apply drop-empty-concat-inputs phi3.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for concat in pat.nodes("Concat"):
+            ins = pat.ins(concat)
+            empty = [t for t in ins if _empty_slice(pat, t)]
+            if not empty or len(empty) == len(ins):
+                continue
+            slices = [pat.producer(t) for t in empty]
+            names = [pat.name(concat), *(pat.name(s) for s in slices if s is not None)]
+            found.append(
+                self.match(
+                    [pat.name(concat)],
+                    f"Concat {pat.name(concat)}: {len(empty)} empty input(s) "
+                    f"({', '.join(empty[:3])}) removed",
+                    freed_blockers(ctx, names),
+                    empty=empty,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        concat = ed.node_named(match.nodes[0])
+        assert concat is not None
+        empty = set(match.data["empty"])
+        kept = [t for t in concat.inputs if t.name not in empty]
+        if not kept or len(kept) == len(concat.inputs):
+            return False
+        concat.inputs = kept
+        return True
+
+
+def _empty_slice(pat: Pattern, tensor: str) -> bool:
+    """Whether `tensor` is the output of a Slice (opset ≥ 10, constant operands, input of
+    static shape) that keeps nothing along some axis."""
+    node = pat.producer(tensor, "Slice")
+    if node is None:
+        return False
+    ins = pat.ins(node)
+    shape = pat.shape(ins[0])
+    if shape is None or len(ins) < 3:
+        return False
+    values = [pat.value(t) if t else None for t in ins[1:5]]
+    starts, ends = values[0], values[1]
+    if starts is None or ends is None or (len(ins) > 3 and ins[3] and values[2] is None):
+        return False
+    axes = values[2] if len(values) > 2 and values[2] is not None else range(len(starts))
+    steps = values[3] if len(values) > 3 and values[3] is not None else [1] * len(starts)
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=False):
+        size = shape[int(axis) % len(shape)]
+        if int(step) > 0 and slice_length(size, int(start), int(end), int(step)) == 0:
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------- merge-reshapes
 
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
