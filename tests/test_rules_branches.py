@@ -20,17 +20,23 @@ from tests.lower_support import quantize_on, run_and_compare
 C, H, BRANCHES = 8, 6, 2
 
 
-def _selective_kernel(weighted: bool = True, opset: int = 17) -> onnx.ModelProto:
-    """Conv → two 3×3 branches (dilation 1 and 2) → stack [1, 2, C, H, H] → sum → pooled
-    attention → Reshape [1, 2, C, 1, 1] → Softmax(axis 1) → weighted stack summed → Conv."""
-    rng = np.random.default_rng(0)
+def _weights(rng: np.random.Generator):
+    """A maker of random float initializers drawn from `rng`."""
 
     def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
         return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
 
-    def ints(name: str, values: list[int]) -> onnx.TensorProto:
-        return numpy_helper.from_array(np.array(values, np.int64), name)
+    return weight
 
+
+def _ints(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _selective_kernel(weighted: bool = True, opset: int = 17) -> onnx.ModelProto:
+    """Conv → two 3×3 branches (dilation 1 and 2) → stack [1, 2, C, H, H] → sum → pooled
+    attention → Reshape [1, 2, C, 1, 1] → Softmax(axis 1) → weighted stack summed → Conv."""
+    weight = _weights(np.random.default_rng(0))
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "w0"], ["a"]),
@@ -64,8 +70,8 @@ def _selective_kernel(weighted: bool = True, opset: int = 17) -> onnx.ModelProto
         weight("wr", (4, C, 1, 1)),
         weight("wa", (BRANCHES * C, 4, 1, 1)),
         weight("w3", (4, C, 1, 1)),
-        ints("one", [1]),
-        ints("five_d", [1, BRANCHES, C, 1, 1]),
+        _ints("one", [1]),
+        _ints("five_d", [1, BRANCHES, C, 1, 1]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -81,14 +87,7 @@ def _split_attention() -> onnx.ModelProto:
     """ResNeSt: one grouped Conv makes both branches [1, 2·C, H, H] → Reshape [1, 2, C, H, H]
     → sum → pooled attention → rSoftMax (Reshape [1, 1, 2, C], Transpose, Softmax over the
     radix) → Reshape [1, 2, C, 1, 1] → weighted stack summed → Conv."""
-    rng = np.random.default_rng(1)
-
-    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
-        return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
-
-    def ints(name: str, values: list[int]) -> onnx.TensorProto:
-        return numpy_helper.from_array(np.array(values, np.int64), name)
-
+    weight = _weights(np.random.default_rng(1))
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "w1"], ["b"], group=BRANCHES, pads=[1, 1, 1, 1]),
@@ -112,10 +111,10 @@ def _split_attention() -> onnx.ModelProto:
         weight("wr", (4, C, 1, 1)),
         weight("wa", (BRANCHES * C, 4, 1, 1)),
         weight("w3", (4, C, 1, 1)),
-        ints("one", [1]),
-        ints("stacked", [1, BRANCHES, C, H, H]),
-        ints("radix_view", [1, 1, BRANCHES, C]),
-        ints("five_d", [1, BRANCHES, C, 1, 1]),
+        _ints("one", [1]),
+        _ints("stacked", [1, BRANCHES, C, H, H]),
+        _ints("radix_view", [1, 1, BRANCHES, C]),
+        _ints("five_d", [1, BRANCHES, C, 1, 1]),
     ]
     graph = helper.make_graph(
         nodes,
