@@ -35,6 +35,25 @@ CANONICAL = {
 MAX_STEPS = 4
 
 
+def original_coordinates(size: int, out: int, scale: float, ctm: str) -> np.ndarray | None:
+    """The input coordinate each output position of an ONNX Resize maps to, in float32 as
+    ONNX Runtime computes it (None for coordinate modes the rules do not model)."""
+    f32 = np.float32
+    o = np.arange(out, dtype=f32)
+    s = f32(scale)
+    if ctm == "half_pixel":
+        return (o + f32(0.5)) / s - f32(0.5)
+    if ctm == "pytorch_half_pixel":
+        return (o + f32(0.5)) / s - f32(0.5) if out > 1 else np.zeros(out, f32)
+    if ctm == "asymmetric":
+        return o / s
+    if ctm == "align_corners":
+        return o * f32(size - 1) / f32(out - 1) if out > 1 else np.zeros(out, f32)
+    if ctm == "tf_half_pixel_for_nn":
+        return (o + f32(0.5)) / s
+    return None
+
+
 def nearest_indices(
     size: int, out: int, scale: float, ctm: str, nearest_mode: str
 ) -> np.ndarray | None:
@@ -46,19 +65,8 @@ def nearest_indices(
     verifier's runtime rounds it (7 → 39, half_pixel, floor: output 19 reads input 2 in float32
     but 3 in float64)."""
     f32 = np.float32
-    o = np.arange(out, dtype=f32)
-    s = f32(scale)
-    if ctm == "half_pixel":
-        x = (o + f32(0.5)) / s - f32(0.5)
-    elif ctm == "pytorch_half_pixel":
-        x = (o + f32(0.5)) / s - f32(0.5) if out > 1 else np.zeros(out, f32)
-    elif ctm == "asymmetric":
-        x = o / s
-    elif ctm == "align_corners":
-        x = o * f32(size - 1) / f32(out - 1) if out > 1 else np.zeros(out, f32)
-    elif ctm == "tf_half_pixel_for_nn":
-        x = (o + f32(0.5)) / s
-    else:
+    x = original_coordinates(size, out, scale, ctm)
+    if x is None:
         return None
     rounding = {
         "round_prefer_floor": lambda v: np.where(
@@ -71,6 +79,27 @@ def nearest_indices(
     if rounding is None:
         return None
     return np.clip(rounding(x), 0, size - 1).astype(np.int64)
+
+
+def linear_weights(size: int, out: int, scale: float, ctm: str) -> np.ndarray | None:
+    """The [size, out] matrix of an ONNX linear Resize along one axis: column o holds the two
+    interpolation weights of output o. The coordinate is clamped to [0, size − 1] first, as
+    ONNX Runtime does (the reference pads with the edge value: the same numbers)."""
+    if ctm == "tf_half_pixel_for_nn":
+        return None
+    x = original_coordinates(size, out, scale, ctm)
+    if x is None:
+        return None
+    f32 = np.float32
+    x = np.clip(x, f32(0), f32(size - 1))
+    low = np.floor(x).astype(np.int64)
+    high = np.minimum(low + 1, size - 1)
+    upper = (x - low.astype(f32)).astype(f32)
+    matrix = np.zeros((size, out), f32)
+    columns = np.arange(out)
+    np.add.at(matrix, (low, columns), f32(1) - upper)
+    np.add.at(matrix, (high, columns), upper)
+    return matrix
 
 
 def _axis_kind(
@@ -567,6 +596,134 @@ def _build_axis_gather(
 
 RESIZE_ATTRIBUTES_OPSET = 11
 """The first opset whose Resize states its coordinate mode (Upsample's is asymmetric)."""
+
+
+MAX_MATRIX = 1 << 20
+"""Most entries one interpolation matrix of linear-resize-to-matmul may hold (a 1024 → 1024
+axis): beyond that the constant, not the host round trip, is the cost."""
+
+
+@register
+class LinearResizeToMatMul(GraphRule):
+    """Rewrite a linear Resize the MLA rejects as MatMuls by constant interpolation matrices.
+
+    A linear resize is linear in its input and separable: along W it is X · A_w with
+    A_w [W, W_out] holding each output column's two interpolation weights, along H it is
+    A_h · X with A_h [H_out, H]. The weights follow the node's coordinate transformation in
+    float32 as ONNX Runtime computes them. Every MLA runs MatMul by a constant; few run a
+    fractional linear resize (rk3588: integer scales only; DepthAnything's head resizes by 1.75,
+    DeepLabV3 by 16). The same weighted sums: equal up to float rounding. Axes the Resize does
+    not change are left out. Only Resizes the target keeps off its MLA are matched.
+    """
+
+    name = "linear-resize-to-matmul"
+    suggest_for = frozenset({"Resize"})
+    summary = (
+        "Linear Resize the MLA rejects (fractional scale) → MatMuls by interpolation matrices."
+    )
+    category = "replace"
+    example = "surgery apply linear-resize-to-matmul depth_anything.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        if model_opset(ctx) < 11:
+            return []
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Resize"):
+            plan = _matmul_plan(pat, node)
+            if plan is None:
+                continue
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            xs, ys = pat.shape(x), pat.shape(y)
+            assert xs is not None and ys is not None
+            elem = pat.elem_type(x)
+            probes: list[Reason | None] = []
+            current = tuple(xs)
+            if plan["w"] is not None:
+                after = (*current[:3], ys[3])
+                matrix = TensorSpec((xs[3], ys[3]), elem, constant=True)
+                probes.append(
+                    probe_node(
+                        ctx,
+                        "MatMul",
+                        [TensorSpec(current, elem), matrix],
+                        [TensorSpec(after, elem)],
+                    )
+                )
+                current = after
+            if plan["h"] is not None:
+                matrix = TensorSpec((ys[2], xs[2]), elem, constant=True)
+                probes.append(
+                    probe_node(ctx, "MatMul", [matrix, TensorSpec(current, elem)], [pat.spec(y)])
+                )
+            names = [pat.name(node)]
+            found.append(
+                self.match(
+                    names,
+                    f"Resize {pat.name(node)} {xs[2]}×{xs[3]} → {ys[2]}×{ys[3]} (linear) → "
+                    f"MatMul by {'A_h, ' if plan['h'] is not None else ''}"
+                    f"{'A_w' if plan['w'] is not None else ''}".rstrip(", "),
+                    freed_blockers(ctx, names, all(p is None for p in probes)),
+                    ctm=plan["ctm"],
+                    scales=plan["scales"],
+                    axes=[a for a in ("h", "w") if plan[a] is not None],
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        xs, ys = list(x.shape), list(y.shape)
+        ed.detach(node)
+        d = match.data
+        current = x
+        if "w" in d["axes"]:
+            a_w = linear_weights(xs[3], ys[3], d["scales"][1], d["ctm"])
+            assert a_w is not None
+            last = "h" not in d["axes"]
+            out = y if last else ed.var("resize_w_out", x.dtype, [*xs[:3], ys[3]])
+            ed.node("MatMul", "resize_w", [current, ed.const("resize_w", a_w)], [out])
+            current = out
+        if "h" in d["axes"]:
+            a_h = linear_weights(xs[2], ys[2], d["scales"][0], d["ctm"])
+            assert a_h is not None
+            ed.node(
+                "MatMul",
+                "resize_h",
+                [ed.const("resize_h", np.ascontiguousarray(a_h.T)), current],
+                [y],
+            )
+        return True
+
+
+def _matmul_plan(pat: Pattern, node: int) -> dict | None:
+    """The coordinate mode, the H/W scales and which axes need a matrix (None for an axis the
+    Resize leaves alone), when the node is a plain 4-D linear Resize of H and W."""
+    attrs = pat.attrs(node)
+    x, y = pat.ins(node)[0], pat.outs(node)[0]
+    xs, ys = pat.shape(x), pat.shape(y)
+    if attrs.get("mode", "nearest") != "linear" or attrs.get("antialias", 0):
+        return None
+    if xs is None or ys is None or len(xs) != 4 or xs[:2] != ys[:2] or not pat.is_float(x):
+        return None
+    ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
+    scales = _declared_scales(pat, node, xs, ys)
+    if scales[:2] != [1.0, 1.0]:
+        return None
+    plan: dict = {"ctm": ctm, "scales": scales[2:]}
+    for axis, key in ((2, "h"), (3, "w")):
+        matrix = linear_weights(xs[axis], ys[axis], scales[axis], ctm)
+        if matrix is None or matrix.size > MAX_MATRIX:
+            return None
+        identity = xs[axis] == ys[axis] and np.array_equal(
+            matrix, np.eye(xs[axis], dtype=matrix.dtype)
+        )
+        plan[key] = None if identity else key
+    if plan["h"] is None and plan["w"] is None:
+        return None
+    return plan
 
 
 @register
