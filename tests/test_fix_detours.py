@@ -11,11 +11,12 @@ from surgery.check import check_model
 from surgery.model import load_model
 from surgery.rules.fix import fix_model
 
-SEQ, HIDDEN, FFN = 16, 32, 64
+SEQ, HIDDEN, FFN = 16, 32, 8
 
 
 def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list, str]:
-    """Rank-3 tokens → a 4-D Softmax island → MatMul → tanh-GELU with Pow(h, 3) → MatMul."""
+    """Rank-3 tokens → a 4-D island (3×1 Conv, Softmax) holding most of the MACs → MatMul →
+    tanh-GELU with Pow(h, 3) → MatMul."""
 
     def weight(name: str, shape: tuple[int, ...]) -> str:
         inits.append(
@@ -29,9 +30,11 @@ def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list,
     n = helper.make_node
     w1, b1 = weight("w1", (HIDDEN, FFN)), weight("b1", (FFN,))
     w2, b2 = weight("w2", (FFN, HIDDEN)), weight("b2", (HIDDEN,))
+    wc = weight("wc", (SEQ, SEQ, 3, 1))
     nodes = [
         n("Reshape", [x, "to4d"], [t("x4")]),
-        n("Softmax", [t("x4")], [t("sm")], axis=2),
+        n("Conv", [t("x4"), wc], [t("c4")], pads=[1, 0, 1, 0]),
+        n("Softmax", [t("c4")], [t("sm")], axis=2),
         n("Reshape", [t("sm"), "to3d"], [t("a")]),
         n("Add", [t("a"), x], [t("ax")]),
         n("MatMul", [t("ax"), w1], [t("h0")]),
@@ -51,8 +54,9 @@ def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list,
 
 
 def _two_albert_like_layers() -> onnx.ModelProto:
-    """Before lifting to 4-D, the two Softmax islands are two segments on rk3588; lifting
-    leaves the two Pow(h, 3) between three; pow2-to-mul then joins them into one."""
+    """Before lifting to 4-D, the two Conv/Softmax islands are two segments on rk3588 with
+    three quarters of the MACs; lifting leaves the two Pow(h, 3) between three; pow2-to-mul
+    then joins them into one."""
     rng = np.random.default_rng(0)
 
     def scalar(name: str, value: float) -> onnx.TensorProto:
