@@ -14,7 +14,9 @@ from surgery.rules.fix import fix_model
 SEQ, HIDDEN, FFN = 16, 32, 8
 
 
-def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list, str]:
+def _layer(
+    k: int, x: str, rng: np.random.Generator, inits: list, heavy: bool = True
+) -> tuple[list, str]:
     """Rank-3 tokens → a 4-D island (3×1 Conv, Softmax) holding most of the MACs → MatMul →
     tanh-GELU with Pow(h, 3) → MatMul."""
 
@@ -33,7 +35,9 @@ def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list,
     wc = weight("wc", (SEQ, SEQ, 3, 1))
     nodes = [
         n("Reshape", [x, "to4d"], [t("x4")]),
-        n("Conv", [t("x4"), wc], [t("c4")], pads=[1, 0, 1, 0]),
+        n("Conv", [t("x4"), wc], [t("c4")], pads=[1, 0, 1, 0])
+        if heavy
+        else n("Identity", [t("x4")], [t("c4")]),
         n("Softmax", [t("c4")], [t("sm")], axis=2),
         n("Reshape", [t("sm"), "to3d"], [t("a")]),
         n("Add", [t("a"), x], [t("ax")]),
@@ -53,7 +57,7 @@ def _layer(k: int, x: str, rng: np.random.Generator, inits: list) -> tuple[list,
     return nodes, t("y")
 
 
-def _two_albert_like_layers() -> onnx.ModelProto:
+def _two_albert_like_layers(heavy_islands: bool = True) -> onnx.ModelProto:
     """Before lifting to 4-D, the two Conv/Softmax islands are two segments on rk3588 with
     three quarters of the MACs; lifting leaves the two Pow(h, 3) between three; pow2-to-mul
     then joins them into one."""
@@ -73,7 +77,7 @@ def _two_albert_like_layers() -> onnx.ModelProto:
     ]
     nodes, x = [], "x"
     for k in range(2):
-        layer, x = _layer(k, x, rng, inits)
+        layer, x = _layer(k, x, rng, inits, heavy_islands)
         nodes += layer
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(
@@ -100,3 +104,15 @@ def test_fix_without_look_ahead_keeps_the_two_islands() -> None:
     assert "transformer-to-4d" not in [step["rule"] for step in result.steps]
     assert result.coverage_after.mla_segments == check_model(result.model, "rk3588").mla_segments
     assert result.coverage_after.mla_segments == 2
+
+
+def test_islands_with_few_macs_do_not_outrank_a_lift_that_moves_them_all() -> None:
+    """Without the Convs the two islands hold almost no MACs: two segments there are a model
+    that runs on the host, and the lift (three segments, every MAC on the MLA) is kept
+    outright, with no look-ahead."""
+    model = _two_albert_like_layers(heavy_islands=False)
+    before = check_model(model, "rk3588")
+    assert before.mla_segments == 2 and before.mla_mac_fraction < 0.5
+    result = fix_model(model, "rk3588", look_ahead=False)
+    assert "transformer-to-4d" in [step["rule"] for step in result.steps]
+    assert result.coverage_after.mla_mac_fraction == 1.0
