@@ -196,6 +196,15 @@ def test_cli_rules_lists_and_explains():
     assert one["exactness"] == "exact"
 
 
+def test_rule_docs_print_as_paragraphs_the_terminal_wraps():
+    from surgery.cli.rules import reflow
+
+    doc = "First line of a\nparagraph.\n\nSecond one\n- an item\n- another\n  indented"
+    assert reflow(doc) == (
+        "First line of a paragraph.\n\nSecond one\n- an item\n- another\n  indented"
+    )
+
+
 def test_cli_apply_writes_output_and_a_workspace_version(tmp_path, save):
     src = save(_identity_cnn(), "net.onnx")
     out = tmp_path / "out.onnx"

@@ -52,7 +52,7 @@ def rules_command(
         console.print(
             f"[bold]{info['name']}[/] ({info['category']}, {info['exactness']}): {info['summary']}"
         )
-        console.print(info["doc"], highlight=False)
+        console.print(reflow(info["doc"]), highlight=False)
         if info["params"]:
             console.print("parameters:")
             for key, spec in info["params"].items():
@@ -73,6 +73,25 @@ def rules_command(
             r["name"], r["category"], "yes" if r["exactness"] == "exact" else "approx", r["summary"]
         )
     console.print(table)
+
+
+def reflow(doc: str) -> str:
+    """A docstring's paragraphs as single lines, so the terminal wraps them at its own width
+    (printed as written, lines broken for 100 columns wrap again at 80 into ragged halves).
+    List items and indented lines keep their own lines."""
+    paragraphs = []
+    for block in doc.split("\n\n"):
+        lines: list[str] = []
+        for line in block.splitlines():
+            keep = (
+                not lines or line.startswith((" ", "-", "*", "•")) or line[:2].rstrip(".").isdigit()
+            )
+            if keep:
+                lines.append(line)
+            else:
+                lines[-1] = f"{lines[-1]} {line.strip()}"
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 def _parse_params(items: list[str]) -> dict:
