@@ -50,23 +50,25 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     return shapes
 
 
-def _weight_shape(model: onnx.ModelProto, name: str, shapes: dict[str, list[int]]) -> list[int]:
-    """The shape of a weight, looking through a DequantizeLinear of an initializer."""
+def _weight_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Every tensor's shape, a DequantizeLinear's output taking its quantized initializer's."""
+    weights = dict(shapes)
     for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.output[0] == name:
-            return shapes.get(node.input[0], [])
-    return shapes.get(name, [])
+        if node.op_type == "DequantizeLinear" and node.input[0] in shapes:
+            weights[node.output[0]] = shapes[node.input[0]]
+    return weights
 
 
 def dense_gemms(model: onnx.ModelProto) -> list[Gemm]:
     """The GEMMs of the model's Conv (groups with more than one input channel), MatMul and Gemm
     nodes, as im2col would shape them. Depthwise convolutions are left out (no GEMM)."""
     shapes = _shapes(model)
+    weights = _weight_shapes(model, shapes)
     gemms = []
     for node in model.graph.node:
         out = shapes.get(node.output[0], [])
         if node.op_type == "Conv":
-            weight = _weight_shape(model, node.input[1], shapes)
+            weight = weights.get(node.input[1], [])
             group = next((a.i for a in node.attribute if a.name == "group"), 1)
             if len(weight) < 3 or len(out) < 3 or weight[1] == 1:
                 continue
@@ -75,7 +77,7 @@ def dense_gemms(model: onnx.ModelProto) -> list[Gemm]:
             gemms.append(Gemm(node.name, group, rows, depth, weight[0] // group))
         elif node.op_type in ("MatMul", "Gemm"):
             a = shapes.get(node.input[0], [])
-            b = _weight_shape(model, node.input[1], shapes)
+            b = weights.get(node.input[1], [])
             if len(a) < 2 or len(b) < 2 or not out:
                 continue
             depth = a[-1] if node.op_type == "MatMul" else b[0]

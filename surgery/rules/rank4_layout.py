@@ -261,13 +261,9 @@ def _slot_permutation(
     return tuple(lead + sequence + [k for k in empty if k not in lead])
 
 
-def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> Layout | None:
-    """Plain layout of a Transpose input that keeps together the axes the Transpose keeps together.
-
-    A window partition [1,nH,h,nW,w,C] → perm (0,1,3,2,4,5) has five non-unit axes but only
-    four runs (nH)(h)(nW)(w,C) that move as blocks, so it is a 4-D Transpose of slots. None when
-    the permutation breaks the tensor into more than four runs.
-    """
+def moving_runs(shape: Sequence[int], perm: Sequence[int]) -> list[list[int]]:
+    """The non-unit axes of `shape` grouped into the runs Transpose(perm) moves as blocks
+    (consecutive in the input and kept consecutive by the permutation), in output order."""
     nonunit = [a for a, d in enumerate(shape) if d != 1]
     following = dict(itertools.pairwise(nonunit))
     runs: list[list[int]] = []
@@ -276,6 +272,17 @@ def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> Layout | None:
             runs[-1].append(a)
         else:
             runs.append([a])
+    return runs
+
+
+def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> Layout | None:
+    """Plain layout of a Transpose input that keeps together the axes the Transpose keeps together.
+
+    A window partition [1,nH,h,nW,w,C] → perm (0,1,3,2,4,5) has five non-unit axes but only
+    four runs (nH)(h)(nW)(w,C) that move as blocks, so it is a 4-D Transpose of slots. None when
+    the permutation breaks the tensor into more than four runs.
+    """
+    runs = moving_runs(shape, perm)
     if len(runs) > SLOTS:
         return None
     runs.sort()

@@ -30,6 +30,7 @@ from surgery.rules.replace_common import (
     fmt_shape,
     net_freed,
     probe_node,
+    probe_reshape,
     probe_slice,
     reduce_axes,
 )
@@ -269,17 +270,17 @@ def _probes(ctx: RuleContext, pat: Pattern, stack: Stack) -> list[Reason | None]
         if w.softmax is None:
             merged = (n, k * c, *w.rest)
             if tuple(w.source_shape) != merged:
-                probes.append(_probe_reshape(ctx, source, TensorSpec(merged, dtype)))
+                probes.append(probe_reshape(ctx, source, TensorSpec(merged, dtype)))
             probes.append(_probe_channel_slice(ctx, merged, c, dtype))
         else:
             view = _logits_view(w.source_shape, k)
             viewed = TensorSpec(tuple(view), dtype)
             one = TensorSpec((view[0], 1, *view[2:]), dtype)
             probes += [
-                _probe_reshape(ctx, source, viewed),
+                probe_reshape(ctx, source, viewed),
                 probe_node(ctx, "Softmax", [viewed], [viewed], {"axis": 1}),
                 probe_slice(ctx, viewed, one, [0], [1], [1]),
-                _probe_reshape(ctx, one, weight),
+                probe_reshape(ctx, one, weight),
             ]
         probes.append(probe_node(ctx, "Mul", [branch, weight], [branch]))
     return probes
@@ -290,12 +291,6 @@ def _probe_channel_slice(
 ) -> Reason | None:
     part = TensorSpec((shape[0], channels, *shape[2:]), dtype)
     return probe_slice(ctx, TensorSpec(shape, dtype), part, [0], [channels], [1])
-
-
-def _probe_reshape(ctx: RuleContext, x: TensorSpec, out: TensorSpec) -> Reason | None:
-    assert out.shape is not None
-    target = TensorSpec.const(np.array(out.shape, np.int64))
-    return probe_node(ctx, "Reshape", [x, target], [out])
 
 
 def _softmax_weights(

@@ -592,6 +592,12 @@ def add_slice(
     return ed.node("Slice", "slice", [x, *consts], [out])
 
 
+def probe_reshape(ctx: RuleContext, x: TensorSpec, out: TensorSpec) -> Reason | None:
+    """Placement of a Reshape of `x` to `out`'s (static) shape, given as a constant."""
+    assert out.shape is not None
+    return probe_node(ctx, "Reshape", [x, TensorSpec.const(np.array(out.shape, np.int64))], [out])
+
+
 def probe_zero_pad(
     ctx: RuleContext, x: TensorSpec, padded: Sequence[int], pads: Sequence[int]
 ) -> Reason | None:

@@ -10,7 +10,7 @@ taps read in the original), and add the results. Equal up to float summation ord
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +31,7 @@ from surgery.rules.replace_common import (
     probe_slice,
     probe_zero_pad,
 )
+from surgery.targets import Reason
 
 Tile = tuple[int, int, int, int, int]
 """A tile of taps on one spatial axis: (first tap, last tap, first tap it owns, pad before,
@@ -306,20 +307,29 @@ def _cropped_plan(
     )
     for rows, cols in counts[1:]:
         plan = CroppedPlan(pads, padded, even_tiles(kernel[0], rows), even_tiles(kernel[1], cols))
-        plan.probes = _cropped_probes(ctx, pat, node, plan, weight)
-        if all(p is None for p in plan.probes):
+        probes = []
+        for probe in _cropped_probes(ctx, pat, node, plan, weight):
+            if probe is not None:
+                break  # this tiling has an op off the MLA: try the next one
+            probes.append(probe)
+        else:
+            plan.probes = probes
             return plan
     return None
 
 
 def _cropped_probes(
     ctx: RuleContext, pat: Pattern, node: int, plan: CroppedPlan, weight: np.ndarray
-) -> list:
+) -> Iterator[Reason | None]:
+    """The placement of each op of the plan, the Add first: one generator, so the search
+    stops probing a tiling at its first op off the MLA."""
     ins, attrs = pat.ins(node), pat.attrs(node)
     x, y = pat.spec(ins[0]), pat.spec(pat.outs(node)[0])
     dilations = list(attrs.get("dilations", [1, 1]))
     source = TensorSpec(tuple(plan.padded), x.elem_type)
-    probes = [probe_zero_pad(ctx, x, plan.padded, plan.pads)] if any(plan.pads) else []
+    yield probe_node(ctx, "Add", [y, y], [y])
+    if any(plan.pads):
+        yield probe_zero_pad(ctx, x, plan.padded, plan.pads)
     for k, (rows, cols) in enumerate(plan.tiles()):
         (h0, h1), (w0, w1) = (
             _crop(rows, weight.shape[2], dilations[0], plan.padded[2]),
@@ -327,15 +337,13 @@ def _cropped_probes(
         )
         cropped = TensorSpec((*plan.padded[:2], h1 - h0, w1 - w0), x.elem_type)
         if cropped.shape != source.shape:
-            probes.append(probe_slice(ctx, source, cropped, [h0, w0], [h1, w1], [2, 3]))
+            yield probe_slice(ctx, source, cropped, [h0, w0], [h1, w1], [2, 3])
         kernel = (rows[1] - rows[0] + 1, cols[1] - cols[0] + 1)
         inputs = [cropped, TensorSpec((*weight.shape[:2], *kernel), constant=True)]
         if k == 0 and len(ins) > 2 and ins[2]:
             inputs.append(pat.spec(ins[2]))
         tile_attrs = _tile_attrs(attrs, _unpadded(rows), _unpadded(cols))
-        probes.append(probe_node(ctx, "Conv", inputs, [y], tile_attrs))
-    probes.append(probe_node(ctx, "Add", [y, y], [y]))
-    return probes
+        yield probe_node(ctx, "Conv", inputs, [y], tile_attrs)
 
 
 def _cropped_tile_convs(ed: Editor, conv: _TakenConv, match: Match) -> list[tuple[list, dict]]:

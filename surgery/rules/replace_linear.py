@@ -24,6 +24,7 @@ from surgery.rules.replace_common import (
     fmt_shape,
     net_freed,
     probe_node,
+    probe_reshape,
 )
 from surgery.targets import Reason
 
@@ -147,25 +148,18 @@ def _probes(ctx: RuleContext, pat: Pattern, plan: LinearPlan, m: int):
     helpers: list[Reason | None] = []
     x_shape = tuple(pat.shape(plan.x) or ())
     if plan.layout == "flat":
-        helpers.append(_reshape_probe(ctx, x_shape, tuple(plan.conv_in)))
+        helpers.append(probe_reshape(ctx, TensorSpec(x_shape), TensorSpec(tuple(plan.conv_in))))
     if plan.layout == "nhwc":
         helpers.append(_transpose_probe(ctx, x_shape, tuple(plan.conv_in), _NHWC_TO_NCHW))
     if plan.back == "reshape":
-        helpers.append(_reshape_probe(ctx, tuple(plan.conv_out), tuple(plan.out_shape)))
+        helpers.append(
+            probe_reshape(ctx, TensorSpec(tuple(plan.conv_out)), TensorSpec(tuple(plan.out_shape)))
+        )
     if plan.back == "transpose":
         helpers.append(
             _transpose_probe(ctx, tuple(plan.conv_out), tuple(plan.out_shape), _NCHW_TO_NHWC)
         )
     return [conv], helpers
-
-
-def _reshape_probe(ctx: RuleContext, src: tuple, dst: tuple) -> Reason | None:
-    return probe_node(
-        ctx,
-        "Reshape",
-        [TensorSpec(src), TensorSpec.const(np.array(dst, np.int64))],
-        [TensorSpec(dst)],
-    )
 
 
 def _transpose_probe(ctx: RuleContext, src: tuple, dst: tuple, perm: list[int]) -> Reason | None:

@@ -31,6 +31,7 @@ from surgery.rules.replace_common import (
     model_opset,
     net_freed,
     probe_node,
+    probe_reshape,
     probe_slice,
     probe_zero_pad,
 )
@@ -562,7 +563,7 @@ class RepeatToConcat(GraphRule):
             source = TensorSpec(tuple(shape), elem_type)
             if staged is not None:
                 source = TensorSpec(tuple(staged), elem_type)
-                probes.append(_probe_reshape(ctx, pat.spec(x), source))
+                probes.append(probe_reshape(ctx, pat.spec(x), source))
             axis = repeat.concat_axis()
             assert source.shape is not None
             joined = TensorSpec(_with(source.shape, axis, repeat.copies), elem_type)
@@ -570,7 +571,7 @@ class RepeatToConcat(GraphRule):
                 probe_node(ctx, "Concat", [source] * repeat.copies, [joined], {"axis": axis})
             )
             if staged is not None:
-                probes.append(_probe_reshape(ctx, joined, pat.spec(y)))
+                probes.append(probe_reshape(ctx, joined, pat.spec(y)))
             names = [pat.name(n) for n in nodes]
             form = "Concat" if staged is None else "Reshape → Concat → Reshape"
             found.append(
@@ -637,12 +638,6 @@ class RepeatToConcat(GraphRule):
 
 def _int64(values: Sequence[int]) -> np.ndarray:
     return np.array(list(values), np.int64)
-
-
-def _probe_reshape(ctx: RuleContext, source: TensorSpec, target: TensorSpec) -> Reason | None:
-    assert target.shape is not None
-    shape = TensorSpec.const(_int64(target.shape))
-    return probe_node(ctx, "Reshape", [source, shape], [TensorSpec(target.shape, source.elem_type)])
 
 
 @register

@@ -81,17 +81,24 @@ def nearest_indices(
     return np.clip(rounding(x), 0, size - 1).astype(np.int64)
 
 
-def linear_weights(size: int, out: int, scale: float, ctm: str) -> np.ndarray | None:
-    """The [size, out] matrix of an ONNX linear Resize along one axis: column o holds the two
-    interpolation weights of output o. The coordinate is clamped to [0, size − 1] first, as
-    ONNX Runtime does (the reference pads with the edge value: the same numbers)."""
+def _linear_coordinates(size: int, out: int, scale: float, ctm: str) -> np.ndarray | None:
+    """The source coordinate of each output of a linear Resize, clamped to [0, size − 1]."""
     if ctm == "tf_half_pixel_for_nn":
         return None
     x = original_coordinates(size, out, scale, ctm)
     if x is None:
         return None
+    return np.clip(x, np.float32(0), np.float32(size - 1))
+
+
+def linear_weights(size: int, out: int, scale: float, ctm: str) -> np.ndarray | None:
+    """The [size, out] matrix of an ONNX linear Resize along one axis: column o holds the two
+    interpolation weights of output o. The coordinate is clamped to [0, size − 1] first, as
+    ONNX Runtime does (the reference pads with the edge value: the same numbers)."""
+    x = _linear_coordinates(size, out, scale, ctm)
+    if x is None:
+        return None
     f32 = np.float32
-    x = np.clip(x, f32(0), f32(size - 1))
     low = np.floor(x).astype(np.int64)
     high = np.minimum(low + 1, size - 1)
     upper = (x - low.astype(f32)).astype(f32)
@@ -714,12 +721,11 @@ def _matmul_plan(pat: Pattern, node: int) -> dict | None:
         return None
     plan: dict = {"ctm": ctm, "scales": scales[2:]}
     for axis, key in ((2, "h"), (3, "w")):
-        matrix = linear_weights(xs[axis], ys[axis], scales[axis], ctm)
-        if matrix is None or matrix.size > MAX_MATRIX:
+        coordinates = _linear_coordinates(xs[axis], ys[axis], scales[axis], ctm)
+        if coordinates is None or xs[axis] * ys[axis] > MAX_MATRIX:
             return None
-        identity = xs[axis] == ys[axis] and np.array_equal(
-            matrix, np.eye(xs[axis], dtype=matrix.dtype)
-        )
+        # every output reads its own input index: the identity matrix, nothing to multiply
+        identity = xs[axis] == ys[axis] and np.array_equal(coordinates, np.arange(ys[axis]))
         plan[key] = None if identity else key
     if plan["h"] is None and plan["w"] is None:
         return None

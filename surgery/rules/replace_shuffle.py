@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
-from surgery.rules.rank4_layout import transpose_runs
+from surgery.rules.rank4_layout import moving_runs, transpose_runs
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -35,6 +35,7 @@ from surgery.rules.replace_common import (
     net_freed,
     opset_upgrade_error,
     probe_node,
+    probe_reshape,
 )
 
 MODE_OPSET = 11
@@ -125,13 +126,10 @@ class ShuffleToDepthToSpace(OpsetGraphRule):
 
     @staticmethod
     def _site(pat: Pattern, transpose: int) -> tuple[list[int], str, str, str, dict] | None:
-        middle = pat.ins(transpose)[0]
-        first = pat.producer(middle, "Reshape")
-        shuffled = pat.outs(transpose)[0]
-        last = pat.sole_consumer(shuffled, "Reshape")
-        if first is None or last is None or not pat.private(middle):
+        sandwich = reshape_transpose_reshape(pat, transpose)
+        if sandwich is None:
             return None
-        x, y = pat.ins(first)[0], pat.outs(last)[0]
+        first, last, x, middle, y = sandwich
         xs, ms, ys = pat.shape(x), pat.shape(middle), pat.shape(y)
         perm = tuple(pat.attrs(transpose).get("perm", ()))
         if xs is None or ms is None or ys is None or len(xs) != 4 or len(ms) != 6:
@@ -151,6 +149,19 @@ class ShuffleToDepthToSpace(OpsetGraphRule):
         x, y = ed.tensor(match.data["x"]), ed.tensor(match.data["y"])
         ed.node(match.data["op"], match.data["op"].lower(), [x], [y], **match.data["attrs"])
         return True
+
+
+def reshape_transpose_reshape(
+    pat: Pattern, transpose: int
+) -> tuple[int, int, str, str, str] | None:
+    """(first Reshape, last Reshape, input, the Reshape's output the Transpose reads, output)
+    of Reshape → Transpose → Reshape with private intermediates; None otherwise."""
+    middle = pat.ins(transpose)[0]
+    first = pat.producer(middle, "Reshape")
+    last = pat.sole_consumer(pat.outs(transpose)[0], "Reshape")
+    if first is None or last is None or not pat.private(middle):
+        return None
+    return first, last, pat.ins(first)[0], middle, pat.outs(last)[0]
 
 
 def _describe(attrs: dict) -> str:
@@ -207,10 +218,10 @@ class TransposeToBlockSwaps(GraphRule):
             for shape4, perm in steps:
                 view = TensorSpec(shape4, elem)
                 moved = TensorSpec(tuple(shape4[p] for p in perm), elem)
-                probes.append(_probe_reshape(ctx, current, view))
+                probes.append(probe_reshape(ctx, current, view))
                 probes.append(probe_node(ctx, "Transpose", [view], [moved], {"perm": list(perm)}))
                 current = moved
-            probes.append(_probe_reshape(ctx, current, pat.spec(y)))
+            probes.append(probe_reshape(ctx, current, pat.spec(y)))
             names = [pat.name(n) for n in nodes]
             found.append(
                 self.match(
@@ -228,13 +239,10 @@ class TransposeToBlockSwaps(GraphRule):
 
     @staticmethod
     def _site(pat: Pattern, transpose: int) -> tuple[list[int], str, str, list[BlockSwap]] | None:
-        middle = pat.ins(transpose)[0]
-        first = pat.producer(middle, "Reshape")
-        shuffled = pat.outs(transpose)[0]
-        last = pat.sole_consumer(shuffled, "Reshape")
-        if first is None or last is None or not pat.private(middle):
+        sandwich = reshape_transpose_reshape(pat, transpose)
+        if sandwich is None:
             return None
-        x, y = pat.ins(first)[0], pat.outs(last)[0]
+        first, last, x, middle, y = sandwich
         xs, ms, ys = pat.shape(x), pat.shape(middle), pat.shape(y)
         if xs is None or ms is None or ys is None or len(ms) <= 4 or len(ys) > 4:
             return None
@@ -264,12 +272,6 @@ class TransposeToBlockSwaps(GraphRule):
         return True
 
 
-def _probe_reshape(ctx: RuleContext, x: TensorSpec, y: TensorSpec):
-    assert y.shape is not None
-    target = TensorSpec.const(np.array(y.shape, np.int64))
-    return probe_node(ctx, "Reshape", [x, target], [y])
-
-
 def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | None:
     """The shortest chain of 4-D block moves computing `transpose(x, perm)` for x of `shape`
     (read in memory order, as a Reshape would read the result): each step views the current
@@ -283,14 +285,7 @@ def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | 
 def _block_swaps(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[BlockSwap, ...] | None:
     """`block_swaps`, once per shape and perm: `surgery check` asks on every run, and a model
     repeats the same unfold in every block."""
-    nonunit = [a for a, d in enumerate(shape) if d != 1]
-    following = dict(itertools.pairwise(nonunit))
-    runs: list[list[int]] = []
-    for a in (p for p in perm if shape[p] != 1):
-        if runs and following.get(runs[-1][-1]) == a:
-            runs[-1].append(a)
-        else:
-            runs.append([a])
+    runs = moving_runs(shape, perm)
     if len(runs) > MAX_RUNS:
         return None
     by_start = sorted(range(len(runs)), key=lambda k: runs[k][0])
