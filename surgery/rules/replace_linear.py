@@ -10,7 +10,7 @@ consumer or the graph output needs it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -275,7 +275,7 @@ class GemmToConv(GraphRule):
                     plan.removed,
                     _describe(plan, "Gemm", pat.name(node)),
                     net_freed(ctx, plan.removed, main, helpers),
-                    plan=asdict(plan),
+                    plan=dict(vars(plan)),
                 )
             )
         return found
@@ -364,7 +364,7 @@ class MatMulToConv(GraphRule):
                     plan.removed,
                     _describe(plan, "MatMul", pat.name(node)),
                     net_freed(ctx, plan.removed, main, helpers),
-                    plan=asdict(plan),
+                    plan=dict(vars(plan)),
                 )
             )
         return found
