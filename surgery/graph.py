@@ -232,7 +232,7 @@ class GraphView:
         """Re-read tensor types after shape inference changed `graph.value_info`. The index
         of value infos is built on first use: `open_model` builds a view before inference
         (to validate) and reloads after it, and only the second index is ever read."""
-        self._value_types: dict[str, bytes] | None = None
+        self._value_infos: dict[str, onnx.ValueInfoProto] | None = None
         self._tensors: dict[str, TensorInfo] = {}
         self._constants: dict[tuple[str, int], np.ndarray | None] = {}
         self._types: dict[bytes, tuple[int, tuple[Dim, ...] | None, bool]] = {}
@@ -272,32 +272,32 @@ class GraphView:
             self._tensors[name] = info
         return info
 
-    def _value_type_index(self) -> dict[str, bytes]:
-        """Tensor name → its declared or inferred type, serialized (graph inputs win over
-        value_info, which wins over outputs). Read in one pass: copying every type out in one
-        comprehension costs a third of fetching each ValueInfoProto when its tensor is asked
-        for. Inputs that are initializers are left out (the initializer gives their type)."""
-        index = self._value_types
+    def _value_info_index(self) -> dict[str, onnx.ValueInfoProto]:
+        """Tensor name → its declared or inferred ValueInfoProto (graph inputs win over
+        value_info, which wins over outputs), built in one pass on first use. Types are
+        serialized only for the tensors an analysis asks about: a network has a value info per
+        tensor, but placement reads about half of them, and serializing every type up front
+        cost more than the rest of indexing. Inputs that are initializers are left out (the
+        initializer gives their type)."""
+        index = self._value_infos
         if index is None:
             g = self.model.graph
             inits = self.initializers
-            index = {vi.name: vi.type.SerializeToString() for vi in (*g.output, *g.value_info)}
-            index.update(
-                (vi.name, vi.type.SerializeToString()) for vi in g.input if vi.name not in inits
-            )
-            self._value_types = index
+            index = {vi.name: vi for vi in (*g.output, *g.value_info)}
+            index.update((vi.name, vi) for vi in g.input if vi.name not in inits)
+            self._value_infos = index
         return index
 
     def has_tensor_info(self, name: str) -> bool:
-        return name in self.initializers or name in self._value_type_index()
+        return name in self.initializers or name in self._value_info_index()
 
     def _make_tensor_info(self, name: str) -> TensorInfo:
         init = self.initializers.get(name)
         if init is not None:
             return TensorInfo(name, init.data_type, tuple(init.dims), True)
-        key = self._value_type_index().get(name)
-        if key is not None:
-            return TensorInfo(name, *self._parsed_type(key))
+        info = self._value_info_index().get(name)
+        if info is not None:
+            return TensorInfo(name, *self._parsed_type(info.type.SerializeToString()))
         return TensorInfo(name, 0, None, False)
 
     def _parse_type(self, tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, bool]:
