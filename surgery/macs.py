@@ -1,7 +1,7 @@
 """Multiply-accumulate counts per node, from inferred shapes.
 
-Only matrix work counts (Conv, ConvTranspose, MatMul, Gemm, Einsum): it is what the MLA exists
-for and what "MLA share of MACs" means. Elementwise and data-movement ops count zero.
+Only matrix work counts (Conv, ConvTranspose, MatMul, Gemm, Einsum and opset 23's Attention,
+two products): it is what the MLA exists for and what "MLA share of MACs" means. Elementwise and data-movement ops count zero.
 """
 
 from __future__ import annotations
@@ -101,7 +101,32 @@ def _einsum(view: GraphView, idx: int) -> int | None:
     return math.prod(sizes[x] for x in letters)
 
 
+def _attention(view: GraphView, idx: int) -> int | None:
+    """Q·Kᵀ and P·V: per query head, Sq × Skv × (head size of Q + head size of V)."""
+    node: onnx.NodeProto = view.nodes[idx]
+    if len(node.input) < 3:
+        return None
+    q, k, v = (view.tensor(name).shape for name in node.input[:3])
+    if q is None or k is None or v is None or len(q) != len(k) or len(q) not in (3, 4):
+        return None
+    if len(q) == 4:  # [B, heads, S, head size]
+        per_head = (q[3], v[3])
+        batch_heads, sq, skv = _prod(q[:2]), q[2], k[2]
+    else:  # [B, S, heads × head size]
+        attrs = {a.name: a.i for a in node.attribute}
+        q_heads, kv_heads = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
+        if not q_heads or not kv_heads or not all(isinstance(d, int) for d in (q[2], v[2])):
+            return None
+        per_head = (q[2] // q_heads, v[2] // kv_heads)
+        batch_heads, sq, skv = _prod([q[0], q_heads]), q[1], k[1]
+    dims = (batch_heads, sq, skv, *per_head)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return batch_heads * sq * skv * (per_head[0] + per_head[1])
+
+
 _MAC_OPS = {
+    "Attention": _attention,
     "Conv": _conv,
     "ConvTranspose": _conv_transpose,
     "MatMul": _matmul,

@@ -147,6 +147,28 @@ def test_matmul_takes_its_depth_from_the_weight_when_the_input_leaves_it_open():
     assert report.macs_unknown_nodes == 0 and report.total_macs == 1 * 4 * 3 * 6
 
 
+@pytest.mark.parametrize(
+    ("shapes", "attrs"),
+    [
+        (([1, 2, 5, 8], [1, 2, 7, 8], [1, 2, 7, 6]), {}),
+        (([1, 5, 16], [1, 7, 16], [1, 7, 12]), {"q_num_heads": 2, "kv_num_heads": 2}),
+    ],
+    ids=["heads-4d", "packed-3d"],
+)
+def test_attention_counts_both_products(shapes, attrs):
+    """Q·Kᵀ (5 × 7 × 8 per head) and P·V (5 × 7 × 6 per head), two heads."""
+    q, k, v = shapes
+    model = _model(
+        [helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention", **attrs)],
+        [_vi("q", q), _vi("k", k), _vi("v", v)],
+        [_vi("y", None)],
+    )
+    model.opset_import[0].version = 23
+    report = _coverage(model)
+    assert report.macs_unknown_nodes == 0
+    assert report.total_macs == 2 * 5 * 7 * (8 + 6)
+
+
 def test_int64_data_is_not_placed_on_the_mla():
     model = _model(
         [helper.make_node("Add", ["a", "b"], ["y"], name="add")],

@@ -12,6 +12,7 @@ MODULES = (
     "cleanup",
     "cleanup_norm",
     "cleanup_attention",
+    "expand_functions",
     "replace_activation",
     "replace_arith",
     "replace_branches",

@@ -18,14 +18,13 @@ from surgery.coverage import NodePlacement, analyze_coverage
 from surgery.errors import SurgeryError
 from surgery.graph import shape_from_type
 from surgery.model import infer_model_shapes, load_model, read_model, set_input_shapes
-from surgery.ort_logging import quiet_ort_logging
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import (
     bypass_node,
     export_graph,
+    fold_graph_constants,
     nodes_by_name,
-    quiet_graphsurgeon,
 )
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
@@ -83,10 +82,7 @@ class FoldConstants(Rule):
     ) -> list[Match]:
         for _ in range(_MAX_FOLD_ROUNDS):
             count = len(graph.nodes)
-            with quiet_graphsurgeon():
-                quiet_ort_logging()  # onnx-graphsurgeon folds in sessions without options
-                graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
-                graph.cleanup()
+            fold_graph_constants(graph)
             if len(graph.nodes) == count or not _refresh_shapes(graph, ctx.model):
                 break
         for node in list(graph.nodes):
@@ -136,19 +132,42 @@ _NO_OP = {"Identity", "Dropout"}
 _SAME_SHAPE_NO_OP = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Expand", "Tile"})
 """Ops that copy their input unchanged when the output has the input's shape (a Tile by ones:
 GCViT's `q.repeat(B, 1, 1, 1, 1)` with one window)."""
-_MAYBE_NO_OP = frozenset({*_NO_OP, *_SAME_SHAPE_NO_OP, "Transpose", "Cast"})
-"""The ops `_is_no_op` can accept; checked first so other nodes cost one set lookup."""
+_NEUTRAL_OPERAND = {
+    "Add": (0.0, (0, 1)),
+    "Sub": (0.0, (0,)),
+    "Mul": (1.0, (0, 1)),
+    "Div": (1.0, (0,)),
+}
+"""Arithmetic that returns its other operand when a constant operand is all zeros (Add, Sub)
+or all ones (Mul, Div): op → (neutral value, the input positions that may pass through)."""
+_MAYBE_NO_OP = frozenset(
+    {*_NO_OP, *_SAME_SHAPE_NO_OP, *_NEUTRAL_OPERAND, "Transpose", "Cast", "Where"}
+)
+"""The ops `_kept_input` can accept; checked first so other nodes cost one set lookup."""
+_NEUTRAL_ELEMENTS = 1 << 20
+"""The largest constant operand read to see whether it is neutral (a zero attention bias of a
+long sequence has a million elements; reading it is a view and one comparison)."""
 
 
 @register
 class RemoveIdentity(Rule):
     """Remove nodes that do not change their input: Identity, inference-mode Dropout, Reshape
     (Squeeze, Unsqueeze, Expand, Tile) to the same shape, Transpose with the identity
-    permutation, Cast to the same type."""
+    permutation, Cast to the same type, arithmetic with a neutral constant (x + 0, x − 0,
+    x · 1, x / 1) and a Where whose constant condition picks one side everywhere.
+
+    The last two are what ONNX's own function bodies leave once their shapes fold: an
+    opset-23 Attention adds an all-zero bias when no mask is given and guards its softmax with
+    a Where on "row fully masked", which is constant false without a mask. A node is removed
+    only when the tensor passed through already has the output's shape and type, so
+    broadcasting never changes."""
 
     name = "remove-identity"
     suggest_for = _MAYBE_NO_OP
-    summary = "Remove Identity, Dropout and no-op Reshape/Expand/Tile/Transpose/Cast nodes."
+    summary = (
+        "Remove Identity, Dropout, no-op Reshape/Expand/Tile/Transpose/Cast, x+0, x·1 and "
+        "constant-condition Where nodes."
+    )
     category = "cleanup"
     example = "surgery apply remove-identity model.onnx"
 
@@ -157,7 +176,10 @@ class RemoveIdentity(Rule):
         blockers = ctx.blocker_names
         found = []
         for idx, op in enumerate(view.op_types):
-            if op not in _MAYBE_NO_OP or not self._is_no_op(ctx, idx, op):
+            if op not in _MAYBE_NO_OP:
+                continue
+            kept = self._kept_input(ctx, idx, op)
+            if kept is None:
                 continue
             name = view.names[idx]
             found.append(
@@ -165,35 +187,71 @@ class RemoveIdentity(Rule):
                     [name],
                     f"{op} {name} does not change its input",
                     [name] if name in blockers else [],
+                    keep_input=kept,
                 )
             )
         return found
 
     @staticmethod
-    def _is_no_op(ctx: RuleContext, idx: int, op: str) -> bool:
+    def _kept_input(ctx: RuleContext, idx: int, op: str) -> int | None:
+        """The input the node passes through unchanged, or None when it computes something."""
         view = ctx.view
         ins, outs = view.node_inputs[idx], view.node_outputs[idx]
         if not ins or not ins[0]:
-            return False
+            return None
         if op in _NO_OP:
-            return len(outs) == 1 or not any(view.consumers.get(o) for o in outs[1:])
+            unused_extras = len(outs) == 1 or not any(view.consumers.get(o) for o in outs[1:])
+            return 0 if unused_extras else None
+        if op in _NEUTRAL_OPERAND or op == "Where":
+            return _passed_through(ctx, idx, op)
         x, y = view.tensor(ins[0]), view.tensor(outs[0])
         if op in _SAME_SHAPE_NO_OP:
-            return x.is_static and y.is_static and x.shape == y.shape
+            return 0 if x.is_static and y.is_static and x.shape == y.shape else None
         if op == "Transpose":
             perm = view.nodes[idx].attribute
             values = next((list(a.ints) for a in perm if a.name == "perm"), None)
-            return values is not None and values == sorted(values)
+            return 0 if values is not None and values == sorted(values) else None
         if op == "Cast":
             to = next((a.i for a in view.nodes[idx].attribute if a.name == "to"), None)
-            return x.elem_type != 0 and to == x.elem_type
-        return False
+            return 0 if x.elem_type != 0 and to == x.elem_type else None
+        return None
 
     def apply(self, graph: gs.Graph, match: Match, params: RuleParams, ctx: RuleContext) -> None:
         node = nodes_by_name(graph)[match.nodes[0]]
         while len(node.outputs) > 1:  # e.g. Dropout's unused mask
             node.outputs.pop()
-        bypass_node(graph, node)
+        bypass_node(graph, node, match.data.get("keep_input", 0))
+
+
+def _passed_through(ctx: RuleContext, idx: int, op: str) -> int | None:
+    """For x ⊕ neutral constant, x's position; for Where with a constant, uniform condition,
+    the chosen side's position — when that tensor has the output's static shape and type."""
+    view = ctx.view
+    ins = view.node_inputs[idx]
+    if len(ins) != (3 if op == "Where" else 2) or not all(ins):
+        return None
+    if op == "Where":
+        cond = view.constant_value(ins[0], _NEUTRAL_ELEMENTS)
+        if cond is None or cond.size == 0 or (cond.any() and not cond.all()):
+            return None
+        candidates: tuple[int, ...] = (1 if cond.all() else 2,)
+    else:
+        neutral, candidates = _NEUTRAL_OPERAND[op]
+        candidates = tuple(
+            k
+            for k in candidates
+            if _all_equal(view.constant_value(ins[1 - k], _NEUTRAL_ELEMENTS), neutral)
+        )
+    y = view.tensor(view.node_outputs[idx][0])
+    for k in candidates:
+        x = view.tensor(ins[k])
+        if x.is_static and y.is_static and x.shape == y.shape and x.elem_type == y.elem_type:
+            return k
+    return None
+
+
+def _all_equal(value: np.ndarray | None, neutral: float) -> bool:
+    return value is not None and value.size > 0 and bool(np.all(value == neutral))
 
 
 # --------------------------------------------------------------------------- fuse-batchnorm

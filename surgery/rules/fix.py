@@ -200,8 +200,11 @@ def fix_model(
             _record(result, step, on_step, on_rewrite)
             current, reference = step.model, step.reference or reference
             ctx = RuleContext.build(current, tgt)
-            # Cleanup rules run once each; any other rule may be retried on the new model.
-            tried = {r for r in tried | {rule.name} if get_rule(r).category == "cleanup"}
+            # Cleanup rules run once each until a rewrite changes the model's structure (lifting
+            # to 4-D can leave a same-shape Expand that only then is a no-op); any other rule
+            # may be retried on the new model.
+            cleanups = {r for r in tried | {rule.name} if get_rule(r).category == "cleanup"}
+            tried = cleanups if rule.category == "cleanup" else set()
             applied = True
             break
         if not applied:

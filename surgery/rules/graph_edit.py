@@ -12,6 +12,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from surgery.graph import GraphView
 from surgery.model import raise_ir_version
+from surgery.ort_logging import quiet_ort_logging
 
 G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
 
@@ -28,6 +29,62 @@ def quiet_graphsurgeon() -> Iterator[None]:
         yield
     finally:
         G_LOGGER.severity = previous
+
+
+def fold_graph_constants(graph: gs.Graph) -> None:
+    """onnx-graphsurgeon's constant folding (shape arithmetic included), in place, quietly.
+
+    Its shape folding reads `Shape` as the whole shape and ignores the `start`/`end`
+    attributes of opset 15 (which torch's dynamo exporter writes for `x.size(i)`): a
+    `Shape(x, start=1)` would fold to the wrong vector and the model would compute garbage.
+    Those nodes become a plain `Shape` and a `Slice` first, which fold correctly (or stay,
+    meaning the same, when the dims are dynamic). A `CastLike` whose target type is known
+    becomes a `Cast`, so a constant it converts (ONNX function bodies cast their scalars
+    "like" a run-time tensor) folds too.
+    """
+    _split_shape_ranges(graph)
+    _cast_like_to_cast(graph)
+    with quiet_graphsurgeon():
+        quiet_ort_logging()  # onnx-graphsurgeon folds in sessions without options
+        graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
+        graph.cleanup()
+
+
+def _split_shape_ranges(graph: gs.Graph) -> None:
+    """Shape(x, start, end) → Slice(Shape(x), [start], [end]) for every such node."""
+    for node in list(graph.nodes):
+        if node.op != "Shape" or not ({"start", "end"} & node.attrs.keys()):
+            continue
+        start = int(node.attrs.pop("start", 0))
+        end = node.attrs.pop("end", None)
+        whole = gs.Variable(f"{node.outputs[0].name}_whole_shape", np.int64, None)
+        ranged = node.outputs[0]
+        node.outputs = [whole]
+        bounds = [
+            gs.Constant(f"{ranged.name}_{label}", np.array([value], np.int64))
+            for label, value in (("start", start), ("end", _INT64_MAX if end is None else end))
+        ]
+        graph.nodes.append(
+            gs.Node("Slice", f"{node.name}_range", inputs=[whole, *bounds], outputs=[ranged])
+        )
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _cast_like_to_cast(graph: gs.Graph) -> None:
+    """CastLike(x, like) → Cast(x, to=type of like) wherever that type is known."""
+    for node in graph.nodes:
+        if node.op != "CastLike" or len(node.inputs) != 2 or node.inputs[1].dtype is None:
+            continue
+        like = node.inputs[1].dtype
+        to = like if isinstance(like, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(like))
+        node.op = "Cast"
+        node.attrs = {
+            "to": int(to),
+            **({"saturate": node.attrs["saturate"]} if "saturate" in node.attrs else {}),
+        }
+        node.inputs = [node.inputs[0]]
 
 
 def with_unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -30,11 +30,10 @@ from pydantic import Field
 from surgery.coverage import PLACEMENT_METADATA_KEY, CoverageReport, Segment, analyze_coverage
 from surgery.errors import SurgeryError
 from surgery.model import load_model, save_model
-from surgery.ort_logging import quiet_ort_logging
 from surgery.rules import graph_edit
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleFailedError
-from surgery.rules.graph_edit import quiet_graphsurgeon, with_unique_node_names
+from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.registry import register
 from surgery.split import SplitError, split_model
 from surgery.targets import Target, resolve_target
@@ -352,11 +351,8 @@ def _post_model(model: onnx.ModelProto, plan: CutPlan, name: str) -> onnx.ModelP
 
 
 def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
-    with quiet_graphsurgeon():
-        graph = gs.import_onnx(model)
-        quiet_ort_logging()  # onnx-graphsurgeon folds in sessions without options
-        graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
-        graph.cleanup()
+    graph = graph_edit.import_graph(model)
+    graph_edit.fold_graph_constants(graph)
     return load_model(graph_edit.export_graph(graph, model))
 
 
