@@ -15,19 +15,24 @@ WINDOWS, TOKENS, HEADS, HEAD_DIM = 4, 9, 2, 4
 CHANNELS = HEADS * HEAD_DIM
 
 
-def _windowed_attention(split_shape: list[int], perm: list[int], unbind: bool = False):
+def _windowed_attention(split_shape: list[int], perm: list[int], pick: str = "gather"):
     """A 1×1 Conv projection on [windows·tokens, C, 1, 1] (the lifted Linear), the rank-5
-    split, then q·kᵀ → Softmax → ·v."""
+    split, then q·kᵀ → Softmax → ·v. q, k and v are picked by `pick`: "gather" (TorchScript's
+    unbind), "split" (Split, then Squeeze), "slice" (one Slice per index, then Squeeze: torch's
+    dynamo exporter) or "reshape" (a Slice, then a Reshape to the squeezed shape)."""
     b = Builder()
     qkv = b.conv("proj", "x", CHANNELS, 3 * CHANNELS, kernel=1, act=None)
     qkv = b.node("Reshape", [qkv, b.const("split_shape", np.array(split_shape))], "split")
     qkv = b.node("Transpose", [qkv], "heads", perm=perm)
-    if unbind:
+    if pick == "split":
         parts = b.nodes_out(
             "Split", [qkv, b.const("ones", np.array([1, 1, 1]))], ["q1", "k1", "v1"], axis=0
         )
         axis = b.const("axis0", np.array([0]))
         q, k, v = (b.node("Squeeze", [p, axis], t) for p, t in zip(parts, "qkv", strict=True))
+    elif pick in ("slice", "reshape"):
+        dropped = [split_shape[p] for p in perm[1:]] if pick == "reshape" else None
+        q, k, v = (_sliced_pick(b, qkv, j, t, dropped) for j, t in enumerate("qkv"))
     else:
         q, k, v = (
             b.node("Gather", [qkv, b.const(f"i{j}", np.array(j))], t, axis=0)
@@ -37,6 +42,14 @@ def _windowed_attention(split_shape: list[int], perm: list[int], unbind: bool = 
     b.node("MatMul", [b.node("Softmax", [s], "probs", axis=-1), v], "ctx")
     inputs = {"x": [WINDOWS * TOKENS, CHANNELS, 1, 1]}
     return load_model(b.model("windows", inputs, ["ctx"]))
+
+
+def _sliced_pick(b: Builder, qkv: str, j: int, name: str, reshaped: list[int] | None) -> str:
+    bounds = [b.const(f"{name}_{w}", np.array([v])) for w, v in (("s", j), ("e", j + 1), ("a", 0))]
+    one = b.node("Slice", [qkv, *bounds], f"{name}1")
+    if reshaped is None:
+        return b.node("Squeeze", [one, b.const(f"{name}_axis", np.array([0]))], name)
+    return b.node("Reshape", [one, b.const(f"{name}_shape", np.array(reshaped))], name)
 
 
 SPLIT = [WINDOWS, TOKENS, 3, HEADS, HEAD_DIM]
@@ -58,9 +71,22 @@ def test_gathers_become_slices_of_the_projection_on_the_mla() -> None:
 
 
 def test_unbind_as_split_and_squeeze_is_sliced_too() -> None:
-    result = apply_rule(_windowed_attention(SPLIT, PERM, unbind=True), "slice-qkv")
+    result = apply_rule(_windowed_attention(SPLIT, PERM, pick="split"), "slice-qkv")
     assert result.verification.passed and result.verification.mode == "exact"
     assert not {"Split", "Squeeze", "Gather"} & set(_ops(result.model))
+
+
+def test_unbind_as_slices_and_squeezes_is_sliced_from_the_projection() -> None:
+    result = apply_rule(_windowed_attention(SPLIT, PERM, pick="slice"), "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "Squeeze" not in _ops(result.model)
+    assert {"split", "heads"}.isdisjoint(n.name for n in result.model.graph.node)
+
+
+def test_slices_whose_squeeze_became_a_reshape_are_sliced_too() -> None:
+    result = apply_rule(_windowed_attention(SPLIT, PERM, pick="reshape"), "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert {"split", "heads"}.isdisjoint(n.name for n in result.model.graph.node)
 
 
 def test_a_pick_that_is_not_a_contiguous_run_of_features_is_left_alone() -> None:

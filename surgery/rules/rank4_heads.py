@@ -36,6 +36,9 @@ class Pick:
     index: int
     nodes: list[str]
     output: str
+    reshaped: list[int] | None = None
+    """The output's shape when the pick ends in a Reshape (rather than a Squeeze): the
+    rewrite then reshapes the picked heads to it."""
 
 
 @dataclass
@@ -54,8 +57,10 @@ class QkvSite:
 
 
 class _Selectors:
-    """Gather with a constant scalar index, or Split into size-1 pieces each Squeezed, on one
-    axis of a tensor: index → (nodes, output)."""
+    """Gather with a constant scalar index, Split into size-1 pieces each Squeezed, or Slices
+    of one index each Squeezed (torch's dynamo exporter writes `unbind` so), on one axis of a
+    tensor: index → (nodes, output). A Reshape that drops the axis stands for the Squeeze
+    (`transformer-to-4d` lifts a Squeeze so)."""
 
     def __init__(self, pat: Pattern) -> None:
         self.pat = pat
@@ -70,6 +75,8 @@ class _Selectors:
             found = self._gather(user, rank) if pat.op(user) == "Gather" else None
             if found is None and pat.op(user) == "Split":
                 found = self._split(user, tensor, rank)
+            if found is None and pat.op(user) == "Slice":
+                found = self._slice(user, tensor, rank)
             if found is None:
                 return None
             axis, more = found
@@ -105,6 +112,40 @@ class _Selectors:
                 return None
             picks.append(Pick(k, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0]))
         return axis, picks
+
+    def _slice(self, node: int, tensor: str, rank: int) -> tuple[int, list[Pick]] | None:
+        pat = self.pat
+        ins = pat.ins(node)
+        shape = pat.shape(tensor)
+        if shape is None or len(ins) < 3:
+            return None
+        starts, ends = pat.value(ins[1]), pat.value(ins[2])
+        axes = pat.value(ins[3]) if len(ins) > 3 and ins[3] else np.zeros(1, np.int64)
+        steps = pat.value(ins[4]) if len(ins) > 4 and ins[4] else np.ones(1, np.int64)
+        if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)):
+            return None
+        axis = int(axes.reshape(-1)[0]) % rank
+        out = pat.outs(node)[0]
+        if int(steps.reshape(-1)[0]) != 1 or pat.shape(out) != (
+            *shape[:axis],
+            1,
+            *shape[axis + 1 :],
+        ):
+            return None
+        index = int(starts.reshape(-1)[0])
+        index = index + shape[axis] if index < 0 else index
+        squeeze = pat.sole_consumer(out, "Squeeze")
+        if squeeze is not None and self._squeezed(squeeze) == [axis]:
+            return axis, [Pick(index, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0])]
+        reshape = pat.sole_consumer(out, "Reshape")
+        if reshape is None:
+            return None
+        final = pat.shape(pat.outs(reshape)[0])
+        if final is None or prod(final) != prod(shape) // shape[axis]:
+            return None
+        return axis, [
+            Pick(index, [pat.name(node), pat.name(reshape)], pat.outs(reshape)[0], list(final))
+        ]
 
     def _squeezed(self, node: int) -> list[int] | None:
         pat = self.pat
@@ -254,10 +295,17 @@ class SliceQkv(GraphRule):
                 for v in (pick.index * site.width, (pick.index + 1) * site.width, site.axis)
             ]
             part = ed.op("Slice", "qkv_slice", [source, *bounds], None, dtype)
-            shape = ed.const("qkv_heads_shape", np.array(site.heads_shape, np.int64))
-            if site.perm is None:
+            if site.perm is None:  # the heads are the output's layout: reshape to it directly
+                target = pick.reshaped or site.heads_shape
+                shape = ed.const("qkv_heads_shape", np.array(target, np.int64))
                 ed.node("Reshape", "qkv_heads", [part, shape], [out])
                 continue
+            shape = ed.const("qkv_heads_shape", np.array(site.heads_shape, np.int64))
             heads = ed.op("Reshape", "qkv_heads", [part, shape], site.heads_shape, dtype)
-            ed.node("Transpose", "qkv_heads_t", [heads], [out], perm=site.perm)
+            if pick.reshaped is None:
+                ed.node("Transpose", "qkv_heads_t", [heads], [out], perm=site.perm)
+                continue
+            moved = ed.op("Transpose", "qkv_heads_t", [heads], None, dtype, perm=site.perm)
+            final = ed.const("qkv_pick_shape", np.array(pick.reshaped, np.int64))
+            ed.node("Reshape", "qkv_pick", [moved, final], [out])
         return True
