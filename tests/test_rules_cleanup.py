@@ -1,4 +1,5 @@
-"""Cleanup rules: fuse-batchnorm, merge-transposes, merge-reshapes, fix-input-shapes.
+"""Cleanup rules: fuse-batchnorm, merge-transposes, merge-reshapes, clear-reshape-allowzero,
+remove-identity (CastLike), fix-input-shapes.
 
 Each test builds a small model with onnx.helper, checks where the rule matches (and where it
 must not), applies it through the engine (so the result is shape-inferred, checked and verified
@@ -285,6 +286,52 @@ def _dynamic_cnn(dims: list) -> onnx.ModelProto:
     ]
     out = [dims[0], 4, dims[2], dims[3]]
     return _model(nodes, {"x": dims}, {"y": out}, {"w": _f32(4, 3, 3, 3)})
+
+
+def _allowzero_reshape(shape: list[int]) -> onnx.ModelProto:
+    """Relu → Reshape(allowzero=1) → Relu, as torch's dynamo exporter writes a `view`."""
+    out = [d if d else s for d, s in zip(shape, [1, 8, 4, 4], strict=True)]
+    return _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="r1"),
+            helper.make_node("Reshape", ["a", "shape"], ["b"], name="view", allowzero=1),
+            helper.make_node("Relu", ["b"], ["y"], name="r2"),
+        ],
+        {"x": [1, 8, 4, 4]},
+        {"y": out},
+        {"shape": np.array(shape, np.int64)},
+        opset=18,
+    )
+
+
+def test_clear_reshape_allowzero_frees_a_dynamo_view():
+    model = _allowzero_reshape([1, 4, 8, 4])
+    result = apply_rule(model, "clear-reshape-allowzero")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "view" in {b.name for b in result.coverage_before.blockers}
+    assert "view" not in {b.name for b in result.coverage_after.blockers}
+    reshape = next(n for n in result.model.graph.node if n.op_type == "Reshape")
+    assert all(a.name != "allowzero" or a.i == 0 for a in reshape.attribute)
+
+
+def test_clear_reshape_allowzero_leaves_a_shape_with_a_zero():
+    """With a 0 in the shape, allowzero decides what the Reshape means."""
+    assert find_matches(_allowzero_reshape([0, 4, 8, 4]), "clear-reshape-allowzero") == []
+
+
+def test_remove_identity_drops_a_castlike_to_the_same_type():
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="r1"),
+            helper.make_node("Sqrt", ["a"], ["s"], name="sqrt"),
+            helper.make_node("CastLike", ["s", "a"], ["y"], name="cast_like"),
+        ],
+        {"x": [1, 8, 4, 4]},
+        {"y": [1, 8, 4, 4]},
+    )
+    result = apply_rule(model, "remove-identity")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "CastLike" not in {n.op_type for n in result.model.graph.node}
 
 
 def test_fix_input_shapes_sets_symbolic_batch_to_one_and_says_so():

@@ -141,7 +141,7 @@ _NEUTRAL_OPERAND = {
 """Arithmetic that returns its other operand when a constant operand is all zeros (Add, Sub)
 or all ones (Mul, Div): op → (neutral value, the input positions that may pass through)."""
 _MAYBE_NO_OP = frozenset(
-    {*_NO_OP, *_SAME_SHAPE_NO_OP, *_NEUTRAL_OPERAND, "Transpose", "Cast", "Where"}
+    {*_NO_OP, *_SAME_SHAPE_NO_OP, *_NEUTRAL_OPERAND, "Transpose", "Cast", "CastLike", "Where"}
 )
 """The ops `_kept_input` can accept; checked first so other nodes cost one set lookup."""
 _NEUTRAL_ELEMENTS = 1 << 20
@@ -153,8 +153,8 @@ long sequence has a million elements; reading it is a view and one comparison)."
 class RemoveIdentity(Rule):
     """Remove nodes that do not change their input: Identity, inference-mode Dropout, Reshape
     (Squeeze, Unsqueeze, Expand, Tile) to the same shape, Transpose with the identity
-    permutation, Cast to the same type, arithmetic with a neutral constant (x + 0, x − 0,
-    x · 1, x / 1) and a Where whose constant condition picks one side everywhere.
+    permutation, Cast (or CastLike) to the same type, arithmetic with a neutral constant
+    (x + 0, x − 0, x · 1, x / 1) and a Where whose constant condition picks one side everywhere.
 
     The last two are what ONNX's own function bodies leave once their shapes fold: an
     opset-23 Attention adds an all-zero bias when no mask is given and guards its softmax with
@@ -214,6 +214,8 @@ class RemoveIdentity(Rule):
         if op == "Cast":
             to = next((a.i for a in view.nodes[idx].attribute if a.name == "to"), None)
             return 0 if x.elem_type != 0 and to == x.elem_type else None
+        if op == "CastLike" and len(ins) == 2 and ins[1]:
+            return 0 if x.elem_type != 0 and view.tensor(ins[1]).elem_type == x.elem_type else None
         return None
 
     def apply(self, graph: gs.Graph, match: Match, params: RuleParams, ctx: RuleContext) -> None:
@@ -521,6 +523,59 @@ def _empty_slice(pat: Pattern, tensor: str) -> bool:
         if int(step) > 0 and slice_length(size, int(start), int(end), int(step)) == 0:
             return True
     return False
+
+
+# --------------------------------------------------------------------------- reshape-allowzero
+
+
+@register
+class ClearReshapeAllowzero(GraphRule):
+    """Set a Reshape's `allowzero` back to 0 when its constant shape has no zero.
+
+    `allowzero=1` (opset 14) only changes what a 0 in the shape means — a zero-size axis
+    instead of "copy this input axis" — so without a 0 it changes nothing. torch's dynamo
+    exporter writes it on every `view`, and MLAs that take `allowzero=0` only (SiMa's
+    compatibility list) would send each such Reshape to the host. Exact: the same Reshape.
+    """
+
+    name = "clear-reshape-allowzero"
+    suggest_for = frozenset({"Reshape"})
+    summary = "Reshape with allowzero=1 and a constant shape without zeros → allowzero=0."
+    category = "cleanup"
+    example = "surgery apply clear-reshape-allowzero model.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.nodes("Reshape"):
+            if not pat.attrs(node).get("allowzero", 0):
+                continue
+            x, shape_input = pat.ins(node)[:2]
+            shape = pat.value(shape_input)
+            if shape is None or 0 in shape:
+                continue
+            cleared = probe_node(
+                ctx,
+                "Reshape",
+                [pat.spec(x), pat.spec(shape_input, with_value=True)],
+                [pat.spec(pat.outs(node)[0])],
+            )
+            name = pat.name(node)
+            found.append(
+                self.match(
+                    [name],
+                    f"Reshape {name}: allowzero=1 is inert (shape {fmt_shape(list(shape))})",
+                    freed_blockers(ctx, [name], cleared is None),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        if node is None:
+            return False
+        node.attrs.pop("allowzero", None)
+        return True
 
 
 # --------------------------------------------------------------------------- merge-reshapes
