@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.compile import compile_model
 from compiler.defines import (
     HistogramMSEMethod,
     MinMaxMethod,
@@ -25,6 +26,7 @@ from compiler.defines import (
 )
 from compiler.quantize import quantize_model
 from compiler.quantize.calibrate import reference_session
+from compiler.quantize.errors import QuantizationError
 from compiler.quantize.observers import SoftmaxInputObserver, softmax_span
 from compiler.quantize.qparams import activation_qparams, weight_scales
 from compiler.quantize.ranges import Range, make_observer, select_range
@@ -41,9 +43,10 @@ NEG = float(np.finfo(np.float32).min)
 
 
 def _attention(mask: str, *, relayout: bool = False, extra_reader: bool = False) -> onnx.ModelProto:
-    """Scores q·k masked by an additive bias input ("add") or in torch's masked_fill form as
-    `surgery fix` writes a Where(pad, finfo.min, scores): scores·keep + (1 − keep)·finfo.min
-    ("fill"); optionally Transpose → Reshape before the Softmax, optionally also a graph output."""
+    """Scores q·k masked by an additive bias input ("add"), by a constant causal bias (what a
+    decoder's mask folds to: "causal") or in torch's masked_fill form as `surgery fix` writes a
+    Where(pad, finfo.min, scores): scores·keep + (1 − keep)·finfo.min ("fill"); optionally
+    Transpose → Reshape before the Softmax, optionally also a graph output."""
     scores = helper.make_node("MatMul", ["q", "k"], ["scores"], name="qk")
     inputs = [
         helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, HEADS, KEYS, DEPTH]),
@@ -53,6 +56,10 @@ def _attention(mask: str, *, relayout: bool = False, extra_reader: bool = False)
     if mask == "add":
         inputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, 1, KEYS]))
         nodes = [scores, helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask")]
+    elif mask == "causal":
+        future = np.triu(np.ones((KEYS, KEYS), bool), 1).reshape(1, 1, KEYS, KEYS)
+        inits.append(numpy_helper.from_array(np.where(future, NEG, 0).astype(np.float32), "causal"))
+        nodes = [scores, helper.make_node("Add", ["scores", "causal"], ["masked"], name="mask")]
     else:
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.FLOAT, [1, 1, 1, KEYS]))
         inits.append(numpy_helper.from_array(np.array(1.0, np.float32), "one"))
@@ -98,7 +105,7 @@ def _samples(mask: str, count: int, seed: int) -> list[dict[str, np.ndarray]]:
         }
         if mask == "add":
             sample["bias"] = np.where(keep, 0.0, NEG).astype(np.float32)
-        else:
+        elif mask == "fill":
             sample["keep"] = keep.astype(np.float32)
         samples.append(sample)
     return samples
@@ -242,6 +249,39 @@ def test_mask_operand_of_a_clamped_sum_stops_below_the_sums_range() -> None:
 def test_finfo_min_factor_of_a_saturating_mul_is_stored_at_a_usable_scale() -> None:
     quantized = _quantize(_attention("fill"), "fill")
     assert quantized.report["weights"]["fill"]["scale_max"] < 1e3
+
+
+def test_constant_causal_mask_is_stored_at_a_usable_scale() -> None:
+    """A decoder's causal mask folds to a constant Add operand holding finfo.min: stored as is,
+    its step was ~1e36 and the integer Add needed a ~1e32 requantization multiplier, so the
+    compiler sent every masked Add to the CVU and split the model."""
+    quantized = _quantize(_attention("causal"), "causal")
+    assert quantized.report["weights"]["causal"]["scale_max"] < 1e3
+    assert _probs_sqnr(quantized, "causal") > 25.0
+
+
+def test_constant_causal_mask_compiles_to_one_elf(tmp_path) -> None:
+    quantized = _quantize(_attention("causal"), "causal")
+    result = compile_model(quantized.model, tmp_path, model_name="causal")
+    assert len(result.elf_files) == 1 and result.notes == []
+
+
+def test_constant_with_infinities_is_refused_by_name() -> None:
+    """scores − (+inf where masked): no saturation bound applies to a Sub operand, and inf has
+    no integer scale, so a QuantizationError names the constant (it used to surface as a NaN
+    scale, then a ValueError deep in compile)."""
+    model = _attention("causal")
+    for init in model.graph.initializer:
+        if init.name == "causal":
+            values = numpy_helper.to_array(init)
+            init.CopyFrom(
+                numpy_helper.from_array(
+                    np.where(values < 0, np.inf, 0.0).astype(np.float32), "causal"
+                )
+            )
+    next(n for n in model.graph.node if n.op_type == "Add").op_type = "Sub"
+    with pytest.raises(QuantizationError, match="'causal'.*inf or NaN"):
+        _quantize(model, "causal")
 
 
 def test_clamp_follows_a_transpose_and_reshape_to_the_softmax() -> None:

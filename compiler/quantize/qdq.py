@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.defines import QuantizationScheme
+from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.plan import ActivationSpec, ParamSpec, QuantPlan
 from compiler.quantize.prepare import remove_unused_initializers
@@ -176,12 +177,24 @@ class _Builder:
         value: np.ndarray,
         scales_out: dict[tuple[str, int], np.ndarray],
     ) -> str:
-        limit = self._saturating_limit(spec, node) if spec.role == "constant" else None
-        if limit is not None and float(np.max(np.abs(value), initial=0.0)) > limit:
-            value = np.clip(value, -limit, limit).astype(value.dtype)
+        bounds = self._saturating_bounds(spec, node) if spec.role == "constant" else None
+        if (
+            bounds is not None
+            and value.size
+            and (value.min() < bounds[0] or value.max() > bounds[1])
+        ):
+            value = np.clip(value, *bounds).astype(value.dtype)
         else:
-            limit = None
-        key = ("int", spec.tensor, spec.scheme, spec.axis, spec.block_size, limit)
+            bounds = None
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            raise QuantizationError(
+                f"constant {spec.tensor!r} of node {node.name!r} ({node.op_type}) holds "
+                "inf or NaN values, which no integer scale represents",
+                hint="replace them with finite values in the float model (an attention mask "
+                "can use finfo(float32).min), or keep the node float with a custom "
+                "quantization config",
+            )
+        key = ("int", spec.tensor, spec.scheme, spec.axis, spec.block_size, bounds)
         if key in self._param_cache:
             return self._param_cache[key]
         scale = weight_scales(value, spec.scheme, spec.axis, spec.block_size)
@@ -206,15 +219,22 @@ class _Builder:
         self._param_cache[key] = out
         return out
 
-    def _saturating_limit(self, spec: ParamSpec, node: onnx.NodeProto) -> float | None:
-        """For the constant factor c of a quantized Mul(a, c): the magnitude beyond which every
-        nonzero dequantized a (|a| ≥ its step s_a) puts a·c past twice the product's range, so
-        the product's QuantizeLinear saturates either way. An attention mask's
-        mask·finfo(float32).min would otherwise store c at a scale of ~1e36 and ask the integer
-        Mul for a ~1e35 requantization multiplier; clipped to this limit the stored constant and
-        the saturated products are unchanged in effect."""
+    def _saturating_bounds(
+        self, spec: ParamSpec, node: onnx.NodeProto
+    ) -> tuple[float, float] | None:
+        """For the constant operand c of a quantized Mul(a, c) or Add(a, c): the values beyond
+        which the result is past its range by more than a whole range width, so the result's
+        QuantizeLinear saturates however far c goes; c is stored clipped to them.
+
+        An attention mask stores finfo(float32).min: as mask·finfo.min (a Mul factor: every
+        nonzero dequantized a, |a| ≥ its step s_a, puts a·c beyond twice the product's reach
+        once |c| > 2·reach / s_a) or, once a causal mask folds to a constant, as the Add
+        operand itself (a + c is below lo − width for every a ≤ hi_a once c < lo − hi_a −
+        width). Stored as is, c would get a scale of ~1e36 and the integer op a ~1e35
+        requantization multiplier that no fixed point holds; clipped, the stored constant and
+        the saturated results are unchanged in effect."""
         inputs, outputs = self._float_io[spec.node]
-        if node.op_type != "Mul" or len(inputs) != 2 or spec.axis is not None:
+        if node.op_type not in ("Mul", "Add") or len(inputs) != 2 or spec.axis is not None:
             return None
         a_spec = self.plan.activations.get(inputs[1 - spec.input_index])
         out_spec = self.plan.activations.get(outputs[0])
@@ -222,10 +242,17 @@ class _Builder:
             return None
         a_qp = self.qparams.get(a_spec.share_with or a_spec.key)
         out_qp = self.qparams.get(out_spec.share_with or out_spec.key)
-        if a_qp is None or out_qp is None or a_qp.scale <= 0:
+        if a_qp is None or out_qp is None:
             return None
-        reach = max(-out_qp.range.lo, out_qp.range.hi)
-        return 2.0 * reach / a_qp.scale if reach > 0 else None
+        out = out_qp.range
+        if node.op_type == "Add":
+            width = out.hi - out.lo
+            return out.lo - a_qp.range.hi - width, out.hi - a_qp.range.lo + width
+        reach = max(-out.lo, out.hi)
+        if a_qp.scale <= 0 or reach <= 0:
+            return None
+        limit = 2.0 * reach / a_qp.scale
+        return -limit, limit
 
     def _bias_safe(self, spec: ParamSpec, node: onnx.NodeProto, scale: np.ndarray) -> np.ndarray:
         bias_spec = next(
