@@ -453,9 +453,11 @@ def test_a_transformer_block_compiles_to_checks_segments_bit_exact(norm: str, tm
 
 
 @pytest.mark.parametrize("target", ["mlsoc", "modalix", "rk3588"])
-def test_rms_normalization_stays_in_its_segment(target: str, tmp_path) -> None:
-    """Conv -> RMSNormalization -> Conv: int8-wrapped on mlsoc / modalix, fp16-wrapped on rk3588;
-    one .elf either way, bit-exact."""
+@pytest.mark.parametrize("norm", ["RMSNormalization", "LayerNormalization"])
+def test_a_norm_without_bias_stays_in_its_segment(norm: str, target: str, tmp_path) -> None:
+    """Conv -> RMSNormalization (or a LayerNormalization without B, as torch exports
+    `bias=False`: PoolFormerV2, CAFormer) -> Conv: int8-wrapped on mlsoc / modalix,
+    fp16-wrapped on rk3588; one .elf either way, bit-exact."""
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), name)
@@ -465,15 +467,15 @@ def test_rms_normalization_stays_in_its_segment(target: str, tmp_path) -> None:
     graph = helper.make_graph(
         [
             helper.make_node("Conv", ["x", "w1"], ["a"]),
-            helper.make_node("RMSNormalization", ["a", "g"], ["p"], axis=1),
+            helper.make_node(norm, ["a", "g"], ["p"], axis=1),
             helper.make_node("Conv", ["p", "w2"], ["y"]),
         ],
-        "conv_rms_conv",
+        "conv_norm_conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", NORMS[norm])])
     assert check_model(model, target=target).mla_segments == 1
     samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
     qdq = quantize_model(model, samples, target=target).model

@@ -161,7 +161,19 @@ def lower_layer_normalization(ctx: OpContext) -> Lowered:
     if gamma is None:
         raise NotLowerable("LayerNormalization scale must be a constant")
     axis = int(ctx.attr("axis", -1))
-    return _normalisation_kernel(ctx, gamma, ctx.constant(2), axis, per_channel=False)
+    return _normalisation_kernel(ctx, gamma, layer_norm_bias(ctx, gamma), axis, per_channel=False)
+
+
+def layer_norm_bias(ctx: OpContext, gamma: np.ndarray) -> np.ndarray:
+    """LayerNormalization's B: zeros when the node has none (torch's `bias=False`, as
+    PoolFormerV2 and CAFormer export it); a B computed at run time is not lowerable (reading
+    it as absent would drop it)."""
+    if len(ctx.node.input) < 3 or not ctx.node.input[2]:
+        return np.zeros_like(np.asarray(gamma))
+    beta = ctx.constant(2)
+    if beta is None:
+        raise NotLowerable("LayerNormalization B must be a constant")
+    return beta
 
 
 def lower_instance_normalization(ctx: OpContext) -> Lowered:
@@ -283,7 +295,7 @@ def lower_fp16_normalization(ctx: OpContext) -> Lowered:
     if gamma is None:
         raise NotLowerable(f"{ctx.op_type} scale must be a constant")
     centre = ctx.op_type == "LayerNormalization"
-    beta = ctx.constant(2) if centre else None
+    beta = layer_norm_bias(ctx, gamma) if centre else None
     output = ctx.output(0)
     low, high = output.bounds
     kernel = Fp16NormKernel(
