@@ -124,6 +124,52 @@ def test_fix_maps_an_opset23_attention_block_to_one_segment():
     np.testing.assert_allclose(_run(result.model, feed)[0], _run(model, feed)[0], atol=1e-4)
 
 
+def _packed_causal_gqa() -> onnx.ModelProto:
+    """Attention on packed [1, S, heads × D] tensors, 4 query heads sharing 2 key/value heads,
+    causal: the form of a decoder exported at opset 23."""
+    rng = np.random.default_rng(4)
+    q_heads, kv_heads, channels = 4, 2, 32
+
+    def weight(name: str, shape: tuple[int, int]) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.2, shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
+        helper.make_node(
+            "Attention",
+            ["q", "k", "v"],
+            ["a"],
+            name="attention",
+            q_num_heads=q_heads,
+            kv_num_heads=kv_heads,
+            is_causal=1,
+        ),
+        helper.make_node("MatMul", ["a", "wo"], ["y"], name="out"),
+    ]
+    inits = [
+        weight("wq", (channels, q_heads * DIM)),
+        weight("wk", (channels, kv_heads * DIM)),
+        weight("wv", (channels, kv_heads * DIM)),
+        weight("wo", (q_heads * DIM, channels)),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, channels])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ, channels])],
+        inits,
+    )
+
+
+def test_fix_maps_a_packed_causal_grouped_query_attention_to_one_segment():
+    model = _packed_causal_gqa()
+    result = fix_model(model, "mlsoc")
+    assert result.single_elf and result.coverage_after.mla_mac_fraction == 1.0
+    feed = _feed(model)
+    np.testing.assert_allclose(_run(result.model, feed)[0], _run(model, feed)[0], atol=1e-4)
+
+
 def test_mish_becomes_softplus_tanh_mul_on_the_mla():
     model = _unary("Mish", 22)
     result = apply_rule(model, "expand-function-ops", "mlsoc")
