@@ -334,6 +334,49 @@ def test_remove_identity_drops_a_castlike_to_the_same_type():
     assert "CastLike" not in {n.op_type for n in result.model.graph.node}
 
 
+def _split_pass_through() -> onnx.ModelProto:
+    """Relu → Split(lengths [8, 0]) → Relu on the first piece → Concat with the empty piece:
+    a rotary embedding whose rotary dim is the whole head."""
+    return _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="r1"),
+            helper.make_node("Split", ["a", "lengths"], ["rot", "rest"], name="split", axis=1),
+            helper.make_node("Relu", ["rot"], ["b"], name="r2"),
+            helper.make_node("Concat", ["b", "rest"], ["y"], name="join", axis=1),
+        ],
+        {"x": [1, 8, 4, 4]},
+        {"y": [1, 8, 4, 4]},
+        {"lengths": np.array([8, 0], np.int64)},
+    )
+
+
+def test_drop_empty_concat_inputs_drops_an_empty_split_piece():
+    result = apply_rule(_split_pass_through(), "drop-empty-concat-inputs")
+    assert result.verification.passed and result.verification.mode == "exact"
+    join = next(n for n in result.model.graph.node if n.op_type == "Concat")
+    assert list(join.input) == ["b"]
+
+
+def test_remove_identity_drops_a_split_into_one_whole_piece():
+    model = apply_rule(_split_pass_through(), "drop-empty-concat-inputs").model
+    result = apply_rule(model, "remove-identity")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "Split" not in {n.op_type for n in result.model.graph.node}
+
+
+def test_a_split_whose_other_piece_is_read_stays():
+    model = _model(
+        [
+            helper.make_node("Split", ["x", "lengths"], ["p", "q"], name="split", axis=1),
+            helper.make_node("Add", ["p", "q"], ["y"], name="sum"),
+        ],
+        {"x": [1, 8, 4, 4]},
+        {"y": [1, 4, 4, 4]},
+        {"lengths": np.array([4, 4], np.int64)},
+    )
+    assert not any(m.nodes == ["split"] for m in find_matches(model, "remove-identity"))
+
+
 def test_fix_input_shapes_sets_symbolic_batch_to_one_and_says_so():
     model = _dynamic_cnn(["N", 3, 8, 8])
     (match,) = find_matches(model, "fix-input-shapes")

@@ -1,4 +1,5 @@
-"""expand-function-ops: ops ONNX defines as functions (opset-23 Attention, Mish, Selu, …) that
+"""expand-function-ops: ops ONNX defines as functions (opset-23 Attention and RotaryEmbedding,
+Mish, Selu, …) that
 the target runs off the MLA become their ONNX function body; and the cleanups that body needs
 (Shape start/end folding, x + 0, constant-condition Where) hold on their own.
 
@@ -168,6 +169,48 @@ def test_fix_maps_a_packed_causal_grouped_query_attention_to_one_segment():
     assert result.single_elf and result.coverage_after.mla_mac_fraction == 1.0
     feed = _feed(model)
     np.testing.assert_allclose(_run(result.model, feed)[0], _run(model, feed)[0], atol=1e-4)
+
+
+def _rotary_block() -> onnx.ModelProto:
+    """Conv → heads [1, H, S, D] → RotaryEmbedding (opset 23, full rotary dim, constant
+    positions) → back → Conv."""
+    rng = np.random.default_rng(5)
+    channels = HEADS * DIM
+    inits = [
+        numpy_helper.from_array(rng.random((SEQ, DIM // 2)).astype(np.float32), "cos"),
+        numpy_helper.from_array(rng.random((SEQ, DIM // 2)).astype(np.float32), "sin"),
+        numpy_helper.from_array(np.arange(SEQ, dtype=np.int64).reshape(1, SEQ), "positions"),
+        numpy_helper.from_array(
+            rng.normal(0, 0.2, (channels, channels, 1, 1)).astype(np.float32), "w"
+        ),
+        numpy_helper.from_array(np.array([1, HEADS, DIM, SEQ], np.int64), "heads"),
+        numpy_helper.from_array(np.array([1, channels, SEQ, 1], np.int64), "merged"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="in"),
+        helper.make_node("Reshape", ["c", "heads"], ["h"], name="split_heads"),
+        helper.make_node("Transpose", ["h"], ["t"], name="to_tokens", perm=[0, 1, 3, 2]),
+        helper.make_node("RotaryEmbedding", ["t", "cos", "sin", "positions"], ["r"], name="rope"),
+        helper.make_node("Transpose", ["r"], ["rt"], name="to_channels", perm=[0, 1, 3, 2]),
+        helper.make_node("Reshape", ["rt", "merged"], ["m"], name="merge_heads"),
+        helper.make_node("Conv", ["m", "w"], ["y"], name="out"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, SEQ, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, SEQ, 1])],
+        inits,
+    )
+
+
+def test_fix_maps_an_opset23_rotary_embedding_to_one_segment():
+    """The body Splits off an empty pass-through piece and Concats it back; both go."""
+    model = _rotary_block()
+    assert check_model(model, "mlsoc").mla_segments == 2
+    result = fix_model(model, "mlsoc")
+    assert result.single_elf and "RotaryEmbedding" not in _ops(result.model)
+    feed = _feed(model)
+    np.testing.assert_allclose(_run(result.model, feed)[0], _run(model, feed)[0], atol=1e-5)
 
 
 def test_mish_becomes_softplus_tanh_mul_on_the_mla():

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from surgery.coverage import NodePlacement, analyze_coverage
 from surgery.errors import SurgeryError
-from surgery.graph import shape_from_type
+from surgery.graph import GraphView, shape_from_type
 from surgery.model import infer_model_shapes, load_model, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
@@ -80,11 +80,7 @@ class FoldConstants(Rule):
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
     ) -> list[Match]:
-        for _ in range(_MAX_FOLD_ROUNDS):
-            count = len(graph.nodes)
-            fold_graph_constants(graph)
-            if len(graph.nodes) == count or not _refresh_shapes(graph, ctx.model):
-                break
+        fold_until_fixed_point(graph, ctx.model)
         for node in list(graph.nodes):
             if node.op == "Constant" and "value" in node.attrs:
                 out = node.outputs[0]
@@ -95,6 +91,16 @@ class FoldConstants(Rule):
                             consumer.inputs[k] = const
                 node.outputs.clear()
         return matches
+
+
+def fold_until_fixed_point(graph: gs.Graph, like: onnx.ModelProto) -> None:
+    """Fold constants, re-infer shapes, and again, until a round folds nothing (`like`: the
+    model the graph came from, for the fields export needs)."""
+    for _ in range(_MAX_FOLD_ROUNDS):
+        count = len(graph.nodes)
+        fold_graph_constants(graph)
+        if len(graph.nodes) == count or not _refresh_shapes(graph, like):
+            break
 
 
 def _refresh_shapes(graph: gs.Graph, like: onnx.ModelProto) -> bool:
@@ -141,7 +147,12 @@ _NEUTRAL_OPERAND = {
 """Arithmetic that returns its other operand when a constant operand is all zeros (Add, Sub)
 or all ones (Mul, Div): op → (neutral value, the input positions that may pass through)."""
 _MAYBE_NO_OP = frozenset(
-    {*_NO_OP, *_SAME_SHAPE_NO_OP, *_NEUTRAL_OPERAND, "Transpose", "Cast", "CastLike", "Where"}
+    {
+        *_NO_OP,
+        *_SAME_SHAPE_NO_OP,
+        *_NEUTRAL_OPERAND,
+        *("Transpose", "Cast", "CastLike", "Where", "Split"),
+    }
 )
 """The ops `_kept_input` can accept; checked first so other nodes cost one set lookup."""
 _NEUTRAL_ELEMENTS = 1 << 20
@@ -153,7 +164,8 @@ long sequence has a million elements; reading it is a view and one comparison)."
 class RemoveIdentity(Rule):
     """Remove nodes that do not change their input: Identity, inference-mode Dropout, Reshape
     (Squeeze, Unsqueeze, Expand, Tile) to the same shape, Transpose with the identity
-    permutation, Cast (or CastLike) to the same type, arithmetic with a neutral constant
+    permutation, Cast (or CastLike) to the same type, a Split whose first piece is the whole
+    input (and the rest unread), arithmetic with a neutral constant
     (x + 0, x − 0, x · 1, x / 1) and a Where whose constant condition picks one side everywhere.
 
     The last two are what ONNX's own function bodies leave once their shapes fold: an
@@ -214,6 +226,8 @@ class RemoveIdentity(Rule):
         if op == "Cast":
             to = next((a.i for a in view.nodes[idx].attribute if a.name == "to"), None)
             return 0 if x.elem_type != 0 and to == x.elem_type else None
+        if op == "Split":
+            return 0 if _whole_first_piece(view, idx) else None
         if op == "CastLike" and len(ins) == 2 and ins[1]:
             return 0 if x.elem_type != 0 and view.tensor(ins[1]).elem_type == x.elem_type else None
         return None
@@ -223,6 +237,20 @@ class RemoveIdentity(Rule):
         while len(node.outputs) > 1:  # e.g. Dropout's unused mask
             node.outputs.pop()
         bypass_node(graph, node, match.data.get("keep_input", 0))
+
+
+def _whole_first_piece(view: GraphView, idx: int) -> bool:
+    """A Split whose first piece is its whole input and whose other pieces nobody reads (what
+    is left of a rotary pass-through split once its empty piece is gone)."""
+    lengths = split_lengths(view, idx)
+    outs = view.node_outputs[idx]
+    x = view.tensor(view.node_inputs[idx][0])
+    if lengths is None or not x.is_static or len(lengths) != len(outs):
+        return False
+    axis = next((a.i for a in view.nodes[idx].attribute if a.name == "axis"), 0)
+    whole = lengths[0] == x.shape[axis % len(x.shape)]  # type: ignore[index, arg-type]
+    unread = all(not view.consumers.get(o) and o not in view.graph_outputs for o in outs[1:])
+    return whole and unread
 
 
 def _passed_through(ctx: RuleContext, idx: int, op: str) -> int | None:
@@ -455,18 +483,19 @@ def slice_length(size: int, start: int, end: int, step: int) -> int:
 
 @register
 class DropEmptyConcatInputs(GraphRule):
-    """Remove the inputs of a Concat that a Slice leaves empty.
+    """Remove the inputs of a Concat that a Slice or a Split leaves empty.
 
     Partial rotary embeddings split q and k into a rotated part and a pass-through part,
     q[..., rotary_dim:], and concatenate them back. With rotary_dim equal to the head size
-    (Phi-3) the pass-through part is empty; shape inference cannot tell (the end is INT64_MAX),
-    so the Slice and the Concat count as dynamic and leave the MLA. A Concat without its empty
-    inputs is the same tensor: exact.
+    (Phi-3; every opset-23 RotaryEmbedding's function body, which Splits off a piece of
+    length 0) the pass-through part is empty; shape inference cannot tell (the end is
+    INT64_MAX) or gives the piece a 0 dimension, so the Slice and the Concat count as dynamic
+    and leave the MLA. A Concat without its empty inputs is the same tensor: exact.
     """
 
     name = "drop-empty-concat-inputs"
-    suggest_for = frozenset({"Concat", "Slice"})
-    summary = "Concat inputs that a Slice leaves empty (Phi-3's rotary pass-through) → removed."
+    suggest_for = frozenset({"Concat", "Slice", "Split"})
+    summary = "Concat inputs a Slice or Split leaves empty (a rotary pass-through) → removed."
     category = "cleanup"
     example = "surgery apply drop-empty-concat-inputs phi3.onnx"
 
@@ -475,7 +504,7 @@ class DropEmptyConcatInputs(GraphRule):
         found = []
         for concat in pat.nodes("Concat"):
             ins = pat.ins(concat)
-            empty = [t for t in ins if _empty_slice(pat, t)]
+            empty = [t for t in ins if _empty_slice(pat, t) or _empty_split_output(pat, t)]
             if not empty or len(empty) == len(ins):
                 continue
             slices = [pat.producer(t) for t in empty]
@@ -523,6 +552,27 @@ def _empty_slice(pat: Pattern, tensor: str) -> bool:
         if int(step) > 0 and slice_length(size, int(start), int(end), int(step)) == 0:
             return True
     return False
+
+
+def split_lengths(view: GraphView, idx: int) -> list[int] | None:
+    """The constant piece lengths of Split node `idx` (the `split` input from opset 13, the
+    attribute before), or None when they are not given or not constant."""
+    ins = view.node_inputs[idx]
+    if len(ins) > 1 and ins[1]:
+        value = view.constant_value(ins[1])
+        return None if value is None else [int(v) for v in value.reshape(-1)]
+    attr = next((a for a in view.nodes[idx].attribute if a.name == "split"), None)
+    return None if attr is None else [int(v) for v in attr.ints]
+
+
+def _empty_split_output(pat: Pattern, tensor: str) -> bool:
+    """Whether `tensor` is an output of a Split whose constant length for it is 0."""
+    node = pat.producer(tensor, "Split")
+    if node is None:
+        return False
+    lengths = split_lengths(pat.view, node)
+    outs = pat.outs(node)
+    return lengths is not None and len(lengths) == len(outs) and lengths[outs.index(tensor)] == 0
 
 
 # --------------------------------------------------------------------------- reshape-allowzero

@@ -5,7 +5,7 @@ RotaryEmbedding, GroupNormalization, Mish, Selu, Celu, Softsign, …), and expor
 single nodes: torch's dynamo exporter writes `scaled_dot_product_attention` as one Attention
 node from opset 23 on. A target that does not know the op sends it to the host; its function
 body is made of MatMul, Softmax, Reshape and shape arithmetic that the MLA runs once the shapes
-fold. The body comes from ONNX's own schema (for the model's opset and, for context-dependent
+fold (the rule folds them with the expansion). The body comes from ONNX's own schema (for the model's opset and, for context-dependent
 functions, the node's input types), so the expansion means exactly what the op means.
 """
 
@@ -19,6 +19,7 @@ from onnx import defs, helper
 
 from surgery.graph import attribute_value
 from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.cleanup import fold_until_fixed_point
 from surgery.rules.registry import register
 from surgery.rules.replace_common import Editor, GraphRule
 
@@ -172,6 +173,17 @@ class ExpandFunctionOps(GraphRule):
         body = onnx.FunctionProto.FromString(match.data["body"])
         inline_function(ed, node, body)
         return True
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        """Inline every match, then fold the bodies' shape arithmetic (with the rest of the
+        graph's): an expansion whose Reshape targets and split lengths are still computed
+        would count its ops as dynamic and look worse than the op it replaces."""
+        applied = super().apply_all(graph, matches, params, ctx)
+        if applied:
+            fold_until_fixed_point(graph, ctx.model)
+        return applied
 
 
 def inline_function(ed: Editor, node: gs.Node, body: onnx.FunctionProto) -> None:
