@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from surgery.coverage import CoverageReport
-from surgery.errors import SurgeryError
+from surgery.errors import SurgeryError, VerifyError
 from surgery.model import load_model
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
@@ -171,9 +171,9 @@ def fix_model(
         applied = False
         detours: list[RewriteResult] = []
         for _, _, rule, _ in _candidates(rules, ctx, tried):
+            if reference is None:
+                reference = _reference_of(current, inputs)
             try:
-                if reference is None:
-                    reference = Reference.of(current, inputs)
                 step = apply_rule(current, rule, tgt, reference=reference, ctx=ctx)
             except SurgeryError as exc:
                 result.rejected.append({"rule": rule.name, "reason": exc.message})
@@ -237,6 +237,20 @@ class _FixOptions:
     allow_approximate: bool
     skip: tuple[str, ...]
     inputs: Mapping[str, Any] | None
+
+
+def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> Reference:
+    """The model's own outputs, which every step is verified against. A model ONNX Runtime
+    cannot run (an exporter bug such as Split's `num_outputs` in an opset-17 model) would
+    have every rule rejected for the same reason, so that reason is the error."""
+    try:
+        return Reference.of(model, inputs)
+    except SurgeryError as exc:
+        reason = exc.message.removeprefix("parent model: ")
+        raise VerifyError(
+            f"fix verifies every rewrite against the model's own outputs, but {reason}",
+            hint="repair the export (re-export, or a newer opset) so that ONNX Runtime runs it",
+        ) from None
 
 
 def _fix_onwards(
