@@ -271,6 +271,31 @@ def test_gather_to_slice_skips_non_contiguous_and_computed_indices():
     assert find_matches(_gather(np.array([[0, 1]], np.int64)), "gather-to-slice") == []
 
 
+def _gather_nd(indices: np.ndarray, batch_dims: int = 0) -> onnx.ModelProto:
+    """Relu on [6, 2, 4, 4] → GatherND: Falcon's fused multi-query projection picks k and v so."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("GatherND", ["r", "idx"], ["y"], name="pick", batch_dims=batch_dims),
+    ]
+    return _model(nodes, {"x": [6, 2, 4, 4]}, {"y": None}, {"idx": indices})
+
+
+def test_gather_nd_of_one_leading_position_becomes_a_slice_and_reshape():
+    model = _gather_nd(np.array([[-2]], np.int64))
+    (match,) = find_matches(model, "gather-to-slice")
+    assert (match.data["axis"], match.data["start"], match.data["end"]) == (0, 4, 5)
+    result = apply_rule(model, "gather-to-slice")
+    assert _ops(result.model) == ["Relu", "Slice", "Reshape"]
+    dims = [d.dim_value for d in result.model.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [1, 2, 4, 4]
+    _exact(result)
+
+
+def test_gather_nd_that_is_no_slice_is_left_alone():
+    assert find_matches(_gather_nd(np.array([[0], [2]], np.int64)), "gather-to-slice") == []
+    assert find_matches(_gather_nd(np.array([[1, 0]], np.int64)), "gather-to-slice") == []
+
+
 # --------------------------------------------------------------------------- reductions
 
 

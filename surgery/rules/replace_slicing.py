@@ -102,21 +102,24 @@ class GatherToSlice(GraphRule):
 
     A 1-D run keeps the rank, so one Slice is the whole rewrite. A scalar index drops the axis:
     Slice [i, i+1) then Reshape to the Gather's (static) output shape, or Squeeze when that shape
-    is not static. Gathers from constant tables are left to fold-constants.
+    is not static. A GatherND (batch_dims 0) whose constant index tuples each pick one position
+    of the first axis, consecutive, is the same Slice and a Reshape to its static output shape
+    (torch's dynamo exporter writes `qkv[-2]` on Falcon's fused multi-query projection so).
+    Gathers from constant tables are left to fold-constants.
     Only nodes the target keeps off its MLA are matched.
     """
 
     name = "gather-to-slice"
-    suggest_for = frozenset({"Gather"})
-    summary = "Gather with a constant scalar or consecutive 1-D index → Slice (+Reshape)."
+    suggest_for = frozenset({"Gather", "GatherND"})
+    summary = "Gather(ND) with a constant scalar or consecutive index run → Slice (+Reshape)."
     category = "replace"
     example = "surgery apply gather-to-slice vit_tiny_patch16_224.onnx -w ws"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.blocked("Gather"):
-            plan = self._plan(pat, node)
+        for node in pat.blocked("Gather", "GatherND"):
+            plan = self._plan(pat, node) if pat.op(node) == "Gather" else self._plan_nd(pat, node)
             if plan is None:
                 continue
             data, out = pat.ins(node)[0], pat.outs(node)[0]
@@ -127,7 +130,7 @@ class GatherToSlice(GraphRule):
             found.append(
                 self.match(
                     [pat.name(node)],
-                    f"Gather {pat.name(node)} takes [{start}:{end}) of axis {axis} → Slice"
+                    f"{pat.op(node)} {pat.name(node)} takes [{start}:{end}) of axis {axis} → Slice"
                     + (" + Reshape" if scalar else ""),
                     net_freed(ctx, [pat.name(node)], main, helpers),
                     axis=axis,
@@ -159,6 +162,28 @@ class GatherToSlice(GraphRule):
         if flat != list(range(flat[0], flat[0] + len(flat))):
             return None
         return axis, flat[0], flat[0] + len(flat), value.ndim == 0
+
+    @staticmethod
+    def _plan_nd(pat: Pattern, node: int) -> tuple[int, int, int, bool] | None:
+        """GatherND picking consecutive positions of axis 0: (0, start, end, True) — always
+        reshaped, since the index tuples' shape stays in front of the output."""
+        data, idx = pat.ins(node)[:2]
+        shape, out = pat.shape(data), pat.shape(pat.outs(node)[0])
+        value = pat.value(idx)
+        if pat.attrs(node).get("batch_dims", 0) or value is None or value.ndim < 1:
+            return None
+        if not shape or not isinstance(shape[0], int) or out is None or value.shape[-1] != 1:
+            return None
+        if pat.is_const(data) or not pat.is_float(data) or not all(isinstance(d, int) for d in out):
+            return None
+        dim = shape[0]
+        flat = [int(v) for v in value.reshape(-1)]
+        if not flat or any(not -dim <= v < dim for v in flat):
+            return None
+        flat = [v % dim for v in flat]
+        if flat != list(range(flat[0], flat[0] + len(flat))):
+            return None
+        return 0, flat[0], flat[0] + len(flat), True
 
     @staticmethod
     def _sliced_shape(pat: Pattern, data: str, axis: int, size: int) -> tuple | None:
