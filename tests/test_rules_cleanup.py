@@ -377,6 +377,56 @@ def test_a_split_whose_other_piece_is_read_stays():
     assert not any(m.nodes == ["split"] for m in find_matches(model, "remove-identity"))
 
 
+@pytest.mark.parametrize(
+    ("op", "extra", "inits"),
+    [
+        ("Pad", ["pads"], {"pads": np.zeros(8, np.int64)}),
+        (
+            "Slice",
+            ["starts", "ends", "axes"],
+            {
+                "starts": np.array([0], np.int64),
+                "ends": np.array([2**62], np.int64),
+                "axes": np.array([2], np.int64),
+            },
+        ),
+    ],
+    ids=["zero-pad", "whole-slice"],
+)
+def test_remove_identity_drops_a_pad_by_zeros_and_a_whole_slice(op, extra, inits):
+    """encodec's shortcuts carry reflect Pads by zeros and Slices over the whole axis."""
+    attrs = {"mode": "reflect"} if op == "Pad" else {}
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="r1"),
+            helper.make_node(op, ["a", *extra], ["b"], name="noop", **attrs),
+            helper.make_node("Relu", ["b"], ["y"], name="r2"),
+        ],
+        {"x": [1, 4, 6, 6]},
+        {"y": [1, 4, 6, 6]},
+        inits,
+        opset=13,
+    )
+    result = apply_rule(model, "remove-identity")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert op not in {n.op_type for n in result.model.graph.node}
+
+
+def test_a_reversing_slice_of_the_same_shape_stays():
+    model = _model(
+        [helper.make_node("Slice", ["x", "s", "e", "a", "step"], ["y"], name="flip")],
+        {"x": [1, 4, 6, 6]},
+        {"y": [1, 4, 6, 6]},
+        {
+            "s": np.array([-1], np.int64),
+            "e": np.array([-(2**62)], np.int64),
+            "a": np.array([3], np.int64),
+            "step": np.array([-1], np.int64),
+        },
+    )
+    assert not any(m.nodes == ["flip"] for m in find_matches(model, "remove-identity"))
+
+
 def test_fix_input_shapes_sets_symbolic_batch_to_one_and_says_so():
     model = _dynamic_cnn(["N", 3, 8, 8])
     (match,) = find_matches(model, "fix-input-shapes")

@@ -151,7 +151,7 @@ _MAYBE_NO_OP = frozenset(
         *_NO_OP,
         *_SAME_SHAPE_NO_OP,
         *_NEUTRAL_OPERAND,
-        *("Transpose", "Cast", "CastLike", "Where", "Split"),
+        *("Transpose", "Cast", "CastLike", "Where", "Split", "Pad", "Slice"),
     }
 )
 """The ops `_kept_input` can accept; checked first so other nodes cost one set lookup."""
@@ -165,7 +165,8 @@ class RemoveIdentity(Rule):
     """Remove nodes that do not change their input: Identity, inference-mode Dropout, Reshape
     (Squeeze, Unsqueeze, Expand, Tile) to the same shape, Transpose with the identity
     permutation, Cast (or CastLike) to the same type, a Split whose first piece is the whole
-    input (and the rest unread), arithmetic with a neutral constant
+    input (and the rest unread), a Pad by zeros, a unit-step Slice that keeps the whole shape,
+    arithmetic with a neutral constant
     (x + 0, x − 0, x · 1, x / 1) and a Where whose constant condition picks one side everywhere.
 
     The last two are what ONNX's own function bodies leave once their shapes fold: an
@@ -228,6 +229,8 @@ class RemoveIdentity(Rule):
             return 0 if x.elem_type != 0 and to == x.elem_type else None
         if op == "Split":
             return 0 if _whole_first_piece(view, idx) else None
+        if op in ("Pad", "Slice"):
+            return 0 if _keeps_everything(view, idx, op) else None
         if op == "CastLike" and len(ins) == 2 and ins[1]:
             return 0 if x.elem_type != 0 and view.tensor(ins[1]).elem_type == x.elem_type else None
         return None
@@ -237,6 +240,24 @@ class RemoveIdentity(Rule):
         while len(node.outputs) > 1:  # e.g. Dropout's unused mask
             node.outputs.pop()
         bypass_node(graph, node, match.data.get("keep_input", 0))
+
+
+def _keeps_everything(view: GraphView, idx: int, op: str) -> bool:
+    """A Pad by all-zero amounts, or a Slice with unit steps whose output has its input's
+    (static) shape: both copy the input (encodec's shortcut Pads and whole-axis Slices)."""
+    ins = view.node_inputs[idx]
+    x, y = view.tensor(ins[0]), view.tensor(view.node_outputs[idx][0])
+    if not (x.is_static and y.is_static and x.shape == y.shape):
+        return False
+    if op == "Slice":
+        steps = view.constant_value(ins[4]) if len(ins) > 4 and ins[4] else None
+        return len(ins) <= 4 or not ins[4] or (steps is not None and bool(np.all(steps == 1)))
+    if len(ins) > 1 and ins[1]:
+        pads = view.constant_value(ins[1])
+    else:
+        attr = next((a for a in view.nodes[idx].attribute if a.name == "pads"), None)
+        pads = None if attr is None else np.array(attr.ints)
+    return pads is not None and not np.any(pads)
 
 
 def _whole_first_piece(view: GraphView, idx: int) -> bool:
