@@ -20,6 +20,7 @@ from surgery.coverage import analyze_coverage
 from surgery.model import load_model
 from surgery.rules import Reference, apply_rule, find_matches, get_rule
 from surgery.rules.fix import fix_model
+from surgery.rules.replace_einsum import plan_product
 from tests.conftest import shared_model
 
 RNG = np.random.default_rng(1)
@@ -294,6 +295,57 @@ def test_gather_nd_of_one_leading_position_becomes_a_slice_and_reshape():
 def test_gather_nd_that_is_no_slice_is_left_alone():
     assert find_matches(_gather_nd(np.array([[0], [2]], np.int64)), "gather-to-slice") == []
     assert find_matches(_gather_nd(np.array([[1, 0]], np.int64)), "gather-to-slice") == []
+
+
+# --------------------------------------------------------------------------- einsum
+
+
+@pytest.mark.parametrize(
+    ("equation", "expected"),
+    [
+        ("bhlk,bhtk->bhlt", (None, [0, 1, 3, 2], None)),  # q·kᵀ
+        ("bhlt,bhtv->bhlv", (None, None, None)),  # p·v
+        ("bik,bkj->bji", (None, None, [0, 2, 1])),
+        ("kbi,bkj->bij", ([1, 2, 0], None, None)),
+    ],
+)
+def test_einsum_products_plan_as_transposes_around_a_matmul(equation, expected):
+    plan = plan_product(equation)
+    assert plan is not None
+    assert (plan.lhs_perm, plan.rhs_perm, plan.out_perm) == expected
+
+
+@pytest.mark.parametrize(
+    "equation",
+    [
+        "bij,bjk,bkl->bil",
+        "bij,bjk->bk",
+        "...ij,...jk->...ik",
+        "bij,bjk->bik,",
+        "iij,jk->ik",
+        "bij,jk->bik",
+    ],
+)
+def test_einsums_that_are_not_one_batched_product_are_not_planned(equation):
+    """Three operands, a letter summed inside one operand, an ellipsis, a repeated letter, a
+    batch letter missing from one operand."""
+    assert plan_product(equation) is None
+
+
+def test_einsum_to_matmul_on_a_target_without_einsum():
+    """rk3588 has no Einsum: CvT's attention q·kᵀ becomes a MatMul on a transposed k."""
+    model = _model(
+        [helper.make_node("Einsum", ["q", "k"], ["y"], name="scores", equation="bhlk,bhtk->bhlt")],
+        {"q": [1, 2, 6, 4], "k": [1, 2, 5, 4]},
+        {"y": [1, 2, 6, 5]},
+        opset=17,
+    )
+    (match,) = find_matches(model, "einsum-to-matmul", "rk3588")
+    assert match.blockers == ["scores"]
+    result = apply_rule(model, "einsum-to-matmul", "rk3588", reference=_wide(model))
+    assert _ops(result.model) == ["Transpose", "MatMul"]
+    assert not result.coverage_after.blockers
+    _exact(result)
 
 
 # --------------------------------------------------------------------------- reductions

@@ -18,6 +18,7 @@ MODULES = (
     "replace_branches",
     "replace_conv_taps",
     "replace_conv",
+    "replace_einsum",
     "replace_gelu",
     "replace_linear",
     "replace_pad",
