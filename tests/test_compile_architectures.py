@@ -51,14 +51,12 @@ or a host op), bf16 ops on modalix, host-side masks and post-processing that dif
 FEWEST_SEGMENTS_ON = {
     ("googlenet", "rk3588"): 2,
     ("two_inputs", "rk3588"): 2,
-    ("einsum_attention", "rk3588"): 2,
 }
 """Per target, families with more host-only ops than on mlsoc: rk3588's MLA has no LRN, so
 GoogLeNet's LRN runs on the CPU between its stem and the rest, and slices with step 1 only,
 so two_inputs' step-2 Slice of one axis runs on the CPU between the padded sum and a Conv.
-rk3588 has no Einsum: einsum_attention's attention core runs on the CPU between its
-projections (two segments with 91 % of the MACs, where the unfixed model's one segment held
-none of them)."""
+(rk3588 has no Einsum either; einsum-to-matmul turns einsum_attention's products into
+MatMuls, so it is one segment there too.)"""
 
 
 @cache
