@@ -1001,6 +1001,14 @@ def _stride_phases(
     return flat, pitch
 
 
+def _pitched(flat: np.ndarray, rows: int, pitch: int, width: int) -> np.ndarray:
+    """The (..., rows, width) view of rows stored `pitch` elements apart along the last axis of
+    `flat` (..., span), span = (rows - 1) * pitch + width: what the tap sums compute for every
+    column of the pitch, without the columns between the rows."""
+    strides = (*flat.strides[:-1], pitch * flat.itemsize, flat.strides[-1])
+    return np.lib.stride_tricks.as_strided(flat, (*flat.shape[:-1], rows, width), strides)
+
+
 SCALAR_TAP_OUTPUTS = 1 << 13
 """Outputs per channel and block from which a depthwise CONV with one output per channel sums
 each channel's taps in numpy, each a shifted slice times a scalar weight (two passes per tap
@@ -1046,7 +1054,14 @@ class _DepthwiseTaps:
 
     def rows(self, groups: slice, rows: range) -> np.ndarray:
         """The (N, len(groups), M/G, len(rows), wo) accumulators of a block of channels (a
-        slice of the groups) and a run of output rows. The stride phases are split from the
+        slice of the groups) and a run of output rows (a view of `padded`'s)."""
+        return _pitched(self.padded(groups, rows), len(rows), self.pitch, self.out_hw[1])
+
+    def padded(self, groups: slice, rows: range) -> np.ndarray:
+        """The accumulators of a block of channels (a slice of the groups) and a run of output
+        rows computed for every column of the pitch, as (N, len(groups), M/G, span): row r of
+        the block is [r * pitch, r * pitch + wo), the columns between hold finite sums of
+        products of the same bound (`rows` drops them). The stride phases are split from the
         input rows that block reads, while they are in cache."""
         wo, pitch, sh = self.out_hw[1], self.pitch, self.strides[0]
         window = self.x[:, groups, rows.start * sh : (rows.stop - 1) * sh + self.extent]
@@ -1067,12 +1082,12 @@ class _DepthwiseTaps:
                     np.multiply(operand, scale, out=product if tap else valid[:, channel])
                     if tap:
                         valid[:, channel] += product
-            return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
+            return acc[..., :span]
         cols = _scratch("depthwise-cols", (batch, count, taps, span), weight.dtype)
         for tap, (phase, start) in enumerate(self.reads):
             cols[:, :, tap] = lines[phase][:, :, start : start + span]
         np.matmul(weight, cols, out=acc[..., :span])
-        return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
+        return acc[..., :span]
 
 
 TAP_PRODUCT_CHANNELS = 16
@@ -1126,7 +1141,14 @@ class _TapProducts:
         self.offsets = [i * dh // sh * self.pitch + j * dw // sw for i, j, _ in self.reads]
 
     def rows(self, rows: range) -> np.ndarray:
-        """The (1, M, len(rows), wo) accumulators of a run of output rows."""
+        """The (1, M, len(rows), wo) accumulators of a run of output rows (a view of
+        `padded`'s)."""
+        return _pitched(self.padded(rows), len(rows), self.pitch, self.out_hw[1])
+
+    def padded(self, rows: range) -> np.ndarray:
+        """The (1, M, span) accumulators of a run of output rows computed for every column of
+        the pitch: row r is [r * pitch, r * pitch + wo); the columns between hold finite sums
+        of products of the same bound (`rows` drops them)."""
         wo = self.out_hw[1]
         span = (len(rows) - 1) * self.pitch + wo
         out_channels = self.taps.shape[2]
@@ -1140,8 +1162,7 @@ class _TapProducts:
             else:
                 np.matmul(self.taps[i, j], operand, out=product)
                 acc[:, :span] += product
-        grid = acc.reshape(out_channels, len(rows), self.pitch)
-        return grid[None, :, :, :wo]
+        return acc[None, :, :span]
 
 
 @dataclass(frozen=True)
@@ -1270,11 +1291,13 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
                 for g in range(0, group, step)
             ]
 
+        pitch = taps.pitch
+
         def accumulate(block: Block) -> np.ndarray:
             outputs = range(out_channels)[block[1]]
             part = slice(outputs.start // group_out, outputs.stop // group_out)
-            rows = range(ho)[block[2]]
-            return taps.rows(part, rows).reshape(batch, len(outputs), len(rows), wo)
+            acc = taps.padded(part, range(ho)[block[2]])
+            return acc.reshape(batch, len(outputs), acc.shape[-1])
 
     elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
         products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
@@ -1283,12 +1306,15 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
         ]
 
+        pitch = products.pitch
+
         def accumulate(block: Block) -> np.ndarray:
-            return products.rows(range(ho)[block[2]])
+            return products.padded(range(ho)[block[2]])
 
     else:
         depth = group_channels * kh * kw
         weight = weights.astype(dtype).reshape(group, group_out, depth)
+        pitch = wo
         step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
         blocks = [
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
@@ -1303,20 +1329,39 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
                 out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
             return column_product(weight, cols, out)
 
+    def compute(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
+        acc = accumulate(block)
+        if acc.ndim == 4:
+            stage(acc, block, out=out, scratch=scratch, overwrite=True)
+        else:
+            _pitched_stage(stage, acc, block, out, pitch)
+
     if stage.blockwise(shape):
         result = _blockwise(
-            shape,
-            stage.out_dtype,
-            lambda block, out, scratch: stage(
-                accumulate(block), block, out=out, scratch=scratch, overwrite=True
-            ),
-            blocks,
-            like=instruction.output,
-            pool="conv-result",
+            shape, stage.out_dtype, compute, blocks, like=instruction.output, pool="conv-result"
         )
     else:
-        result = stage(accumulate((everything,) * 4), overwrite=True)
+        acc = accumulate((everything,) * 4)
+        if acc.ndim == 3:
+            acc = _pitched(acc, ho, pitch, wo)
+        result = stage(acc, overwrite=True)
     memory.write(instruction.output, result)
+
+
+def _pitched_stage(
+    stage: _OutputStage, acc: np.ndarray, block: Block, out: np.ndarray, pitch: int
+) -> None:
+    """out = stage(the (N, M, rows, wo) accumulators of a block), from the (N, M, span) tap sums
+    of its rows `pitch` apart (`_pitched`): the stage runs over the whole contiguous span, into
+    a buffer of codes whose rows are then copied out. On the (N, M, rows, wo) view itself each
+    numpy pass would loop over runs of only wo elements (7 to 112), and numpy's per-run cost
+    made the stage of a 14x14 depthwise CONV several times slower than on contiguous data. The
+    extra columns are finite integers (`padded`), and the stage is elementwise, so the rows'
+    codes are the same."""
+    codes = _scratch("pitched-codes", acc.shape, out.dtype)
+    work = _scratch("pitched-stage", (acc.size,), np.int64)
+    stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work, overwrite=True)
+    np.copyto(out, _pitched(codes, out.shape[2], pitch, out.shape[3]))
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:
