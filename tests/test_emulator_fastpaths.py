@@ -86,6 +86,14 @@ def tiny_blocks_and_tables_everywhere():
         yield
 
 
+@pytest.mark.parametrize("ratio", [0, 10**9], ids=["channel-last", "channel-first"])
+def test_conv_in_blocks_channel_first_and_last(ratio: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every single-image CONV channel-last (its products and stage on (positions, channels)
+    blocks, depthwise ones as tap sums of strided windows), then every one channel-first."""
+    monkeypatch.setattr(emulator_ops, "CHANNEL_LAST_RATIO", ratio)
+    test_conv_in_blocks()
+
+
 def test_blocks_tile_the_result_exactly() -> None:
     for shape in [(), (0, 3), (7,), (2, 3, 4), (1, 5, 1, 9), (3, 1, 2, 2)]:
         covered = np.zeros(shape, dtype=np.int64)
@@ -403,6 +411,7 @@ def test_lookups_write_strided_and_aliased_destinations(layout: str, in_place: b
     strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
     dilations=st.tuples(st.integers(1, 2), st.integers(1, 2)),
     scalar=st.booleans(),
+    last=st.booleans(),
     seed=st.integers(0, 2**16),
     data=st.data(),
 )
@@ -415,10 +424,12 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     strides: tuple[int, int],
     dilations: tuple[int, int],
     scalar: bool,
+    last: bool,
     seed: int,
     data: st.DataObject,
 ) -> None:
-    """`_DepthwiseTaps` (per-channel products of tap columns, or scalar tap sums) equals the
+    """`_DepthwiseTaps` (per-channel products of tap columns, or scalar tap sums) and, for one
+    image and one output per channel, `_ChannelLastTaps` (on a channel-last input) equal the
     direct integer sum out[n, g, m, h, w] = sum x[n, g, h*sh + i*dh, w*sw + j*dw] *
     weight[g, m, i, j] for any block of channels and run of output rows."""
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
@@ -431,10 +442,15 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     part = slice(first_group, data.draw(st.integers(first_group + 1, groups)))
     first = data.draw(st.integers(0, out_hw[0] - 1))
     rows = range(first, data.draw(st.integers(first + 1, out_hw[0])))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar else 10**9)
-        taps = emulator_ops._DepthwiseTaps(x, weight, strides, dilations, out_hw)
-        result = taps.rows(part, rows)
+    if last and batch == 1 and group_out == 1:
+        channel_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        taps = emulator_ops._ChannelLastTaps(channel_last, weight[:, 0], strides, dilations, out_hw)
+        result = taps.rows(part, rows)[:, :, None]
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar else 10**9)
+            taps = emulator_ops._DepthwiseTaps(x, weight, strides, dilations, out_hw)
+            result = taps.rows(part, rows)
     codes = x.astype(np.int64)[:, part]
     expected = np.zeros((batch, codes.shape[1], group_out, len(rows), out_hw[1]), np.int64)
     for i in range(kernel[0]):

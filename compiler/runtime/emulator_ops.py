@@ -54,6 +54,7 @@ from compiler.intmath import (
     divide_round_half_up,
     dtype_range,
     fp16_normalisation,
+    laid_out_like,
     lrn_accumulator,
     normalise,
     requantize,
@@ -920,9 +921,12 @@ def _centred_as(
     dtype: type,
     pads: tuple[int, int, int, int] | None = None,
     pool: str | None = None,
+    *,
+    channel_last: bool = False,
 ) -> np.ndarray:
     """codes - zero_point in `dtype`, zero-padded (N, C, H, W) -> (N, C, H + t + b, W + l + r),
-    in the `_scratch` buffer `pool` if given.
+    in the `_scratch` buffer `pool` if given; with `channel_last`, laid out as
+    (N, H + t + b, W + l + r, C) in memory (the same array, transposed in place).
 
     One pass from the stored codes: the subtraction runs in `dtype` (never in the codes' own
     narrow type, where it would wrap), and the padding holds centred 0, i.e. the zero point.
@@ -935,7 +939,12 @@ def _centred_as(
         raise EmulatorError(f"negative padding {pads}")
     batch, channels, height, width = codes.shape
     padded = (batch, channels, height + top + bottom, width + left + right)
-    x = np.empty(padded, dtype) if pool is None else _scratch(pool, padded, dtype)
+    if channel_last:
+        memory_order = (batch, *padded[2:], channels)
+        x = _scratch(pool, memory_order, dtype) if pool else np.empty(memory_order, dtype)
+        x = x.transpose(0, 3, 1, 2)
+    else:
+        x = np.empty(padded, dtype) if pool is None else _scratch(pool, padded, dtype)
     x[:, :, :top] = 0
     x[:, :, top + height :] = 0
     x[:, :, top : top + height, :left] = 0
@@ -1088,6 +1097,71 @@ class _DepthwiseTaps:
             cols[:, :, tap] = lines[phase][:, :, start : start + span]
         np.matmul(weight, cols, out=acc[..., :span])
         return acc[..., :span]
+
+
+CHANNEL_LAST_RATIO = 1
+"""A single-image CONV computes channel-last (`_channel_last`) when its output has more than
+this many channels per output position (a 14x14 or 7x7 map of a few hundred channels)."""
+
+
+def _channel_last(batch: int, channels: int, out_hw: tuple[int, int]) -> bool:
+    """Whether a CONV's accumulators and output stage run channel-last, as (positions,
+    channels) blocks: numpy's passes loop over the innermost axis of their operands at some
+    0.1-0.2 µs per run, and channel-first a run is one channel's part of the block (ho·wo
+    positions at most: 49 for a 7x7 map, several µs per channel and pass over a stage of five
+    passes), channel-last one position's channels. The codes are then transposed once into the
+    channel-first destination (a fraction of one pass)."""
+    return batch == 1 and channels > CHANNEL_LAST_RATIO * out_hw[0] * out_hw[1]
+
+
+class _ChannelLastTaps:
+    """A depthwise CONV (one input channel and one output per group) on a channel-last input:
+    every kernel tap adds a strided window of the (1, H, W, C) input times the tap's weight
+    per channel, (rows, wo, C) values in two numpy passes whose runs are the C channels.
+
+    The sums are exact for the same reason as im2col's product (`_exact_dtype`: every partial
+    sum is bounded by the weight mass times the largest centred code).
+    """
+
+    def __init__(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        strides: tuple[int, int],
+        dilations: tuple[int, int],
+        out_hw: tuple[int, int],
+    ) -> None:
+        self.x = x.transpose(0, 2, 3, 1)[0]
+        channels, kh, kw = weight.shape
+        (dh, dw), self.strides, self.out_hw = dilations, strides, out_hw
+        self.taps = [
+            (i * dh, j * dw, np.ascontiguousarray(weight[:, i, j]))
+            for i in range(kh)
+            for j in range(kw)
+        ]
+
+    def rows(self, channels: slice, rows: range) -> np.ndarray:
+        """The (1, len(channels), len(rows), wo) accumulators of a block of channels and a run of
+        output rows, laid out channel-last."""
+        (sh, sw), wo = self.strides, self.out_hw[1]
+        weights = [weight[channels] for _, _, weight in self.taps]
+        count = weights[0].shape[0]
+        shape = (len(rows), wo, count)
+        acc = _scratch("channel-last-acc", shape, self.x.dtype)
+        product = _scratch("channel-last-product", shape, self.x.dtype)
+        first = rows.start * sh
+        for index, ((i, j, _), weight) in enumerate(zip(self.taps, weights, strict=True)):
+            window = self.x[
+                first + i : first + i + (len(rows) - 1) * sh + 1 : sh,
+                j : j + (wo - 1) * sw + 1 : sw,
+                channels,
+            ]
+            if index == 0:
+                np.multiply(window, weight, out=acc)
+            else:
+                np.multiply(window, weight, out=product)
+                acc += product
+        return acc.transpose(2, 0, 1)[None]
 
 
 TAP_PRODUCT_CHANNELS = 16
@@ -1262,11 +1336,27 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
-    x = _centred_as(codes, zero_point, dtype, instruction.pads, "conv-input")
+    last = _channel_last(batch, out_channels, (ho, wo))
+    depthwise_last = last and group_channels == 1 and group_out == 1
+    x = _centred_as(
+        codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
+    )
     stage = conv_stage(memory, instruction)
     everything = slice(None)
 
-    if group_channels == 1:
+    if depthwise_last:
+        last_taps = _ChannelLastTaps(
+            x, weights.astype(dtype).reshape(group, kh, kw), strides, dilations, (ho, wo)
+        )
+        step = _step(ho, out_channels * wo, out_channels * ho * wo)
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+
+        def accumulate(block: Block) -> np.ndarray:
+            return last_taps.rows(everything, range(ho)[block[2]])
+
+    elif group_channels == 1:
         taps = _DepthwiseTaps(
             x, weights.astype(dtype).reshape(group, group_out, kh, kw), strides, dilations, (ho, wo)
         )
@@ -1324,6 +1414,8 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             rows = range(ho)[block[2]]
             window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
             cols = _im2col(window, (kh, kw), strides, dilations)
+            if last and group == 1:
+                return _channel_last_product(weight[0], cols)
             out = None
             if batch == 1:
                 out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
@@ -1331,10 +1423,14 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
 
     def compute(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
         acc = accumulate(block)
-        if acc.ndim == 4:
-            stage(acc, block, out=out, scratch=scratch, overwrite=True)
-        else:
+        if acc.ndim == 3:
             _pitched_stage(stage, acc, block, out, pitch)
+        elif acc.strides[1] < acc.strides[-1]:
+            codes = laid_out_like(acc, lambda dims: _scratch("channel-last-codes", dims, out.dtype))
+            stage(acc, block, out=codes, scratch=scratch, overwrite=True)
+            np.copyto(out, codes)
+        else:
+            stage(acc, block, out=out, scratch=scratch, overwrite=True)
 
     if stage.blockwise(shape):
         result = _blockwise(
@@ -1362,6 +1458,17 @@ def _pitched_stage(
     work = _scratch("pitched-stage", (acc.size,), np.int64)
     stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work, overwrite=True)
     np.copyto(out, _pitched(codes, out.shape[2], pitch, out.shape[3]))
+
+
+def _channel_last_product(weight: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The (1, M, rows, wo) accumulators of one image's (1, C, kh, kw, rows, wo) im2col
+    columns and an (M, C·kh·kw) weight, computed channel-last: (rows·wo, C·kh·kw) columns
+    times the transposed weight, both transposed views that BLAS reads as they are."""
+    rows, wo = cols.shape[-2:]
+    depth = weight.shape[1]
+    acc = _scratch("channel-last-gemm", (rows * wo, weight.shape[0]), weight.dtype)
+    np.matmul(cols.reshape(depth, rows * wo).T, weight.T, out=acc)
+    return acc.T.reshape(1, -1, rows, wo)
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:
