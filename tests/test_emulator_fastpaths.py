@@ -194,6 +194,8 @@ def test_values_derived_from_constants_are_read_only() -> None:
             arrays = [value]
         elif isinstance(value, FusedOutputStage):
             arrays = list(value.tables())
+        elif isinstance(value, dict):  # a fused stage's tables per block of the result
+            arrays = [table for tables in value.values() for table in tables]
         else:
             arrays = [value.values, value.astype(np.float32)]
         for array in arrays:

@@ -277,15 +277,17 @@ def _blockwise(
     blocks: list[Block] | None = None,
     like: Tensor | None = None,
     pool: str | None = None,
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given)
-    filled block by block by compute(block, out, scratch), which writes result[block] into
-    `out`, over `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch`
-    is one flat buffer of 8-byte items as large as the largest block, one per thread.
+    """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given; or
+    `into`, an array of that shape and dtype, such as the destination's place) filled block by
+    block by compute(block, out, scratch), which writes result[block] into `out`, over
+    `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch` is one flat
+    buffer of 8-byte items as large as the largest block, one per thread.
 
     The blocks run on the emulator's threads (`parallel.for_each`): `compute` must write only
     `out` and keep its temporaries in `_scratch` buffers (which are per thread)."""
-    result = _empty(shape, dtype, like, pool)
+    result = _empty(shape, dtype, like, pool) if into is None else into
     blocks = _blocks(shape) if blocks is None else blocks
     largest = max((_block_size(shape, block) for block in blocks), default=0)
 
@@ -303,7 +305,26 @@ def _block_size(shape: tuple[int, ...], block: Block) -> int:
 
 TABLE_FACTOR = 2
 """`_tabulated` pays once the data has this many elements per table entry (building a table
-costs about one direct evaluation per entry; a gather, a fraction of one)."""
+costs about one direct evaluation per entry; a gather, a fraction of one). A kept table (one
+with a key) counts the elements of every evaluation under its key (`table_pays`)."""
+
+_DEMAND: dict[Hashable, int] = {}
+"""Elements evaluated so far per table key (`table_pays`)."""
+
+
+def table_pays(key: Hashable | None, size: int, entries: int) -> bool:
+    """Whether evaluating a function of `size` elements as a lookup in a table of `entries`
+    values pays: the data has TABLE_FACTOR elements per entry, or, for a table kept under
+    `key` (built once, then shared by every instruction and run with that key), all the
+    evaluations under that key so far, this one included, have (a residual ADD of a 56x56 map
+    runs once per frame, each time on fewer elements than a table of every code pair)."""
+    needed = TABLE_FACTOR * entries
+    if size >= needed or key is None:
+        return size >= needed
+    if len(_DEMAND) > 4 * TABLES_KEPT:
+        _DEMAND.clear()
+    _DEMAND[key] = _DEMAND.get(key, 0) + size
+    return _DEMAND[key] >= needed
 
 
 TABLES_KEPT = 1024
@@ -342,12 +363,12 @@ def _tabulated(
         return False
     shape = np.broadcast_shapes(*(c.shape for c in codes))
     size = math.prod(shape)
-    if size < TABLE_FACTOR * 256 ** len(codes):
-        return False
-    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
     full_key = None
     if key is not None:
         full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
+    if not table_pays(full_key, size, 256 ** len(codes)):
+        return False
+    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
     pairs = None
     if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
         pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
@@ -520,6 +541,9 @@ class _OutputStage:
     zero_point: int
     out_dtype: np.dtype
     fused: FusedOutputStage | None
+    parts: dict[tuple[tuple[int | None, int | None, int | None], ...], tuple[np.ndarray, ...]]
+    """The fused tables of each block of the result seen so far (`_block_of`), kept with the
+    fused stage (per program where that is)."""
 
     @classmethod
     def read(
@@ -575,9 +599,11 @@ class _OutputStage:
         elif all(t.space == Space.CONST for t in operands):
             key = ("stage", requant, bias, ndim, per_channel, zero_point, out_dtype.str)
             fused = memory.constant(operands[0], key, prepare)
+            parts = memory.constant(operands[0], (*key, "parts"), dict)
+            return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, parts)
         else:
             fused = prepare()
-        return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused)
+        return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, {})
 
     def blockwise(self, shape: tuple[int, ...]) -> bool:
         """Whether the tables broadcast to `shape` (else one whole evaluation decides what
@@ -630,7 +656,10 @@ class _OutputStage:
                 out = np.empty(acc.shape, dtype=self.out_dtype)
             tables = None
             if block is not None and any(part != _WHOLE for part in block):
-                tables = tuple(_block_of(t, block) for t in fused.tables())
+                key = tuple((part.start, part.stop, part.step) for part in block)
+                tables = self.parts.get(key)
+                if tables is None:
+                    tables = self.parts[key] = tuple(_block_of(t, block) for t in fused.tables())
             return fused.apply(acc, out, tables, scratch, overwrite=overwrite)
         result = self._definition(acc, block)
         if out is None:
@@ -1432,6 +1461,12 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         else:
             stage(acc, block, out=out, scratch=scratch, overwrite=True)
 
+    if stage.blockwise(shape) and stage.out_dtype == instruction.output.dtype.numpy:
+        # Every block reads only the centred copy `x`, made before the first block runs, so
+        # the codes go straight into the destination, even where it overlaps the input.
+        into = memory.target(instruction.output)
+        _blockwise(shape, stage.out_dtype, compute, blocks, into=into)
+        return
     if stage.blockwise(shape):
         result = _blockwise(
             shape, stage.out_dtype, compute, blocks, like=instruction.output, pool="conv-result"

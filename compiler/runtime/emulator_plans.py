@@ -80,6 +80,7 @@ from compiler.runtime.emulator_ops import (
     lut_tables,
     move_stage,
     resize_passes,
+    table_pays,
 )
 
 PLANNED = True
@@ -502,7 +503,45 @@ def _plan_eltwise(instruction: Eltwise, memory: PlanPort) -> Step | None:
         b = np.subtract(b_codes, b_zero_point, dtype=np.int64)
         apply(eltwise_acc(instruction, a, b))
 
+    if (
+        stage.uniform(out.ndim)
+        and _one_code_table(instruction.a)
+        and _one_code_table(instruction.b)
+    ):
+        return _pair_lookup(instruction, stage, a_codes, b_codes, out, eltwise)
     return eltwise
+
+
+def _pair_lookup(
+    instruction: Eltwise,
+    stage: _OutputStage,
+    a_codes: np.ndarray,
+    b_codes: np.ndarray,
+    out: np.ndarray,
+    direct: Step,
+) -> Step:
+    """An ELTWISE of two 8-bit operands with a per-tensor stage: `direct` until a table of
+    its values over every code pair pays (`table_pays`, counted per key over runs), then a
+    lookup in that table (`function_table`, kept under the key `execute_eltwise` uses). The
+    index (a's byte, then b's) is built whole before the gather writes, so `out` may overlap
+    either operand."""
+    dtypes = (a_codes.dtype, b_codes.dtype)
+    key = eltwise_key(instruction, stage)
+    demand_key = (key, tuple(d.str for d in dtypes), stage.out_dtype.str)
+    function = eltwise_function(instruction, stage)
+    high, low = a_codes.view(np.uint8), b_codes.view(np.uint8)
+    index = np.empty(out.shape, np.uint16)
+
+    def lookup() -> None:
+        if not table_pays(demand_key, out.size, 256 * 256):
+            direct()
+            return
+        table = function_table(function, stage.out_dtype, dtypes, key)
+        np.left_shift(high, 8, out=index, dtype=np.uint16)
+        np.bitwise_or(index, low, out=index)
+        np.take(table, index, out=out, mode="wrap")
+
+    return lookup
 
 
 def _eltwise_lookup(
