@@ -55,6 +55,7 @@ from compiler.runtime.emulator_ops import (
     PARALLEL_ELEMENTS,
     EmulatorError,
     MemoryPort,
+    _ChannelLastTaps,
     _DepthwiseTaps,
     _exact_dtype,
     _in_place,
@@ -72,6 +73,7 @@ from compiler.runtime.emulator_ops import (
     conv_geometry,
     conv_stage,
     conv_weights,
+    depthwise_channel_last,
     eltwise_acc,
     eltwise_function,
     eltwise_key,
@@ -196,9 +198,35 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
     dtype = _exact_dtype(_largest_value(_code_range(instruction.input), zero_point, weights.mass))
     top, left, bottom, right = instruction.pads
     batch, channels, height, width = instruction.input.shape
-    x = np.zeros((batch, channels, height + top + bottom, width + left + right), dtype)
-    inside = x[:, :, top : top + height, left : left + width]
+    padded = (height + top + bottom, width + left + right)
     codes = memory.place(instruction.input)
+    if depthwise_channel_last(geometry):
+        # Channel-last input and accumulators (`execute_conv` takes the same path): the
+        # stage writes codes in that layout, which are then transposed into the target.
+        x = np.zeros((batch, *padded, channels), dtype).transpose(0, 3, 1, 2)
+        inside = x[:, :, top : top + height, left : left + width]
+        kh, kw = geometry.kernel
+        taps = _ChannelLastTaps(
+            x,
+            weights.astype(dtype).reshape(channels, kh, kw),
+            instruction.strides,
+            instruction.dilations,
+            geometry.out_hw,
+        )
+        last = np.empty((batch, *geometry.out_hw, channels), target.dtype).transpose(0, 3, 1, 2)
+        apply_last = _stage_into(stage, last, overwrite=True)
+        if apply_last is None:
+            return None
+        rows, everything = range(geometry.out_hw[0]), slice(None)
+
+        def depthwise() -> None:
+            np.subtract(codes, zero_point, out=inside, dtype=dtype)
+            apply_last(taps.rows(everything, rows))
+            np.copyto(target, last)
+
+        return depthwise
+    x = np.zeros((batch, channels, *padded), dtype)
+    inside = x[:, :, top : top + height, left : left + width]
     accumulate = _conv_accumulator(instruction, x, weights, dtype)
 
     def conv() -> None:
