@@ -6,7 +6,7 @@ large tensors, which the small hypothesis cases of test_emulator_compute / test_
 never reach. Here those same reference comparisons run again with blocks of a few elements,
 tables for every size (one-code tables looked up two codes at a time, straight into strided
 destinations), tap products for every single-image, single-group CONV with a spatial kernel and
-scalar tap sums for every depthwise CONV with one output per channel, so each case crosses many
+broadcast tap sums for every depthwise CONV with one output per channel, so each case crosses many
 block boundaries (CONV row and channel blocks, per-channel tables split between blocks, HWC and
 HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE and LUT is a table lookup. The rest checks what an ELF's decoded program and its CONST-derived
 values, kept between runs, may not change: results, byte counts, and the cached values
@@ -430,7 +430,7 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     seed: int,
     data: st.DataObject,
 ) -> None:
-    """`_DepthwiseTaps` (per-channel products of tap columns, or scalar tap sums) and, for one
+    """`_DepthwiseTaps` (per-channel products of tap columns, or broadcast tap sums) and, for one
     image and one output per channel, `_ChannelLastTaps` (on a channel-last input) equal the
     direct integer sum out[n, g, m, h, w] = sum x[n, g, h*sh + i*dh, w*sw + j*dw] *
     weight[g, m, i, j] for any block of channels and run of output rows."""

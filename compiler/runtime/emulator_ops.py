@@ -1057,9 +1057,9 @@ def _pitched(flat: np.ndarray, rows: int, pitch: int, width: int) -> np.ndarray:
 
 SCALAR_TAP_OUTPUTS = 1 << 13
 """Outputs per channel and block from which a depthwise CONV with one output per channel sums
-each channel's taps in numpy, each a shifted slice times a scalar weight (two passes per tap
-that run at full speed on such long slices), instead of copying tap columns for a matrix
-product (`_DepthwiseTaps.rows`)."""
+its taps in numpy, each the block's shifted slices times their channels' weights (two
+broadcasting passes per tap that run at full speed on such long slices), instead of copying
+tap columns for a matrix product (`_DepthwiseTaps.rows`)."""
 
 
 class _DepthwiseTaps:
@@ -1120,14 +1120,13 @@ class _DepthwiseTaps:
         acc = _scratch("depthwise-acc", shape, weight.dtype)
         if group_out == 1 and span >= SCALAR_TAP_OUTPUTS:
             valid = acc[:, :, 0, :span]
-            product = _scratch("depthwise-product", (batch, span), weight.dtype)
-            for channel in range(count):
-                for tap, (phase, start) in enumerate(self.reads):
-                    operand = lines[phase][:, channel, start : start + span]
-                    scale = weight[channel, 0, tap]
-                    np.multiply(operand, scale, out=product if tap else valid[:, channel])
-                    if tap:
-                        valid[:, channel] += product
+            product = _scratch("depthwise-product", (batch, count, span), weight.dtype)
+            for tap, (phase, start) in enumerate(self.reads):
+                operand = lines[phase][:, :, start : start + span]
+                scale = weight[None, :, 0, tap, None]
+                np.multiply(operand, scale, out=product if tap else valid)
+                if tap:
+                    valid += product
             return acc[..., :span]
         cols = _scratch("depthwise-cols", (batch, count, taps, span), weight.dtype)
         for tap, (phase, start) in enumerate(self.reads):
