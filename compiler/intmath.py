@@ -289,7 +289,10 @@ def laid_out_like(like: np.ndarray, empty: Callable[[tuple[int, ...]], np.ndarra
     """An array of like's shape with like's memory order (largest stride outermost): `empty`
     (a function of a shape that returns a C-contiguous array of it) of like's axes in that
     order, transposed back."""
-    order = sorted(range(like.ndim), key=lambda axis: -abs(like.strides[axis]))
+    strides = [abs(stride) for stride in like.strides]
+    if all(outer >= inner for outer, inner in zip(strides[:-1], strides[1:], strict=True)):
+        return empty(like.shape)
+    order = sorted(range(like.ndim), key=lambda axis: -strides[axis])
     array = empty(tuple(like.shape[axis] for axis in order))
     return array.transpose(np.argsort(order))
 

@@ -907,9 +907,18 @@ def _largest_value(codes: np.ndarray, zero_point: int, weight_mass: int) -> int:
     """
     if codes.size == 0:
         return max(abs(zero_point), weight_mass)
-    low, high = int(codes.min()), int(codes.max())
-    centred = max(abs(low - zero_point), abs(high - zero_point))
-    return max(abs(low), abs(high), abs(zero_point), weight_mass, centred * max(weight_mass, 1))
+
+    def bound(low: int, high: int) -> int:
+        centred = max(abs(low - zero_point), abs(high - zero_point))
+        return max(abs(low), abs(high), abs(zero_point), weight_mass, centred * max(weight_mass, 1))
+
+    if codes.dtype.kind in "iu":
+        # Every code of the dtype bounds the codes too: where that already picks float32,
+        # the two passes of min and max over the codes cannot pick anything cheaper.
+        every_code = bound(*_dtype_range(codes.dtype))
+        if every_code <= FLOAT32_EXACT:
+            return every_code
+    return bound(int(codes.min()), int(codes.max()))
 
 
 def _weight_mass(weight: np.ndarray, axes: tuple[int, ...]) -> int:
