@@ -196,6 +196,9 @@ def test_values_derived_from_constants_are_read_only() -> None:
             arrays = list(value.tables())
         elif isinstance(value, dict):  # a fused stage's tables per block of the result
             arrays = [table for tables in value.values() for table in tables]
+        elif isinstance(value, emulator_ops._OutputStage):
+            tables = (value.multiplier, value.shift, value.bias)
+            arrays = [table for table in tables if isinstance(table, np.ndarray)]
         else:
             arrays = [value.values, value.astype(np.float32)]
         for array in arrays:

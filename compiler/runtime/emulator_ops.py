@@ -561,7 +561,43 @@ class _OutputStage:
         """The stage of a rank-`ndim` result; `bias` (a tensor of `channels` values) and
         per-channel tables apply along axis 1. The result has the dtype of `target` when
         [low, high] fits it (narrowing then loses nothing, and a write still range-checks),
-        else int64."""
+        else int64.
+
+        With every table a CONST tensor (which no instruction can change) the stage is made
+        once per program (`MemoryPort.constant`), its tables still read, and counted, on
+        every call: making it again took some 60 µs per CONV."""
+        operands = [t for t in (requant.multiplier, requant.shift, bias) if isinstance(t, Tensor)]
+        built: list[bool] = []
+
+        def build() -> _OutputStage:
+            built.append(True)
+            return cls._build(
+                memory, requant, ndim, per_channel, bias, channels, zero_point, target
+            )
+
+        if not operands or any(t.space != Space.CONST for t in operands):
+            return build()
+        dtype = None if target is None else target.dtype.numpy.str
+        key = ("stage object", requant, bias, ndim, per_channel, channels, zero_point, dtype)
+        stage = memory.constant(operands[0], key, build)
+        if not built:
+            for tensor in operands:
+                _int64(memory, tensor)
+        return stage
+
+    @classmethod
+    def _build(
+        cls,
+        memory: MemoryPort,
+        requant: Requant,
+        ndim: int,
+        per_channel: bool,
+        bias: Tensor | None,
+        channels: int,
+        zero_point: int,
+        target: Tensor | None,
+    ) -> _OutputStage:
+        """`read`'s stage, made from its tables."""
         multiplier = _table(memory, requant.multiplier)
         shift = _table(memory, requant.shift)
         if per_channel:
