@@ -449,7 +449,8 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     rows = range(first, data.draw(st.integers(first + 1, out_hw[0])))
     if last and batch == 1 and group_out == 1:
         channel_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-        taps = emulator_ops._ChannelLastTaps(channel_last, weight[:, 0], strides, dilations, out_hw)
+        windows = emulator_ops._windows(channel_last, kernel, strides, dilations)[0]
+        taps = emulator_ops._ChannelLastTaps(windows, weight[:, 0])
         result = taps.rows(part, rows)[:, :, None]
     else:
         with pytest.MonkeyPatch.context() as patch:

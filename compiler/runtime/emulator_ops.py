@@ -1215,46 +1215,31 @@ def depthwise_channel_last(geometry: ConvGeometry) -> bool:
 
 
 class _ChannelLastTaps:
-    """A depthwise CONV (one input channel and one output per group) on a channel-last input,
-    as one `np.einsum` over a strided view of its kernel windows: out[h, w, c] =
-    sum_ij x[h·sh + i·dh, w·sw + j·dw, c] · weight[i, j, c], no window copied. einsum's loops
-    run over the channels, contiguous in the input, the weights and the result, and
-    multiply-add without a temporary (two numpy passes per tap otherwise).
+    """A depthwise CONV (one input channel and one output per group) of one image on a
+    channel-last input, as one `np.einsum` over the view of its kernel windows (`_windows`):
+    out[h, w, c] = sum_ij x[c, h·sh + i·dh, w·sw + j·dw] · weight[c, i, j], no window copied.
+    einsum's loops run over the channels, contiguous in the input, the weights and the
+    result, and multiply-add without a temporary (two numpy passes per tap otherwise).
 
     The sums are exact for the same reason as im2col's product (`_exact_dtype`: every partial
     sum, in any order and at float32 or higher precision, is an integer bounded by the weight
     mass times the largest centred code).
     """
 
-    def __init__(
-        self,
-        x: np.ndarray,
-        weight: np.ndarray,
-        strides: tuple[int, int],
-        dilations: tuple[int, int],
-        out_hw: tuple[int, int],
-    ) -> None:
-        x = x.transpose(0, 2, 3, 1)[0]
-        channels, kh, kw = weight.shape
-        (sh, sw), (dh, dw) = strides, dilations
-        rows, cols, lane = x.strides
-        self.windows = np.lib.stride_tricks.as_strided(
-            x,
-            (*out_hw, kh, kw, channels),
-            (sh * rows, sw * cols, dh * rows, dw * cols, lane),
-            writeable=False,
-        )
-        self.weight = np.ascontiguousarray(weight.transpose(1, 2, 0))
+    def __init__(self, windows: np.ndarray, weight: np.ndarray) -> None:
+        """`windows`: the (C, Ho, Wo, kh, kw) kernel windows of the image, channel-last in
+        memory; `weight`: (C, kh, kw)."""
+        self.windows = windows
+        self.weight = np.ascontiguousarray(weight.transpose(1, 2, 0)).transpose(2, 0, 1)
 
     def rows(self, channels: slice, rows: range) -> np.ndarray:
         """The (1, len(channels), len(rows), wo) accumulators of a block of channels and a run of
         output rows, laid out channel-last."""
-        windows = self.windows[rows.start : rows.stop, ..., channels]
-        weight = self.weight[..., channels]
-        acc = _scratch(
-            "channel-last-acc", (len(rows), windows.shape[1], weight.shape[-1]), weight.dtype
-        )
-        np.einsum("hwijc,ijc->hwc", windows, weight, out=acc)
+        windows = self.windows[channels, rows.start : rows.stop]
+        weight = self.weight[channels]
+        shape = (len(rows), windows.shape[2], weight.shape[0])
+        acc = _scratch("channel-last-acc", shape, weight.dtype)
+        np.einsum("chwij,cij->hwc", windows, weight, out=acc)
         return acc.transpose(2, 0, 1)[None]
 
 
@@ -1440,7 +1425,8 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
 
     if depthwise_last:
         last_taps = _ChannelLastTaps(
-            x, weights.astype(dtype).reshape(group, kh, kw), strides, dilations, (ho, wo)
+            _windows(x, (kh, kw), strides, dilations)[0],
+            weights.astype(dtype).reshape(group, kh, kw),
         )
         step = _step(ho, out_channels * wo, out_channels * ho * wo)
         blocks = [

@@ -207,11 +207,8 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
         inside = x[:, :, top : top + height, left : left + width]
         kh, kw = geometry.kernel
         taps = _ChannelLastTaps(
-            x,
+            _windows(x, (kh, kw), instruction.strides, instruction.dilations)[0],
             weights.astype(dtype).reshape(channels, kh, kw),
-            instruction.strides,
-            instruction.dilations,
-            geometry.out_hw,
         )
         last = np.empty((batch, *geometry.out_hw, channels), target.dtype).transpose(0, 3, 1, 2)
         apply_last = _stage_into(stage, last, overwrite=True)
