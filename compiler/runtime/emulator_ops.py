@@ -16,13 +16,18 @@ Speed without changing a bit (the emulator runs whole networks):
   sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
   copies less), or, for depthwise, one product per channel of its weights and its tap columns,
   contiguous slices of its flattened rows (`_DepthwiseTaps`);
+* a CONV with more channels than output positions computes channel-last (`_channel_last`),
+  and so does a depthwise one of 64 channels or more, as one einsum over the kernel windows
+  of its channel-last input (`_ChannelLastTaps`): numpy's passes then loop over runs of
+  channels instead of short runs of positions;
 * output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
-  produced them, as `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and
-  tested equal to `compiler.intmath.requantize_clamp`) where it applies, else as that
-  definition;
+  produced them (over the contiguous pitch-wide rows of tap sums, `_pitched_stage`), as
+  `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and tested equal to
+  `compiler.intmath.requantize_clamp`) where it applies, else as that definition; a CONV's
+  codes go straight into its destination;
 * elementwise functions of 8-bit codes (MOVE rescale, ELTWISE, LUT) are evaluated once per
-  possible code (pair) and gathered (`_tabulated`), straight into the destination where its
-  layout allows; an ELTWISE operand that holds one code (a broadcast constant) leaves a
+  possible code (pair) and gathered (`_tabulated`, once the table pays over the runs:
+  `table_pays`), straight into the destination where its layout allows; an ELTWISE operand that holds one code (a broadcast constant) leaves a
   function of one code, whose table is looked up two codes at a time (`_pairs`); tables keyed
   by their parameters are kept;
 * what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
@@ -1198,8 +1203,8 @@ def _channel_last(batch: int, channels: int, out_hw: tuple[int, int]) -> bool:
 DEPTHWISE_LAST_CHANNELS = 64
 """A single-image depthwise CONV (one output per channel) with at least this many channels
 computes channel-last (`_ChannelLastTaps`) whatever its map size: its einsum loops over the
-channels, which is as fast as the channel-first tap columns and products take per output
-only from some 64 channels on (measured: 3x3, 96 channels at stride 2, 144 at stride 1 or 2:
+channels, and from some 64 of them on that takes less time per output than the channel-first
+tap columns and products (measured, 3x3: 96 channels at stride 2, 144 at stride 1 or 2,
 about half the time, input transposition included; 32 channels at 112x112: slower)."""
 
 
