@@ -88,9 +88,10 @@ def tiny_blocks_and_tables_everywhere():
 
 @pytest.mark.parametrize("ratio", [0, 10**9], ids=["channel-last", "channel-first"])
 def test_conv_in_blocks_channel_first_and_last(ratio: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every single-image CONV channel-last (its products and stage on (positions, channels)
-    blocks, depthwise ones as tap sums of strided windows), then every one channel-first."""
+    """Every single-image depthwise CONV with one output per channel channel-last (its tap
+    sums and stage on (positions, channels) blocks), then every one channel-first."""
     monkeypatch.setattr(emulator_ops, "CHANNEL_LAST_RATIO", ratio)
+    monkeypatch.setattr(emulator_ops, "DEPTHWISE_LAST_CHANNELS", 10**9 if ratio else 0)
     test_conv_in_blocks()
 
 

@@ -16,10 +16,10 @@ Speed without changing a bit (the emulator runs whole networks):
   sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
   copies less), or, for depthwise, one product per channel of its weights and its tap columns,
   contiguous slices of its flattened rows (`_DepthwiseTaps`);
-* a CONV with more channels than output positions computes channel-last (`_channel_last`),
-  and so does a depthwise one of 64 channels or more, as one einsum over the kernel windows
-  of its channel-last input (`_ChannelLastTaps`): numpy's passes then loop over runs of
-  channels instead of short runs of positions;
+* a depthwise CONV of 64 channels or more, or of more channels than output positions,
+  computes channel-last, as one einsum over the kernel windows of its channel-last input
+  (`_ChannelLastTaps`): numpy's passes then loop over runs of channels instead of short runs
+  of positions;
 * output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
   produced them (over the contiguous pitch-wide rows of tap sums, `_pitched_stage`), as
   `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and tested equal to
@@ -1186,18 +1186,13 @@ class _DepthwiseTaps:
 
 
 CHANNEL_LAST_RATIO = 1
-"""A single-image CONV computes channel-last (`_channel_last`) when its output has more than
-this many channels per output position (a 14x14 or 7x7 map of a few hundred channels)."""
-
-
-def _channel_last(batch: int, channels: int, out_hw: tuple[int, int]) -> bool:
-    """Whether a CONV's accumulators and output stage run channel-last, as (positions,
-    channels) blocks: numpy's passes loop over the innermost axis of their operands at some
-    0.1-0.2 µs per run, and channel-first a run is one channel's part of the block (ho·wo
-    positions at most: 49 for a 7x7 map, several µs per channel and pass over a stage of five
-    passes), channel-last one position's channels. The codes are then transposed once into the
-    channel-first destination (a fraction of one pass)."""
-    return batch == 1 and channels > CHANNEL_LAST_RATIO * out_hw[0] * out_hw[1]
+"""A single-image depthwise CONV computes channel-last (`depthwise_channel_last`) when its
+output has more than this many channels per output position (a 14x14 or 7x7 map of a few
+hundred channels): numpy's passes loop over the innermost axis of their operands at some
+0.1-0.2 µs per run, and channel-first a run is one channel's part of a block (ho·wo
+positions at most: 49 for a 7x7 map), channel-last one position's channels. (Dense CONVs
+stay channel-first: computed channel-last, a 1x1 CONV of a 14x14 or 7x7 map measured 10-20%
+slower, its transposed product and codes costing more than the short runs.)"""
 
 
 DEPTHWISE_LAST_CHANNELS = 64
@@ -1210,12 +1205,15 @@ about half the time, input transposition included; 32 channels at 112x112: slowe
 
 def depthwise_channel_last(geometry: ConvGeometry) -> bool:
     """Whether a CONV is depthwise with one output per channel and computes channel-last
-    (`_ChannelLastTaps`): for one image, with `DEPTHWISE_LAST_CHANNELS` channels or more, or
-    more channels than output positions (`_channel_last`)."""
+    (`_ChannelLastTaps`, its output stage on (positions, channels) blocks whose codes are then
+    transposed once into the destination): for one image, with `DEPTHWISE_LAST_CHANNELS`
+    channels or more, or more than `CHANNEL_LAST_RATIO` channels per output position."""
     if geometry.channels != geometry.group or geometry.group_out != 1 or geometry.batch != 1:
         return False
-    return geometry.channels >= DEPTHWISE_LAST_CHANNELS or _channel_last(
-        geometry.batch, geometry.out_channels, geometry.out_hw
+    positions = geometry.out_hw[0] * geometry.out_hw[1]
+    return (
+        geometry.channels >= DEPTHWISE_LAST_CHANNELS
+        or geometry.channels > CHANNEL_LAST_RATIO * positions
     )
 
 
@@ -1420,7 +1418,6 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
-    last = _channel_last(batch, out_channels, (ho, wo))
     depthwise_last = depthwise_channel_last(geometry)
     x = _centred_as(
         codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
@@ -1499,8 +1496,6 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             rows = range(ho)[block[2]]
             window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
             cols = _im2col(window, (kh, kw), strides, dilations)
-            if last and group == 1:
-                return _channel_last_product(weight[0], cols)
             out = None
             if batch == 1:
                 out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
@@ -1549,17 +1544,6 @@ def _pitched_stage(
     work = _scratch("pitched-stage", (acc.size,), np.int64)
     stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work, overwrite=True)
     np.copyto(out, _pitched(codes, out.shape[2], pitch, out.shape[3]))
-
-
-def _channel_last_product(weight: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """The (1, M, rows, wo) accumulators of one image's (1, C, kh, kw, rows, wo) im2col
-    columns and an (M, C·kh·kw) weight, computed channel-last: (rows·wo, C·kh·kw) columns
-    times the transposed weight, both transposed views that BLAS reads as they are."""
-    rows, wo = cols.shape[-2:]
-    depth = weight.shape[1]
-    acc = _scratch("channel-last-gemm", (rows * wo, weight.shape[0]), weight.dtype)
-    np.matmul(cols.reshape(depth, rows * wo).T, weight.T, out=acc)
-    return acc.T.reshape(1, -1, rows, wo)
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:
