@@ -68,6 +68,19 @@ def test_planned_eltwise_looks_up_every_code_pair(monkeypatch: pytest.MonkeyPatc
     test_eltwise_matches_reference()
 
 
+def test_a_kept_table_pays_over_the_evaluations_under_its_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(emulator_ops, "TABLE_FACTOR", 2)
+    monkeypatch.setattr(emulator_ops, "_DEMAND", {})
+    assert not emulator_ops.table_pays(("kept", 1), 300, 256)
+    assert emulator_ops.table_pays(("kept", 1), 300, 256)  # 600 elements >= 2 per entry
+    assert not emulator_ops.table_pays(("kept", 2), 300, 256)
+    assert not emulator_ops.table_pays(None, 300, 256)  # not kept: each evaluation alone
+    assert not emulator_ops.table_pays(None, 300, 256)
+    assert emulator_ops.table_pays(None, 512, 256)
+
+
 def test_a_planned_image_holds_no_state_between_runs() -> None:
     (data,) = _programs("plain_cnn")
     first = Emulator(data)
