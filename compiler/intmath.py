@@ -285,6 +285,18 @@ ExactTables = tuple[np.ndarray, ...]
 """(lower, upper, scale, offset, total_shift, lower32, upper32) of a `FusedOutputStage`."""
 
 
+def laid_out_like(like: np.ndarray, empty: Callable[[tuple[int, ...]], np.ndarray]) -> np.ndarray:
+    """An array of like's shape with like's memory order (largest stride outermost): `empty`
+    (a function of a shape that returns a C-contiguous array of it) of like's axes in that
+    order, transposed back."""
+    strides = [abs(stride) for stride in like.strides]
+    if all(outer >= inner for outer, inner in zip(strides[:-1], strides[1:], strict=True)):
+        return empty(like.shape)
+    order = sorted(range(like.ndim), key=lambda axis: -strides[axis])
+    array = empty(tuple(like.shape[axis] for axis in order))
+    return array.transpose(np.argsort(order))
+
+
 @dataclass(frozen=True)
 class FusedOutputStage:
     """`requantize_clamp(acc + addend, M, n, "sima", zero_point, low, high)` in four passes.
@@ -462,12 +474,14 @@ class FusedOutputStage:
         return lambda acc: self._run(acc, x, codes, tables, overwrite)
 
     def _work(self, out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """The intermediate array (in `scratch` if given) and out's codes as `code_dtype`."""
+        """The intermediate array (in `scratch` if given), laid out in out's memory order (so
+        that every pass walks all its operands in one order, also when out is a transposed
+        view), and out's codes as `code_dtype`."""
         carrier = np.float64 if self.exact_float else np.int64
         if scratch is None:
-            x = np.empty(out.shape, dtype=carrier)
+            x = laid_out_like(out, lambda shape: np.empty(shape, dtype=carrier))
         else:
-            x = scratch[: out.size].view(carrier).reshape(out.shape)
+            x = laid_out_like(out, lambda shape: scratch[: out.size].view(carrier).reshape(shape))
         return x, out.view(self.code_dtype)
 
     def _run(

@@ -214,3 +214,7 @@ def test_the_dtype_choice_follows_the_bound() -> None:
     assert emulator_ops._largest_value(codes, 127, 10) == 2550
     assert emulator_ops._largest_value(codes, 127, 0) == 255
     assert emulator_ops._largest_value(np.array([2**30], np.int32), 2**30, 1) == 2**30
+    # Every code of the dtype bounds the codes when that picks float32 (no pass over them);
+    # otherwise the codes' own range does.
+    assert emulator_ops._largest_value(np.zeros(3, np.int8), 0, 10) == 1280
+    assert emulator_ops._largest_value(np.array([-3, 4], np.int16), 0, 1000) == 4000

@@ -6,7 +6,7 @@ large tensors, which the small hypothesis cases of test_emulator_compute / test_
 never reach. Here those same reference comparisons run again with blocks of a few elements,
 tables for every size (one-code tables looked up two codes at a time, straight into strided
 destinations), tap products for every single-image, single-group CONV with a spatial kernel and
-scalar tap sums for every depthwise CONV with one output per channel, so each case crosses many
+broadcast tap sums for every depthwise CONV with one output per channel, so each case crosses many
 block boundaries (CONV row and channel blocks, per-channel tables split between blocks, HWC and
 HWC16 destinations) and every 8-bit MOVE rescale, ELTWISE and LUT is a table lookup. The rest checks what an ELF's decoded program and its CONST-derived
 values, kept between runs, may not change: results, byte counts, and the cached values
@@ -84,6 +84,15 @@ def tiny_blocks_and_tables_everywhere():
         # Planned steps compute a small result as one block; these cases need the blocks.
         patch.setattr(emulator_plans, "PLANNED", False)
         yield
+
+
+@pytest.mark.parametrize("ratio", [0, 10**9], ids=["channel-last", "channel-first"])
+def test_conv_in_blocks_channel_first_and_last(ratio: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every single-image depthwise CONV with one output per channel channel-last (its tap
+    sums and stage on (positions, channels) blocks), then every one channel-first."""
+    monkeypatch.setattr(emulator_ops, "CHANNEL_LAST_RATIO", ratio)
+    monkeypatch.setattr(emulator_ops, "DEPTHWISE_LAST_CHANNELS", 10**9 if ratio else 0)
+    test_conv_in_blocks()
 
 
 def test_blocks_tile_the_result_exactly() -> None:
@@ -186,6 +195,11 @@ def test_values_derived_from_constants_are_read_only() -> None:
             arrays = [value]
         elif isinstance(value, FusedOutputStage):
             arrays = list(value.tables())
+        elif isinstance(value, dict):  # a fused stage's tables per block of the result
+            arrays = [table for tables in value.values() for table in tables]
+        elif isinstance(value, emulator_ops._OutputStage):
+            tables = (value.multiplier, value.shift, value.bias)
+            arrays = [table for table in tables if isinstance(table, np.ndarray)]
         else:
             arrays = [value.values, value.astype(np.float32)]
         for array in arrays:
@@ -403,6 +417,7 @@ def test_lookups_write_strided_and_aliased_destinations(layout: str, in_place: b
     strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
     dilations=st.tuples(st.integers(1, 2), st.integers(1, 2)),
     scalar=st.booleans(),
+    last=st.booleans(),
     seed=st.integers(0, 2**16),
     data=st.data(),
 )
@@ -415,10 +430,12 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     strides: tuple[int, int],
     dilations: tuple[int, int],
     scalar: bool,
+    last: bool,
     seed: int,
     data: st.DataObject,
 ) -> None:
-    """`_DepthwiseTaps` (per-channel products of tap columns, or scalar tap sums) equals the
+    """`_DepthwiseTaps` (per-channel products of tap columns, or broadcast tap sums) and, for one
+    image and one output per channel, `_ChannelLastTaps` (on a channel-last input) equal the
     direct integer sum out[n, g, m, h, w] = sum x[n, g, h*sh + i*dh, w*sw + j*dw] *
     weight[g, m, i, j] for any block of channels and run of output rows."""
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
@@ -431,10 +448,16 @@ def test_depthwise_taps_sum_every_tap_of_every_block(
     part = slice(first_group, data.draw(st.integers(first_group + 1, groups)))
     first = data.draw(st.integers(0, out_hw[0] - 1))
     rows = range(first, data.draw(st.integers(first + 1, out_hw[0])))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar else 10**9)
-        taps = emulator_ops._DepthwiseTaps(x, weight, strides, dilations, out_hw)
-        result = taps.rows(part, rows)
+    if last and batch == 1 and group_out == 1:
+        channel_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        windows = emulator_ops._windows(channel_last, kernel, strides, dilations)[0]
+        taps = emulator_ops._ChannelLastTaps(windows, weight[:, 0])
+        result = taps.rows(part, rows)[:, :, None]
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(emulator_ops, "SCALAR_TAP_OUTPUTS", 0 if scalar else 10**9)
+            taps = emulator_ops._DepthwiseTaps(x, weight, strides, dilations, out_hw)
+            result = taps.rows(part, rows)
     codes = x.astype(np.int64)[:, part]
     expected = np.zeros((batch, codes.shape[1], group_out, len(rows), out_hw[1]), np.int64)
     for i in range(kernel[0]):

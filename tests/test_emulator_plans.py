@@ -16,9 +16,10 @@ import pytest
 from compiler.archive import read_archive
 from compiler.compile import compile_model
 from compiler.isa import Conv, Move, Requant, Space
-from compiler.runtime import emulator_plans
+from compiler.runtime import emulator_ops, emulator_plans
 from compiler.runtime.emulator import Emulator, EmulatorError
 from tests.lower_support import load_example
+from tests.test_emulator_compute import test_eltwise_matches_reference
 from tests.test_emulator_support import Codegen, random_codes
 
 EXAMPLES = ["plain_cnn", "yolo_head", "yolov5_head", "transformer_block", "cnn_with_topk"]
@@ -58,6 +59,26 @@ def test_planned_programs_equal_the_executors(name: str, monkeypatch) -> None:
             np.testing.assert_array_equal(value, expected[key])
         assert planned.stats.bytes_read == executed.stats.bytes_read
         assert planned.stats.bytes_written == executed.stats.bytes_written
+
+
+def test_planned_eltwise_looks_up_every_code_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference comparisons of ELTWISE with every planned step of two 8-bit operands a
+    lookup in the table of every code pair (it pays at once)."""
+    monkeypatch.setattr(emulator_ops, "TABLE_FACTOR", 0)
+    test_eltwise_matches_reference()
+
+
+def test_a_kept_table_pays_over_the_evaluations_under_its_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(emulator_ops, "TABLE_FACTOR", 2)
+    monkeypatch.setattr(emulator_ops, "_DEMAND", {})
+    assert not emulator_ops.table_pays(("kept", 1), 300, 256)
+    assert emulator_ops.table_pays(("kept", 1), 300, 256)  # 600 elements >= 2 per entry
+    assert not emulator_ops.table_pays(("kept", 2), 300, 256)
+    assert not emulator_ops.table_pays(None, 300, 256)  # not kept: each evaluation alone
+    assert not emulator_ops.table_pays(None, 300, 256)
+    assert emulator_ops.table_pays(None, 512, 256)
 
 
 def test_a_planned_image_holds_no_state_between_runs() -> None:

@@ -113,6 +113,12 @@ def _check(case: dict, acc: np.ndarray) -> None:
         again = np.empty_like(out)
         stage.apply(acc.copy(), again, overwrite=True)
         np.testing.assert_array_equal(again, out)
+    # Channel-last operands (transposed in memory) with a scratch buffer: the intermediate
+    # then follows out's memory order.
+    transposed = np.empty_like(out, order="F")
+    scratch = np.empty(acc.size, dtype=np.int64)
+    stage.apply(np.asfortranarray(acc), transposed, scratch=scratch, overwrite=True)
+    np.testing.assert_array_equal(transposed, out)
 
 
 @settings(max_examples=400, deadline=None)

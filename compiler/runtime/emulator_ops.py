@@ -16,13 +16,18 @@ Speed without changing a bit (the emulator runs whole networks):
   sum of one product per kernel tap reading the input in place (`_TapProducts`, when that
   copies less), or, for depthwise, one product per channel of its weights and its tap columns,
   contiguous slices of its flattened rows (`_DepthwiseTaps`);
+* a depthwise CONV of 64 channels or more, or of more channels than output positions,
+  computes channel-last, as one einsum over the kernel windows of its channel-last input
+  (`_ChannelLastTaps`): numpy's passes then loop over runs of channels instead of short runs
+  of positions;
 * output stages run in cache-sized blocks (`_blockwise`), fused with the CONV block that
-  produced them, as `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and
-  tested equal to `compiler.intmath.requantize_clamp`) where it applies, else as that
-  definition;
+  produced them (over the contiguous pitch-wide rows of tap sums, `_pitched_stage`), as
+  `compiler.intmath.FusedOutputStage` (a few in-place passes, proven and tested equal to
+  `compiler.intmath.requantize_clamp`) where it applies, else as that definition; a CONV's
+  codes go straight into its destination;
 * elementwise functions of 8-bit codes (MOVE rescale, ELTWISE, LUT) are evaluated once per
-  possible code (pair) and gathered (`_tabulated`), straight into the destination where its
-  layout allows; an ELTWISE operand that holds one code (a broadcast constant) leaves a
+  possible code (pair) and gathered (`_tabulated`, once the table pays over the runs:
+  `table_pays`), straight into the destination where its layout allows; an ELTWISE operand that holds one code (a broadcast constant) leaves a
   function of one code, whose table is looked up two codes at a time (`_pairs`); tables keyed
   by their parameters are kept;
 * what derives from read-only CONST operands (int64 tables, weight bounds, float weights, fused
@@ -54,6 +59,7 @@ from compiler.intmath import (
     divide_round_half_up,
     dtype_range,
     fp16_normalisation,
+    laid_out_like,
     lrn_accumulator,
     normalise,
     requantize,
@@ -276,15 +282,17 @@ def _blockwise(
     blocks: list[Block] | None = None,
     like: Tensor | None = None,
     pool: str | None = None,
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given)
-    filled block by block by compute(block, out, scratch), which writes result[block] into
-    `out`, over `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch`
-    is one flat buffer of 8-byte items as large as the largest block, one per thread.
+    """A result of `shape` (laid out like `like`; in the `_scratch` buffer `pool` if given; or
+    `into`, an array of that shape and dtype, such as the destination's place) filled block by
+    block by compute(block, out, scratch), which writes result[block] into `out`, over
+    `blocks` (by default `_blocks(shape)`), which must tile the result. `scratch` is one flat
+    buffer of 8-byte items as large as the largest block, one per thread.
 
     The blocks run on the emulator's threads (`parallel.for_each`): `compute` must write only
     `out` and keep its temporaries in `_scratch` buffers (which are per thread)."""
-    result = _empty(shape, dtype, like, pool)
+    result = _empty(shape, dtype, like, pool) if into is None else into
     blocks = _blocks(shape) if blocks is None else blocks
     largest = max((_block_size(shape, block) for block in blocks), default=0)
 
@@ -302,7 +310,26 @@ def _block_size(shape: tuple[int, ...], block: Block) -> int:
 
 TABLE_FACTOR = 2
 """`_tabulated` pays once the data has this many elements per table entry (building a table
-costs about one direct evaluation per entry; a gather, a fraction of one)."""
+costs about one direct evaluation per entry; a gather, a fraction of one). A kept table (one
+with a key) counts the elements of every evaluation under its key (`table_pays`)."""
+
+_DEMAND: dict[Hashable, int] = {}
+"""Elements evaluated so far per table key (`table_pays`)."""
+
+
+def table_pays(key: Hashable | None, size: int, entries: int) -> bool:
+    """Whether evaluating a function of `size` elements as a lookup in a table of `entries`
+    values pays: the data has TABLE_FACTOR elements per entry, or, for a table kept under
+    `key` (built once, then shared by every instruction and run with that key), all the
+    evaluations under that key so far, this one included, have (a residual ADD of a 56x56 map
+    runs once per frame, each time on fewer elements than a table of every code pair)."""
+    needed = TABLE_FACTOR * entries
+    if size >= needed or key is None:
+        return size >= needed
+    if len(_DEMAND) > 4 * TABLES_KEPT:
+        _DEMAND.clear()
+    _DEMAND[key] = _DEMAND.get(key, 0) + size
+    return _DEMAND[key] >= needed
 
 
 TABLES_KEPT = 1024
@@ -341,12 +368,12 @@ def _tabulated(
         return False
     shape = np.broadcast_shapes(*(c.shape for c in codes))
     size = math.prod(shape)
-    if size < TABLE_FACTOR * 256 ** len(codes):
-        return False
-    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
     full_key = None
     if key is not None:
         full_key = (key, tuple(c.dtype.str for c in codes), np.dtype(dtype).str)
+    if not table_pays(full_key, size, 256 ** len(codes)):
+        return False
+    table = function_table(function, dtype, tuple(c.dtype for c in codes), key)
     pairs = None
     if len(codes) == 1 and size >= PAIR_ELEMENTS and table.itemsize <= 2 and _LITTLE_ENDIAN:
         pairs = _kept(None if full_key is None else (full_key, "pairs"), lambda: _pairs(table))
@@ -519,6 +546,9 @@ class _OutputStage:
     zero_point: int
     out_dtype: np.dtype
     fused: FusedOutputStage | None
+    parts: dict[tuple[tuple[int | None, int | None, int | None], ...], tuple[np.ndarray, ...]]
+    """The fused tables of each block of the result seen so far (`_block_of`), kept with the
+    fused stage (per program where that is)."""
 
     @classmethod
     def read(
@@ -536,7 +566,43 @@ class _OutputStage:
         """The stage of a rank-`ndim` result; `bias` (a tensor of `channels` values) and
         per-channel tables apply along axis 1. The result has the dtype of `target` when
         [low, high] fits it (narrowing then loses nothing, and a write still range-checks),
-        else int64."""
+        else int64.
+
+        With every table a CONST tensor (which no instruction can change) the stage is made
+        once per program (`MemoryPort.constant`), its tables still read, and counted, on
+        every call: making it again took some 60 µs per CONV."""
+        operands = [t for t in (requant.multiplier, requant.shift, bias) if isinstance(t, Tensor)]
+        built: list[bool] = []
+
+        def build() -> _OutputStage:
+            built.append(True)
+            return cls._build(
+                memory, requant, ndim, per_channel, bias, channels, zero_point, target
+            )
+
+        if not operands or any(t.space != Space.CONST for t in operands):
+            return build()
+        dtype = None if target is None else target.dtype.numpy.str
+        key = ("stage object", requant, bias, ndim, per_channel, channels, zero_point, dtype)
+        stage = memory.constant(operands[0], key, build)
+        if not built:
+            for tensor in operands:
+                _int64(memory, tensor)
+        return stage
+
+    @classmethod
+    def _build(
+        cls,
+        memory: MemoryPort,
+        requant: Requant,
+        ndim: int,
+        per_channel: bool,
+        bias: Tensor | None,
+        channels: int,
+        zero_point: int,
+        target: Tensor | None,
+    ) -> _OutputStage:
+        """`read`'s stage, made from its tables."""
         multiplier = _table(memory, requant.multiplier)
         shift = _table(memory, requant.shift)
         if per_channel:
@@ -574,9 +640,11 @@ class _OutputStage:
         elif all(t.space == Space.CONST for t in operands):
             key = ("stage", requant, bias, ndim, per_channel, zero_point, out_dtype.str)
             fused = memory.constant(operands[0], key, prepare)
+            parts = memory.constant(operands[0], (*key, "parts"), dict)
+            return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, parts)
         else:
             fused = prepare()
-        return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused)
+        return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, {})
 
     def blockwise(self, shape: tuple[int, ...]) -> bool:
         """Whether the tables broadcast to `shape` (else one whole evaluation decides what
@@ -629,7 +697,10 @@ class _OutputStage:
                 out = np.empty(acc.shape, dtype=self.out_dtype)
             tables = None
             if block is not None and any(part != _WHOLE for part in block):
-                tables = tuple(_block_of(t, block) for t in fused.tables())
+                key = tuple((part.start, part.stop, part.step) for part in block)
+                tables = self.parts.get(key)
+                if tables is None:
+                    tables = self.parts[key] = tuple(_block_of(t, block) for t in fused.tables())
             return fused.apply(acc, out, tables, scratch, overwrite=overwrite)
         result = self._definition(acc, block)
         if out is None:
@@ -877,9 +948,18 @@ def _largest_value(codes: np.ndarray, zero_point: int, weight_mass: int) -> int:
     """
     if codes.size == 0:
         return max(abs(zero_point), weight_mass)
-    low, high = int(codes.min()), int(codes.max())
-    centred = max(abs(low - zero_point), abs(high - zero_point))
-    return max(abs(low), abs(high), abs(zero_point), weight_mass, centred * max(weight_mass, 1))
+
+    def bound(low: int, high: int) -> int:
+        centred = max(abs(low - zero_point), abs(high - zero_point))
+        return max(abs(low), abs(high), abs(zero_point), weight_mass, centred * max(weight_mass, 1))
+
+    if codes.dtype.kind in "iu":
+        # Every code of the dtype bounds the codes too: where that already picks float32,
+        # the two passes of min and max over the codes cannot pick anything cheaper.
+        every_code = bound(*_dtype_range(codes.dtype))
+        if every_code <= FLOAT32_EXACT:
+            return every_code
+    return bound(int(codes.min()), int(codes.max()))
 
 
 def _weight_mass(weight: np.ndarray, axes: tuple[int, ...]) -> int:
@@ -920,9 +1000,12 @@ def _centred_as(
     dtype: type,
     pads: tuple[int, int, int, int] | None = None,
     pool: str | None = None,
+    *,
+    channel_last: bool = False,
 ) -> np.ndarray:
     """codes - zero_point in `dtype`, zero-padded (N, C, H, W) -> (N, C, H + t + b, W + l + r),
-    in the `_scratch` buffer `pool` if given.
+    in the `_scratch` buffer `pool` if given; with `channel_last`, laid out as
+    (N, H + t + b, W + l + r, C) in memory (the same array, transposed in place).
 
     One pass from the stored codes: the subtraction runs in `dtype` (never in the codes' own
     narrow type, where it would wrap), and the padding holds centred 0, i.e. the zero point.
@@ -935,7 +1018,12 @@ def _centred_as(
         raise EmulatorError(f"negative padding {pads}")
     batch, channels, height, width = codes.shape
     padded = (batch, channels, height + top + bottom, width + left + right)
-    x = np.empty(padded, dtype) if pool is None else _scratch(pool, padded, dtype)
+    if channel_last:
+        memory_order = (batch, *padded[2:], channels)
+        x = _scratch(pool, memory_order, dtype) if pool else np.empty(memory_order, dtype)
+        x = x.transpose(0, 3, 1, 2)
+    else:
+        x = np.empty(padded, dtype) if pool is None else _scratch(pool, padded, dtype)
     x[:, :, :top] = 0
     x[:, :, top + height :] = 0
     x[:, :, top : top + height, :left] = 0
@@ -945,7 +1033,15 @@ def _centred_as(
     def centre(rows: slice) -> None:
         np.subtract(codes[:, :, rows], zero_point, out=inside[:, :, rows], dtype=dtype)
 
-    for_each(_row_runs(height, codes.size), centre)
+    def centre_transposed(rows: slice) -> None:
+        # The codes transposed first (one byte per element), then centred along the channel
+        # runs: half the time of one pass that converts and transposes at once.
+        part = codes[:, :, rows].transpose(0, 2, 3, 1)
+        copied = _scratch("channel-last-codes-in", part.shape, codes.dtype)
+        np.copyto(copied, part)
+        np.subtract(copied, zero_point, out=inside[:, :, rows].transpose(0, 2, 3, 1), dtype=dtype)
+
+    for_each(_row_runs(height, codes.size), centre_transposed if channel_last else centre)
     return x
 
 
@@ -1001,11 +1097,19 @@ def _stride_phases(
     return flat, pitch
 
 
+def _pitched(flat: np.ndarray, rows: int, pitch: int, width: int) -> np.ndarray:
+    """The (..., rows, width) view of rows stored `pitch` elements apart along the last axis of
+    `flat` (..., span), span = (rows - 1) * pitch + width: what the tap sums compute for every
+    column of the pitch, without the columns between the rows."""
+    strides = (*flat.strides[:-1], pitch * flat.itemsize, flat.strides[-1])
+    return np.lib.stride_tricks.as_strided(flat, (*flat.shape[:-1], rows, width), strides)
+
+
 SCALAR_TAP_OUTPUTS = 1 << 13
 """Outputs per channel and block from which a depthwise CONV with one output per channel sums
-each channel's taps in numpy, each a shifted slice times a scalar weight (two passes per tap
-that run at full speed on such long slices), instead of copying tap columns for a matrix
-product (`_DepthwiseTaps.rows`)."""
+its taps in numpy, each the block's shifted slices times their channels' weights (two
+broadcasting passes per tap that run at full speed on such long slices), instead of copying
+tap columns for a matrix product (`_DepthwiseTaps.rows`)."""
 
 
 class _DepthwiseTaps:
@@ -1046,7 +1150,14 @@ class _DepthwiseTaps:
 
     def rows(self, groups: slice, rows: range) -> np.ndarray:
         """The (N, len(groups), M/G, len(rows), wo) accumulators of a block of channels (a
-        slice of the groups) and a run of output rows. The stride phases are split from the
+        slice of the groups) and a run of output rows (a view of `padded`'s)."""
+        return _pitched(self.padded(groups, rows), len(rows), self.pitch, self.out_hw[1])
+
+    def padded(self, groups: slice, rows: range) -> np.ndarray:
+        """The accumulators of a block of channels (a slice of the groups) and a run of output
+        rows computed for every column of the pitch, as (N, len(groups), M/G, span): row r of
+        the block is [r * pitch, r * pitch + wo), the columns between hold finite sums of
+        products of the same bound (`rows` drops them). The stride phases are split from the
         input rows that block reads, while they are in cache."""
         wo, pitch, sh = self.out_hw[1], self.pitch, self.strides[0]
         window = self.x[:, groups, rows.start * sh : (rows.stop - 1) * sh + self.extent]
@@ -1059,20 +1170,80 @@ class _DepthwiseTaps:
         acc = _scratch("depthwise-acc", shape, weight.dtype)
         if group_out == 1 and span >= SCALAR_TAP_OUTPUTS:
             valid = acc[:, :, 0, :span]
-            product = _scratch("depthwise-product", (batch, span), weight.dtype)
-            for channel in range(count):
-                for tap, (phase, start) in enumerate(self.reads):
-                    operand = lines[phase][:, channel, start : start + span]
-                    scale = weight[channel, 0, tap]
-                    np.multiply(operand, scale, out=product if tap else valid[:, channel])
-                    if tap:
-                        valid[:, channel] += product
-            return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
+            product = _scratch("depthwise-product", (batch, count, span), weight.dtype)
+            for tap, (phase, start) in enumerate(self.reads):
+                operand = lines[phase][:, :, start : start + span]
+                scale = weight[None, :, 0, tap, None]
+                np.multiply(operand, scale, out=product if tap else valid)
+                if tap:
+                    valid += product
+            return acc[..., :span]
         cols = _scratch("depthwise-cols", (batch, count, taps, span), weight.dtype)
         for tap, (phase, start) in enumerate(self.reads):
             cols[:, :, tap] = lines[phase][:, :, start : start + span]
         np.matmul(weight, cols, out=acc[..., :span])
-        return acc.reshape(batch, count, group_out, len(rows), pitch)[..., :wo]
+        return acc[..., :span]
+
+
+CHANNEL_LAST_RATIO = 1
+"""A single-image depthwise CONV computes channel-last (`depthwise_channel_last`) when its
+output has more than this many channels per output position (a 14x14 or 7x7 map of a few
+hundred channels): numpy's passes loop over the innermost axis of their operands at some
+0.1-0.2 µs per run, and channel-first a run is one channel's part of a block (ho·wo
+positions at most: 49 for a 7x7 map), channel-last one position's channels. (Dense CONVs
+stay channel-first: computed channel-last, a 1x1 CONV of a 14x14 or 7x7 map measured 10-20%
+slower, its transposed product and codes costing more than the short runs.)"""
+
+
+DEPTHWISE_LAST_CHANNELS = 64
+"""A single-image depthwise CONV (one output per channel) with at least this many channels
+computes channel-last (`_ChannelLastTaps`) whatever its map size: its einsum loops over the
+channels, and from some 64 of them on that takes less time per output than the channel-first
+tap columns and products (measured, 3x3: 96 channels at stride 2, 144 at stride 1 or 2,
+about half the time, input transposition included; 32 channels at 112x112: slower)."""
+
+
+def depthwise_channel_last(geometry: ConvGeometry) -> bool:
+    """Whether a CONV is depthwise with one output per channel and computes channel-last
+    (`_ChannelLastTaps`, its output stage on (positions, channels) blocks whose codes are then
+    transposed once into the destination): for one image, with `DEPTHWISE_LAST_CHANNELS`
+    channels or more, or more than `CHANNEL_LAST_RATIO` channels per output position."""
+    if geometry.channels != geometry.group or geometry.group_out != 1 or geometry.batch != 1:
+        return False
+    positions = geometry.out_hw[0] * geometry.out_hw[1]
+    return (
+        geometry.channels >= DEPTHWISE_LAST_CHANNELS
+        or geometry.channels > CHANNEL_LAST_RATIO * positions
+    )
+
+
+class _ChannelLastTaps:
+    """A depthwise CONV (one input channel and one output per group) of one image on a
+    channel-last input, as one `np.einsum` over the view of its kernel windows (`_windows`):
+    out[h, w, c] = sum_ij x[c, h·sh + i·dh, w·sw + j·dw] · weight[c, i, j], no window copied.
+    einsum's loops run over the channels, contiguous in the input, the weights and the
+    result, and multiply-add without a temporary (two numpy passes per tap otherwise).
+
+    The sums are exact for the same reason as im2col's product (`_exact_dtype`: every partial
+    sum, in any order and at float32 or higher precision, is an integer bounded by the weight
+    mass times the largest centred code).
+    """
+
+    def __init__(self, windows: np.ndarray, weight: np.ndarray) -> None:
+        """`windows`: the (C, Ho, Wo, kh, kw) kernel windows of the image, channel-last in
+        memory; `weight`: (C, kh, kw)."""
+        self.windows = windows
+        self.weight = np.ascontiguousarray(weight.transpose(1, 2, 0)).transpose(2, 0, 1)
+
+    def rows(self, channels: slice, rows: range) -> np.ndarray:
+        """The (1, len(channels), len(rows), wo) accumulators of a block of channels and a run of
+        output rows, laid out channel-last."""
+        windows = self.windows[channels, rows.start : rows.stop]
+        weight = self.weight[channels]
+        shape = (len(rows), windows.shape[2], weight.shape[0])
+        acc = _scratch("channel-last-acc", shape, weight.dtype)
+        np.einsum("chwij,cij->hwc", windows, weight, out=acc)
+        return acc.transpose(2, 0, 1)[None]
 
 
 TAP_PRODUCT_CHANNELS = 16
@@ -1126,7 +1297,14 @@ class _TapProducts:
         self.offsets = [i * dh // sh * self.pitch + j * dw // sw for i, j, _ in self.reads]
 
     def rows(self, rows: range) -> np.ndarray:
-        """The (1, M, len(rows), wo) accumulators of a run of output rows."""
+        """The (1, M, len(rows), wo) accumulators of a run of output rows (a view of
+        `padded`'s)."""
+        return _pitched(self.padded(rows), len(rows), self.pitch, self.out_hw[1])
+
+    def padded(self, rows: range) -> np.ndarray:
+        """The (1, M, span) accumulators of a run of output rows computed for every column of
+        the pitch: row r is [r * pitch, r * pitch + wo); the columns between hold finite sums
+        of products of the same bound (`rows` drops them)."""
         wo = self.out_hw[1]
         span = (len(rows) - 1) * self.pitch + wo
         out_channels = self.taps.shape[2]
@@ -1140,8 +1318,7 @@ class _TapProducts:
             else:
                 np.matmul(self.taps[i, j], operand, out=product)
                 acc[:, :span] += product
-        grid = acc.reshape(out_channels, len(rows), self.pitch)
-        return grid[None, :, :, :wo]
+        return acc[None, :, :span]
 
 
 @dataclass(frozen=True)
@@ -1241,11 +1418,27 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
     dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
-    x = _centred_as(codes, zero_point, dtype, instruction.pads, "conv-input")
+    depthwise_last = depthwise_channel_last(geometry)
+    x = _centred_as(
+        codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
+    )
     stage = conv_stage(memory, instruction)
     everything = slice(None)
 
-    if group_channels == 1:
+    if depthwise_last:
+        last_taps = _ChannelLastTaps(
+            _windows(x, (kh, kw), strides, dilations)[0],
+            weights.astype(dtype).reshape(group, kh, kw),
+        )
+        step = _step(ho, out_channels * wo, out_channels * ho * wo)
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+
+        def accumulate(block: Block) -> np.ndarray:
+            return last_taps.rows(everything, range(ho)[block[2]])
+
+    elif group_channels == 1:
         taps = _DepthwiseTaps(
             x, weights.astype(dtype).reshape(group, group_out, kh, kw), strides, dilations, (ho, wo)
         )
@@ -1270,11 +1463,13 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
                 for g in range(0, group, step)
             ]
 
+        pitch = taps.pitch
+
         def accumulate(block: Block) -> np.ndarray:
             outputs = range(out_channels)[block[1]]
             part = slice(outputs.start // group_out, outputs.stop // group_out)
-            rows = range(ho)[block[2]]
-            return taps.rows(part, rows).reshape(batch, len(outputs), len(rows), wo)
+            acc = taps.padded(part, range(ho)[block[2]])
+            return acc.reshape(batch, len(outputs), acc.shape[-1])
 
     elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
         products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
@@ -1283,12 +1478,15 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
         ]
 
+        pitch = products.pitch
+
         def accumulate(block: Block) -> np.ndarray:
-            return products.rows(range(ho)[block[2]])
+            return products.padded(range(ho)[block[2]])
 
     else:
         depth = group_channels * kh * kw
         weight = weights.astype(dtype).reshape(group, group_out, depth)
+        pitch = wo
         step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
         blocks = [
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
@@ -1303,20 +1501,49 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
                 out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
             return column_product(weight, cols, out)
 
+    def compute(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
+        acc = accumulate(block)
+        if acc.ndim == 3:
+            _pitched_stage(stage, acc, block, out, pitch)
+        elif acc.strides[1] < acc.strides[-1]:
+            codes = laid_out_like(acc, lambda dims: _scratch("channel-last-codes", dims, out.dtype))
+            stage(acc, block, out=codes, scratch=scratch, overwrite=True)
+            np.copyto(out, codes)
+        else:
+            stage(acc, block, out=out, scratch=scratch, overwrite=True)
+
+    if stage.blockwise(shape) and stage.out_dtype == instruction.output.dtype.numpy:
+        # Every block reads only the centred copy `x`, made before the first block runs, so
+        # the codes go straight into the destination, even where it overlaps the input.
+        into = memory.target(instruction.output)
+        _blockwise(shape, stage.out_dtype, compute, blocks, into=into)
+        return
     if stage.blockwise(shape):
         result = _blockwise(
-            shape,
-            stage.out_dtype,
-            lambda block, out, scratch: stage(
-                accumulate(block), block, out=out, scratch=scratch, overwrite=True
-            ),
-            blocks,
-            like=instruction.output,
-            pool="conv-result",
+            shape, stage.out_dtype, compute, blocks, like=instruction.output, pool="conv-result"
         )
     else:
-        result = stage(accumulate((everything,) * 4), overwrite=True)
+        acc = accumulate((everything,) * 4)
+        if acc.ndim == 3:
+            acc = _pitched(acc, ho, pitch, wo)
+        result = stage(acc, overwrite=True)
     memory.write(instruction.output, result)
+
+
+def _pitched_stage(
+    stage: _OutputStage, acc: np.ndarray, block: Block, out: np.ndarray, pitch: int
+) -> None:
+    """out = stage(the (N, M, rows, wo) accumulators of a block), from the (N, M, span) tap sums
+    of its rows `pitch` apart (`_pitched`): the stage runs over the whole contiguous span, into
+    a buffer of codes whose rows are then copied out. On the (N, M, rows, wo) view itself each
+    numpy pass would loop over runs of only wo elements (7 to 112), and numpy's per-run cost
+    made the stage of a 14x14 depthwise CONV several times slower than on contiguous data. The
+    extra columns are finite integers (`padded`), and the stage is elementwise, so the rows'
+    codes are the same."""
+    codes = _scratch("pitched-codes", acc.shape, out.dtype)
+    work = _scratch("pitched-stage", (acc.size,), np.int64)
+    stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work, overwrite=True)
+    np.copyto(out, _pitched(codes, out.shape[2], pitch, out.shape[3]))
 
 
 def execute_conv_transpose(instruction: ConvTranspose, memory: MemoryPort) -> None:

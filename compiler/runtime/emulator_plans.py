@@ -55,6 +55,7 @@ from compiler.runtime.emulator_ops import (
     PARALLEL_ELEMENTS,
     EmulatorError,
     MemoryPort,
+    _ChannelLastTaps,
     _DepthwiseTaps,
     _exact_dtype,
     _in_place,
@@ -72,6 +73,7 @@ from compiler.runtime.emulator_ops import (
     conv_geometry,
     conv_stage,
     conv_weights,
+    depthwise_channel_last,
     eltwise_acc,
     eltwise_function,
     eltwise_key,
@@ -80,6 +82,7 @@ from compiler.runtime.emulator_ops import (
     lut_tables,
     move_stage,
     resize_passes,
+    table_pays,
 )
 
 PLANNED = True
@@ -195,9 +198,32 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
     dtype = _exact_dtype(_largest_value(_code_range(instruction.input), zero_point, weights.mass))
     top, left, bottom, right = instruction.pads
     batch, channels, height, width = instruction.input.shape
-    x = np.zeros((batch, channels, height + top + bottom, width + left + right), dtype)
-    inside = x[:, :, top : top + height, left : left + width]
+    padded = (height + top + bottom, width + left + right)
     codes = memory.place(instruction.input)
+    if depthwise_channel_last(geometry):
+        # Channel-last input and accumulators (`execute_conv` takes the same path): the
+        # stage writes codes in that layout, which are then transposed into the target.
+        x = np.zeros((batch, *padded, channels), dtype).transpose(0, 3, 1, 2)
+        inside = x[:, :, top : top + height, left : left + width]
+        kh, kw = geometry.kernel
+        taps = _ChannelLastTaps(
+            _windows(x, (kh, kw), instruction.strides, instruction.dilations)[0],
+            weights.astype(dtype).reshape(channels, kh, kw),
+        )
+        last = np.empty((batch, *geometry.out_hw, channels), target.dtype).transpose(0, 3, 1, 2)
+        apply_last = _stage_into(stage, last, overwrite=True)
+        if apply_last is None:
+            return None
+        rows, everything = range(geometry.out_hw[0]), slice(None)
+
+        def depthwise() -> None:
+            np.subtract(codes, zero_point, out=inside, dtype=dtype)
+            apply_last(taps.rows(everything, rows))
+            np.copyto(target, last)
+
+        return depthwise
+    x = np.zeros((batch, channels, *padded), dtype)
+    inside = x[:, :, top : top + height, left : left + width]
     accumulate = _conv_accumulator(instruction, x, weights, dtype)
 
     def conv() -> None:
@@ -502,7 +528,45 @@ def _plan_eltwise(instruction: Eltwise, memory: PlanPort) -> Step | None:
         b = np.subtract(b_codes, b_zero_point, dtype=np.int64)
         apply(eltwise_acc(instruction, a, b))
 
+    if (
+        stage.uniform(out.ndim)
+        and _one_code_table(instruction.a)
+        and _one_code_table(instruction.b)
+    ):
+        return _pair_lookup(instruction, stage, a_codes, b_codes, out, eltwise)
     return eltwise
+
+
+def _pair_lookup(
+    instruction: Eltwise,
+    stage: _OutputStage,
+    a_codes: np.ndarray,
+    b_codes: np.ndarray,
+    out: np.ndarray,
+    direct: Step,
+) -> Step:
+    """An ELTWISE of two 8-bit operands with a per-tensor stage: `direct` until a table of
+    its values over every code pair pays (`table_pays`, counted per key over runs), then a
+    lookup in that table (`function_table`, kept under the key `execute_eltwise` uses). The
+    index (a's byte, then b's) is built whole before the gather writes, so `out` may overlap
+    either operand."""
+    dtypes = (a_codes.dtype, b_codes.dtype)
+    key = eltwise_key(instruction, stage)
+    demand_key = (key, tuple(d.str for d in dtypes), stage.out_dtype.str)
+    function = eltwise_function(instruction, stage)
+    high, low = a_codes.view(np.uint8), b_codes.view(np.uint8)
+    index = np.empty(out.shape, np.uint16)
+
+    def lookup() -> None:
+        if not table_pays(demand_key, out.size, 256 * 256):
+            direct()
+            return
+        table = function_table(function, stage.out_dtype, dtypes, key)
+        np.left_shift(high, 8, out=index, dtype=np.uint16)
+        np.bitwise_or(index, low, out=index)
+        np.take(table, index, out=out, mode="wrap")
+
+    return lookup
 
 
 def _eltwise_lookup(
