@@ -281,7 +281,10 @@ def _passed_through(ctx: RuleContext, idx: int, op: str) -> int | None:
     ins = view.node_inputs[idx]
     if len(ins) != (3 if op == "Where" else 2) or not all(ins):
         return None
+    constants = ctx.constants  # a set lookup first: most Adds and Muls have no constant side
     if op == "Where":
+        if ins[0] not in constants:
+            return None
         cond = view.constant_value(ins[0], _NEUTRAL_ELEMENTS)
         if cond is None or cond.size == 0 or (cond.any() and not cond.all()):
             return None
@@ -291,8 +294,11 @@ def _passed_through(ctx: RuleContext, idx: int, op: str) -> int | None:
         candidates = tuple(
             k
             for k in candidates
-            if _all_equal(view.constant_value(ins[1 - k], _NEUTRAL_ELEMENTS), neutral)
+            if ins[1 - k] in constants
+            and _all_equal(view.constant_value(ins[1 - k], _NEUTRAL_ELEMENTS), neutral)
         )
+        if not candidates:
+            return None
     y = view.tensor(view.node_outputs[idx][0])
     for k in candidates:
         x = view.tensor(ins[k])
@@ -302,7 +308,11 @@ def _passed_through(ctx: RuleContext, idx: int, op: str) -> int | None:
 
 
 def _all_equal(value: np.ndarray | None, neutral: float) -> bool:
-    return value is not None and value.size > 0 and bool(np.all(value == neutral))
+    if value is None or value.size == 0:
+        return False
+    if value.size == 1:  # the common case (HardSwish's +3 and /6): no array reduction
+        return value.item() == neutral
+    return bool((value == neutral).all())
 
 
 # --------------------------------------------------------------------------- fuse-batchnorm

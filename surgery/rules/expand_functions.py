@@ -142,13 +142,11 @@ class ExpandFunctionOps(GraphRule):
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         view, opset = ctx.view, ctx.opset
-        blockers = ctx.blocker_names
         found = []
-        for idx, op in enumerate(view.op_types):
-            name = view.names[idx]
+        for blocker in ctx.coverage.blockers:  # only blocked nodes are expanded
+            idx, op, name = blocker.index, blocker.op_type, blocker.name
             if (
-                name not in blockers
-                or view.domains[idx] not in ("", "ai.onnx")
+                view.domains[idx] not in ("", "ai.onnx")
                 or op in _SHAPE_ONLY
                 or ctx.target.supports(op, "MLA")
                 or not _has_function(op, opset)
