@@ -7,7 +7,7 @@ Coverage, queries and rules all need the same lookups; building them once per an
 from __future__ import annotations
 
 import sys
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 import onnx
@@ -29,8 +29,10 @@ SMALL_CONSTANT_ELEMENTS = 4096
 """Constants up to this size are decoded eagerly (shape vectors, axes, scalars)."""
 
 
+@cache
 def dtype_name(elem_type: int) -> str:
-    """ONNX elem type → short lowercase name (`float32`, `int64`, …)."""
+    """ONNX elem type → short lowercase name (`float32`, `int64`, …); cached, since placement
+    asks for every tensor and numpy's dtype naming costs microseconds."""
     if elem_type == 0:
         return "unknown"
     return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type)) if elem_type != 16 else "bfloat16"
@@ -299,10 +301,6 @@ class GraphView:
         if info is not None:
             return TensorInfo(name, *self._parsed_type(info.type.SerializeToString()))
         return TensorInfo(name, 0, None, False)
-
-    def _parse_type(self, tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, bool]:
-        """`_parsed_type` of a TypeProto."""
-        return self._parsed_type(tp.SerializeToString())
 
     def _parsed_type(self, key: bytes) -> tuple[int, tuple[Dim, ...] | None, bool]:
         """`shape_from_type` and whether the shape is static, once per distinct serialized

@@ -121,8 +121,8 @@ class _ProbeView(GraphView):
 
     A probe asks the same `Target.decide` as `surgery check`, which reads the node only
     through a GraphView; serialising specs into a ModelProto (value infos, initializers) just
-    to parse them back cost more than the placement itself. Tensor types still go through
-    `shape_from_type` of the TypeProto the model would hold, so dims read the same.
+    to parse them back cost more than the placement itself. Tensor dims read as
+    `shape_from_type` would read them from the TypeProto the model would hold.
     """
 
     def __init__(
@@ -149,8 +149,15 @@ class _ProbeView(GraphView):
             value = np.asarray(spec.value)
             elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
             return TensorInfo(name, elem_type, tuple(value.shape), True)
-        type_proto = helper.make_tensor_type_proto(spec.elem_type, spec.shape)
-        return TensorInfo(name, *self._parse_type(type_proto))
+        if spec.shape is None:
+            return TensorInfo(name, spec.elem_type, None, False)
+        # Dims as `shape_from_type` reads the TypeProto a model would hold: a positive int
+        # stays, a symbol name stays, anything else (0, negative, None) is unknown.
+        dims = tuple(
+            d if (isinstance(d, int) and d > 0) or (isinstance(d, str) and d) else None
+            for d in spec.shape
+        )
+        return TensorInfo(name, spec.elem_type, dims)
 
     def has_tensor_info(self, name: str) -> bool:
         return name in self._specs
