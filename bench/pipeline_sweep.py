@@ -12,6 +12,10 @@ Input shapes come from the folder's INDEX.tsv `run_inputs` column when it has on
 
     python bench/pipeline_sweep.py [--models DIR] [--target mlsoc ...] [--timeout 300]
 
+A sweep takes minutes to hours and imports some modules only when a stage first needs them:
+while the tree is being edited, run it from a snapshot (`git archive HEAD | tar -x -C DIR`,
+then `PYTHONPATH=DIR`) so every row is measured on one version of the code.
+
 Prints a table and writes bench/results/pipeline_sweep.json.
 """
 
