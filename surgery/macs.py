@@ -1,7 +1,8 @@
 """Multiply-accumulate counts per node, from inferred shapes.
 
 Only matrix work counts (Conv, ConvTranspose, MatMul, Gemm, Einsum and opset 23's Attention,
-two products): it is what the MLA exists for and what "MLA share of MACs" means. Elementwise and data-movement ops count zero.
+two products): it is what the MLA exists for and what "MLA share of MACs" means. Elementwise
+and data-movement ops count zero.
 """
 
 from __future__ import annotations

@@ -15,15 +15,13 @@ import onnx_graphsurgeon as gs
 from pydantic import Field
 
 from surgery.coverage import NodePlacement, analyze_coverage
-from surgery.errors import SurgeryError
-from surgery.graph import GraphView, shape_from_type
-from surgery.model import infer_model_shapes, load_model, read_model, set_input_shapes
+from surgery.graph import GraphView
+from surgery.model import infer_model_shapes, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import (
     bypass_node,
-    export_graph,
-    fold_graph_constants,
+    fold_until_fixed_point,
     nodes_by_name,
 )
 from surgery.rules.registry import register
@@ -36,12 +34,9 @@ from surgery.rules.replace_common import (
     freed_blockers,
     probe_node,
 )
+from surgery.rules.replace_pad import pad_mode_and_amounts
 
 _NEEDS_VALUE = {"non_constant_input", "axis_unknown"}
-_MAX_FOLD_ROUNDS = 64
-"""Fold → re-infer rounds; each round resolves one more level of shape arithmetic. The loop
-stops as soon as a round folds nothing, so this only bounds pathological graphs: a Swin-T's
-window padding and shift mask chain their shapes through all twelve blocks (15 rounds)."""
 
 
 @register
@@ -91,47 +86,6 @@ class FoldConstants(Rule):
                             consumer.inputs[k] = const
                 node.outputs.clear()
         return matches
-
-
-def fold_until_fixed_point(graph: gs.Graph, like: onnx.ModelProto) -> None:
-    """Fold constants, re-infer shapes, and again, until a round folds nothing (`like`: the
-    model the graph came from, for the fields export needs)."""
-    for _ in range(_MAX_FOLD_ROUNDS):
-        count = len(graph.nodes)
-        fold_graph_constants(graph)
-        if len(graph.nodes) == count or not _refresh_shapes(graph, like):
-            break
-
-
-def _refresh_shapes(graph: gs.Graph, like: onnx.ModelProto) -> bool:
-    """Give the graph's unshaped tensors the shapes inference now finds; whether any changed.
-
-    A folded Reshape target makes its output's shape known only after re-inference, and only
-    then can the Shape nodes that read that output fold in turn (a transformer's
-    `Reshape(x, Concat(Shape(y)[:2], -1))` chains several such steps), as onnxsim iterates.
-    """
-    try:
-        inferred = load_model(export_graph(graph.copy(), like))
-    except SurgeryError:
-        return False
-    tensors = graph.tensors()
-    changed = False
-    for info in (*inferred.graph.value_info, *inferred.graph.output):
-        tensor = tensors.get(info.name)
-        if not isinstance(tensor, gs.Variable) or _static(tensor.shape):
-            continue
-        elem, shape = shape_from_type(info.type)
-        if shape is None or (tensor.shape is not None and _static(tensor.shape) >= _static(shape)):
-            continue
-        tensor.shape = [d if isinstance(d, int) else None for d in shape]
-        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else tensor.dtype
-        changed = True
-    return changed
-
-
-def _static(shape: Sequence[int | str | None] | None) -> bool:
-    """Whether every dimension of a (graphsurgeon or inferred) shape is a number."""
-    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 _NO_OP = {"Identity", "Dropout"}
@@ -230,7 +184,7 @@ class RemoveIdentity(Rule):
         if op == "Split":
             return 0 if _whole_first_piece(view, idx) else None
         if op in ("Pad", "Slice"):
-            return 0 if _keeps_everything(view, idx, op) else None
+            return 0 if _keeps_everything(ctx, idx, op) else None
         if op == "CastLike" and len(ins) == 2 and ins[1]:
             return 0 if x.elem_type != 0 and view.tensor(ins[1]).elem_type == x.elem_type else None
         return None
@@ -242,22 +196,21 @@ class RemoveIdentity(Rule):
         bypass_node(graph, node, match.data.get("keep_input", 0))
 
 
-def _keeps_everything(view: GraphView, idx: int, op: str) -> bool:
+def _keeps_everything(ctx: RuleContext, idx: int, op: str) -> bool:
     """A Pad by all-zero amounts, or a Slice with unit steps whose output has its input's
     (static) shape: both copy the input (encodec's shortcut Pads and whole-axis Slices)."""
+    view = ctx.view
     ins = view.node_inputs[idx]
     x, y = view.tensor(ins[0]), view.tensor(view.node_outputs[idx][0])
     if not (x.is_static and y.is_static and x.shape == y.shape):
         return False
-    if op == "Slice":
-        steps = view.constant_value(ins[4]) if len(ins) > 4 and ins[4] else None
-        return len(ins) <= 4 or not ins[4] or (steps is not None and bool(np.all(steps == 1)))
-    if len(ins) > 1 and ins[1]:
-        pads = view.constant_value(ins[1])
-    else:
-        attr = next((a for a in view.nodes[idx].attribute if a.name == "pads"), None)
-        pads = None if attr is None else np.array(attr.ints)
-    return pads is not None and not np.any(pads)
+    if op == "Pad":
+        read = pad_mode_and_amounts(Pattern(ctx), idx, len(x.shape))  # type: ignore[arg-type]
+        return read is not None and not any(read[1])
+    if len(ins) <= 4 or not ins[4]:
+        return True  # no steps: unit steps
+    steps = view.constant_value(ins[4])
+    return steps is not None and bool(np.all(steps == 1))
 
 
 def _whole_first_piece(view: GraphView, idx: int) -> bool:

@@ -19,7 +19,7 @@ from onnx import defs, helper
 
 from surgery.graph import attribute_value
 from surgery.rules.base import Match, RuleContext, RuleParams
-from surgery.rules.cleanup import fold_until_fixed_point
+from surgery.rules.graph_edit import fold_until_fixed_point
 from surgery.rules.registry import register
 from surgery.rules.replace_common import Editor, GraphRule
 
@@ -55,14 +55,14 @@ def function_body(ctx: RuleContext, idx: int) -> onnx.FunctionProto | None:
         if schema.has_context_dependent_function:
             types = []
             for name in node.input:
-                info = view.tensor(name) if name else None
-                if name and (info is None or not info.elem_type):
+                if not name:  # an optional input left out
+                    types.append(onnx.TypeProto().SerializeToString())
+                    continue
+                info = view.tensor(name)
+                if not info.elem_type:
                     return None
-                types.append(
-                    helper.make_tensor_type_proto(info.elem_type, info.shape).SerializeToString()
-                    if info is not None
-                    else onnx.TypeProto().SerializeToString()
-                )
+                type_proto = helper.make_tensor_type_proto(info.elem_type, info.shape)
+                types.append(type_proto.SerializeToString())
             raw = schema.get_context_dependent_function_with_opset_version(
                 opset, node.SerializeToString(), types
             )
@@ -92,7 +92,7 @@ def _off_mla_ops(ctx: RuleContext, idx: int, body: onnx.FunctionProto) -> list[s
         for formal, actual in zip(body.input, node_inputs, strict=False)
         if actual and actual in ctx.constants
     }
-    constant |= {formal for formal in body.input[len(node_inputs) :]}
+    constant.update(body.input[len(node_inputs) :])  # inputs left out are empty
     constant.add("")
     off = []
     for inner in body.node:

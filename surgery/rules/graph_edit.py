@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
-from surgery.graph import GraphView
-from surgery.model import raise_ir_version
+from surgery.errors import SurgeryError
+from surgery.graph import GraphView, shape_from_type
+from surgery.model import load_model, raise_ir_version
 from surgery.ort_logging import quiet_ort_logging
 
 G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
@@ -85,6 +86,53 @@ def _cast_like_to_cast(graph: gs.Graph) -> None:
             **({"saturate": node.attrs["saturate"]} if "saturate" in node.attrs else {}),
         }
         node.inputs = [node.inputs[0]]
+
+
+_MAX_FOLD_ROUNDS = 64
+"""Fold → re-infer rounds; each round resolves one more level of shape arithmetic. The loop
+stops as soon as a round folds nothing, so this only bounds pathological graphs: a Swin-T's
+window padding and shift mask chain their shapes through all twelve blocks (15 rounds)."""
+
+
+def fold_until_fixed_point(graph: gs.Graph, like: onnx.ModelProto) -> None:
+    """Fold constants, re-infer shapes, and again, until a round folds nothing (`like`: the
+    model the graph came from, for the fields export needs)."""
+    for _ in range(_MAX_FOLD_ROUNDS):
+        count = len(graph.nodes)
+        fold_graph_constants(graph)
+        if len(graph.nodes) == count or not _refresh_shapes(graph, like):
+            break
+
+
+def _refresh_shapes(graph: gs.Graph, like: onnx.ModelProto) -> bool:
+    """Give the graph's unshaped tensors the shapes inference now finds; whether any changed.
+
+    A folded Reshape target makes its output's shape known only after re-inference, and only
+    then can the Shape nodes that read that output fold in turn (a transformer's
+    `Reshape(x, Concat(Shape(y)[:2], -1))` chains several such steps), as onnxsim iterates.
+    """
+    try:
+        inferred = load_model(export_graph(graph.copy(), like))
+    except SurgeryError:
+        return False
+    tensors = graph.tensors()
+    changed = False
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        tensor = tensors.get(info.name)
+        if not isinstance(tensor, gs.Variable) or _static(tensor.shape):
+            continue
+        elem, shape = shape_from_type(info.type)
+        if shape is None or (tensor.shape is not None and _static(tensor.shape) >= _static(shape)):
+            continue
+        tensor.shape = [d if isinstance(d, int) else None for d in shape]
+        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else tensor.dtype
+        changed = True
+    return changed
+
+
+def _static(shape: Sequence[int | str | None] | None) -> bool:
+    """Whether every dimension of a (graphsurgeon or inferred) shape is a number."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def with_unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:

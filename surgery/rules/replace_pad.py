@@ -50,7 +50,7 @@ SPATIAL = (3, 2)
 either order: reflect and edge padding index each axis independently)."""
 
 
-def _mode_and_pads(pat: Pattern, node: int, rank: int) -> tuple[str, list[int]] | None:
+def pad_mode_and_amounts(pat: Pattern, node: int, rank: int) -> tuple[str, list[int]] | None:
     """The Pad node's mode and full [begin…, end…] list when the pads are constant; else None.
 
     The pad value of constant mode is not read: only reflect and edge Pads are rewritten."""
@@ -135,7 +135,7 @@ class PadToSlices(GraphRule):
     ) -> tuple[str, list[tuple[int, list[int], list[int]]]] | None:
         """The mode and, per padded axis in rewrite order, the input indices copied before and
         after it; None when the Pad is not one this rule rewrites."""
-        read = _mode_and_pads(pat, node, len(shape))
+        read = pad_mode_and_amounts(pat, node, len(shape))
         if read is None:
             return None
         mode, pads = read
@@ -235,7 +235,7 @@ class PadToConcat(GraphRule):
             shape = pat.shape(x)
             if shape is None or pat.shape(y) is None or not pat.is_float(x):
                 continue
-            read = _mode_and_pads(pat, node, len(shape))
+            read = pad_mode_and_amounts(pat, node, len(shape))
             value = _pad_value(pat, node)
             if read is None or value is None or read[0] != "constant":
                 continue
