@@ -981,6 +981,50 @@ def yolo11_psa() -> onnx.ModelProto:
     return b.model("yolo11_psa", {"images": [1, 3, 16, 16]}, ["psa_out"], opset=17)
 
 
+def yolo_world() -> onnx.ModelProto:
+    """ultralytics YOLO-World (set_classes, then export): MaxSigmoidAttnBlock — guide = text
+    embeddings [1, K, heads, hc] (constant), embed = image features viewed (1, heads, hc, h·w)
+    → Transpose → MatMul by the constant guide → ReduceMax over classes → view (1, heads, h, w)
+    → /√hc → Sigmoid, unsqueezed to (1, heads, 1, h, w) gating proj_conv's map viewed as
+    (1, heads, hc, h, w), viewed back to (1, C, h, w); then the contrastive head
+    einsum("bchw,bkc->bkhw") exported as MatMul(text [1, K, C], features (1, C, h·w)) →
+    view (1, K, h, w) → · exp(logit_scale) + bias. The attention sits inside the neck (convs
+    follow it), so the host cannot take it as a trailing stage."""
+    b = Builder()
+    c, heads, classes, side = 16, 2, 3, 8
+    hc = c // heads
+    x = b.conv("stem", "images", 3, c, stride=2, act="silu")
+    embed = b.node("Reshape", [x, b.const("embed_view", np.array([1, heads, hc, -1]))], "embed")
+    embed = b.node("Transpose", [embed], "embed_t", perm=[0, 1, 3, 2])
+    guide = b.weight("guide", 1, heads, hc, classes)
+    scores = b.node("ReduceMax", [b.node("MatMul", [embed, guide], "aw")], "aw_max", axes=[-1])
+    scores = b.node(
+        "Reshape", [scores, b.const("aw_view", np.array([1, heads, side, side]))], "aw_map"
+    )
+    scale = b.const("aw_scale", np.array(hc**0.5, np.float32))
+    gate = b.node("Sigmoid", [b.node("Div", [scores, scale], "aw_scaled")], "aw_gate")
+    gate = b.node("Unsqueeze", [gate, b.const("gate_axis", np.array([2]))], "aw_gate5")
+    proj = b.conv("proj", x, c, c, act=None)
+    proj = b.node(
+        "Reshape", [proj, b.const("proj_view", np.array([1, heads, hc, side, side]))], "proj5"
+    )
+    gated = b.node("Mul", [proj, gate], "gated5")
+    x = b.node("Reshape", [gated, b.const("gated_view", np.array([1, c, side, side]))], "gated")
+    x = b.conv("neck", x, c, c, act="silu")
+    text = b.weight("text", 1, classes, c)
+    flat = b.node("Reshape", [x, b.const("flat_view", np.array([1, c, -1]))], "features")
+    logits = b.node("MatMul", [text, flat], "contrast")
+    logits = b.node(
+        "Reshape",
+        [logits, b.const("logit_view", np.array([1, classes, side, side]))],
+        "contrast_map",
+    )
+    logit_scale = b.const("logit_scale", np.array(np.exp(-0.5), np.float32))
+    logits = b.node("Mul", [logits, logit_scale], "contrast_scaled")
+    b.node("Add", [logits, b.const("contrast_bias", np.array(-1.0, np.float32))], "class_logits")
+    return b.model("yolo_world", {"images": [1, 3, 16, 16]}, ["class_logits"], opset=17)
+
+
 def yolov10_head() -> onnx.ModelProto:
     """YOLOv10's NMS-free one-to-one head: boxes and class scores flattened to (1, N, 4+nc),
     max score per anchor (ReduceMax), TopK over anchors, GatherElements of the kept rows and a
@@ -2234,6 +2278,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "swin": swin,
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
+    "yolo_world": yolo_world,
     "segformer": segformer,
     "mobilevit": mobilevit,
     "clip_vit": clip_vit,

@@ -1,7 +1,10 @@
 """Integer inputs that index a table (token ids): the archive records their valid range,
-default random inputs stay inside it, and an out-of-range id is a clear run error."""
+default random inputs stay inside it, and an out-of-range id is a clear run error (as is a
+host stage ONNX Runtime cannot load)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import onnx
@@ -64,3 +67,17 @@ def test_an_out_of_range_id_is_an_execution_error_naming_the_stage(compiled) -> 
     _, archive = compiled
     with pytest.raises(ExecutionError, match=r"stage '.*' \(.*ONNX Runtime\).*Gather"):
         run_archive(archive, {"ids": np.array([ROWS + 2], np.int64)})
+
+
+def test_a_host_stage_onnx_runtime_cannot_load_is_an_execution_error_naming_it(compiled) -> None:
+    _, archive = compiled
+    host = next(
+        p
+        for p in archive.manifest["plugins"]
+        if p["resources"].get("executable", "").endswith(".onnx")
+    )
+    files = dict(archive.files)
+    files[host["resources"]["executable"]] = b"not an onnx model"
+    broken = dataclasses.replace(archive, files=files)
+    with pytest.raises(ExecutionError, match=rf"stage '{host['name']}'.*cannot load"):
+        run_archive(broken, {"ids": np.array([1], np.int64)})

@@ -393,6 +393,40 @@ def test_region_stops_at_ops_it_cannot_lift():
     assert topk.processor != "MLA"
 
 
+def _per_head_gate() -> onnx.ModelProto:
+    """YOLO-World's max-sigmoid attention: features split into heads [1,h,c,H,W] times a
+    per-head gate [1,h,1,H,W], both computed at run time, then merged back to [1,C,H,W]."""
+    n = Net()
+    x = n.conv("x", 3, 8)
+    heads = n.reshape(x, [1, 2, 4, 4, 6])
+    gate = n.one("Sigmoid", [n.conv(x, 8, 2)])
+    gate = n.one("Unsqueeze", [gate, n.const(np.array([2], np.int64))])
+    y = n.reshape(n.one("Mul", [heads, gate]), [1, 8, 4, 6])
+    return n.model({"x": [1, 3, 4, 6]}, {"y": n.conv(y, 8, 4)})
+
+
+def test_broadcast_between_two_run_time_operands_stays_a_4d_broadcast():
+    model = _per_head_gate()
+    result = lift(model, "reshape-to-4d")
+    mul = next(p for p in result.coverage_after.placements if p.op_type == "Mul")
+    assert mul.processor == "MLA"
+    assert result.coverage_after.single_elf
+
+
+@pytest.mark.parametrize("weight_rank", [2, 3])
+def test_constant_matrix_times_a_flattened_map_becomes_a_1x1_conv(weight_rank):
+    """W · x (YOLO-World's contrastive head: text embeddings [1,K,C] times features [1,C,H·W])."""
+    n = Net()
+    x = n.conv("x", 3, 8)
+    w = n.rand(*(1,) * (weight_rank - 2), 5, 8)
+    y = n.one("MatMul", [w, n.reshape(x, [1, 8, 24])])
+    model = n.model({"x": [1, 3, 4, 6]}, {"y": n.conv(n.reshape(y, [1, 5, 4, 6]), 5, 4)})
+    assert rules_matching(model) == {"reshape-to-4d"}
+    result = lift(model, "reshape-to-4d")
+    assert "MatMul" not in {node.op_type for node in result.model.graph.node}
+    assert result.coverage_after.single_elf
+
+
 # ---------------------------------------------------------------------- classifier-to-conv
 
 
@@ -547,13 +581,38 @@ def test_a_region_that_cannot_be_lifted_leaves_the_graph_untouched(monkeypatch, 
     def refuse(lf, node):
         raise ValueError("not today")
 
-    monkeypatch.setitem(rank4_lift.HANDLERS, "Sigmoid", refuse)
+    for op in list(rank4_lift.HANDLERS):
+        monkeypatch.setitem(rank4_lift.HANDLERS, op, refuse)
     model = load_model(yolo_head)
     result = apply_rule(model, "reshape-to-4d")
     assert result.matches == []
     assert sorted(n.name for n in result.model.graph.node) == sorted(
         n.name for n in model.graph.node
     )
+
+
+def _attention_with_a_five_axis_qkv() -> onnx.ModelProto:
+    """Tokens → LayerNorm → qkv Linear → view with five non-unit axes → Transpose → Split of
+    q, k, v (Hiera's mask-unit attention): no 4-D layout separates the Split's axis there."""
+    n = Net()
+    x = n.conv("x", 3, 8)
+    t = n.one("Transpose", [n.reshape(x, [1, 8, 16])], perm=[0, 2, 1])
+    t = n.one("LayerNormalization", [t, n.rand(8), n.rand(8)], axis=-1)
+    qkv = n.reshape(n.one("MatMul", [t, n.rand(8, 24)]), [1, 2, 8, 3, 2, 4])
+    qkv = n.one("Transpose", [qkv], perm=[3, 0, 4, 1, 2, 5])
+    parts = n.op("Split", [qkv, n.const(np.array([1, 1, 1], np.int64))], n_out=3, axis=0)
+    q, k, v = (n.one("Squeeze", [a, n.const(np.array([0], np.int64))]) for a in parts)
+    mixed = n.reshape(n.one("Add", [n.one("Add", [q, k]), v]), [1, 16, 8])
+    back = n.reshape(n.one("Transpose", [mixed], perm=[0, 2, 1]), [1, 8, 4, 4])
+    return n.model({"x": [1, 3, 4, 4]}, {"y": n.conv(back, 8, 4)})
+
+
+def test_a_node_the_lift_cannot_carry_is_left_out_and_the_rest_lifted():
+    result = lift(_attention_with_a_five_axis_qkv(), "transformer-to-4d")
+    placed = {p.op_type: p.processor for p in result.coverage_after.placements}
+    assert placed["LayerNormalization"] == "MLA"
+    assert "MatMul" not in placed  # the qkv Linear is a 1×1 Conv now
+    assert placed["Split"] != "MLA"
 
 
 # ---------------------------------------------------------------------- real models (slow)

@@ -210,3 +210,43 @@ def test_fix_takes_l2_normalised_tokens_to_one_segment() -> None:
     assert {"expand-into-broadcast", "reducel2-to-sum"} <= applied
     ops = [n.op_type for n in result.model.graph.node]
     assert ops[1:5] == ["Mul", "Reshape", "ReduceSum", "Sqrt"]  # the sum over H·W of [1,C·P,1,N]
+
+
+def _l2_normalised_rank3_tokens() -> onnx.ModelProto:
+    """SwiftFormer's efficient additive attention as timm exports it: the map flattened to
+    tokens [1, H·W, C], a Linear, F.normalize over the features (ReduceL2, Clip, Expand, Div)
+    on rank-3 tensors the host runs until they are lifted to 4-D, a Linear, and back."""
+    rng = np.random.default_rng(4)
+    inits = _weights(
+        rng, ((C, 3, 1, 1), "w1"), ((C, C), "wq"), ((C, C), "wo"), ((C, C, 1, 1), "w2")
+    )
+    inits += [
+        _ints("tokens", [1, C, P * N]),
+        _ints("full", [1, P * N, C]),
+        _ints("map", [1, C, P, N]),
+        numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Reshape", ["a", "tokens"], ["t"]),
+        helper.make_node("Transpose", ["t"], ["tt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["tt", "wq"], ["q"]),
+        helper.make_node("ReduceL2", ["q"], ["norm"], axes=[-1], keepdims=1),
+        helper.make_node("Clip", ["norm", "eps"], ["clipped"]),
+        helper.make_node("Expand", ["clipped", "full"], ["en"]),
+        helper.make_node("Div", ["q", "en"], ["qn"]),
+        helper.make_node("MatMul", ["qn", "wo"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["ot", "map"], ["m"]),
+        helper.make_node("Conv", ["m", "w2"], ["y"]),
+    ]
+    return _model(nodes, inits)
+
+
+def test_expand_before_host_consumers_is_removed_so_the_tokens_can_be_lifted() -> None:
+    model = _l2_normalised_rank3_tokens()
+    assert check_model(model, "mlsoc", suggest=False).mla_segments > 1
+    result = fix_model(model, "mlsoc")
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    applied = [step["rule"] for step in result.steps]
+    assert applied.index("expand-into-broadcast") < applied.index("transformer-to-4d")

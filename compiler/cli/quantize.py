@@ -265,8 +265,9 @@ def quantize_command(
         else:
             model = net.quantize(calib_data, params, progress=progress)
     out_path = output or model_path.with_name(f"{model_path.stem}_quant.onnx")
-    save_model(model.qdq_model, out_path)
+    # Evaluate first: a model ONNX Runtime rejects is reported, not written.
     errors = _evaluate(net, model, held) if len(held.rows) else {}
+    save_model(model.qdq_model, out_path)
     payload: dict[str, Any] = {
         "output": str(out_path),
         "target": model.target,

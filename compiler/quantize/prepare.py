@@ -1,5 +1,10 @@
 """Bring a float model into the form the quantizer works on, without changing what it computes.
 
+- A float16 or bfloat16 model (a GPU export with `half=True`) is computed in float32: its
+  weights, Cast targets and tensor types become float32. Weights convert exactly; activations
+  are rounded less than in the half-precision model, which is what quantization starts from
+  anyway (ONNX Runtime's QDQ kernels and the integer reference take float32 scales). The QDQ
+  model, and so the compiled archive, then take and give float32 tensors.
 - Every node gets a stable name (its `surgery` label), so `unquantized_nodes` and per-node
   configs written against the user's model keep pointing at the same nodes.
 - The opset is raised when the QDQ form needs it (13 for per-channel axes, 21 for int16 and
@@ -90,6 +95,8 @@ def prepare_model(
 ) -> PreparedModel:
     """A float-equivalent copy ready for quantization (see the module docstring)."""
     proto = load_model(model, input_shapes)
+    if float32_from_half(proto.graph):
+        infer_model_shapes(proto)
     names = _label_nodes(proto)
     original = model_opset(proto)
     if original < opset:
@@ -110,6 +117,48 @@ def prepare_model(
     toposort_nodes(proto)
     infer_model_shapes(proto)
     return prepared
+
+
+_HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+_TYPE_ATTRIBUTES = {"Cast": "to", "EyeLike": "dtype", "RandomNormalLike": "dtype"}
+"""Ops whose attribute names the element type of their result (the Random*/Multinomial ops
+of a generator are not models we compile)."""
+
+
+def float32_from_half(graph: onnx.GraphProto) -> bool:
+    """Make every float16/bfloat16 tensor of `graph` (and its subgraphs) float32, in place:
+    initializers, Constant and ConstantOfShape values, Cast/EyeLike targets, and the declared
+    types of inputs, outputs and value infos. True if anything changed."""
+    changed = False
+    for k, tensor in enumerate(graph.initializer):
+        if tensor.data_type in _HALF_TYPES:
+            graph.initializer[k].CopyFrom(_float32_tensor(tensor))
+            changed = True
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        tensor_type = info.type.tensor_type
+        if tensor_type.elem_type in _HALF_TYPES:
+            tensor_type.elem_type = onnx.TensorProto.FLOAT
+            changed = True
+    for node in graph.node:
+        typed = _TYPE_ATTRIBUTES.get(node.op_type)
+        for attr in node.attribute:
+            if attr.name == typed and attr.i in _HALF_TYPES:
+                attr.i = onnx.TensorProto.FLOAT
+                changed = True
+            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in _HALF_TYPES:
+                attr.t.CopyFrom(_float32_tensor(attr.t))
+                changed = True
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                changed |= float32_from_half(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    changed |= float32_from_half(sub)
+    return changed
+
+
+def _float32_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    values = numpy_helper.to_array(tensor).astype(np.float32)
+    return numpy_helper.from_array(values, tensor.name)
 
 
 def _label_nodes(model: onnx.ModelProto) -> list[str]:

@@ -357,7 +357,13 @@ def _run_reference(archive, plugin, frames: list[Buffers], stage: StageStats, **
 
 
 def _run_onnxruntime(archive, plugin, frames: list[Buffers], stage: StageStats, **_) -> None:
-    session = _loaded("onnxruntime", archive.executable(plugin), _onnxruntime_session)
+    try:
+        session = _loaded("onnxruntime", archive.executable(plugin), _onnxruntime_session)
+    except Exception as error:  # noqa: BLE001 - ORT raises one class per status code
+        raise ExecutionError(
+            f"stage {plugin['name']!r} ({plugin['processor']}): ONNX Runtime cannot load its "
+            f"model: {first_line(error)}"
+        ) from None
     names = [n["name"] for n in plugin["input_nodes"]]
     outputs = [n["name"] for n in plugin["output_nodes"]]
     for frame in frames:

@@ -52,6 +52,10 @@ from surgery.rules.rank4_regions import regions
 from surgery.rules.registry import register
 
 
+MAX_LEFT_OUT = 24
+"""Nodes a lift leaves out of one region before giving the region up (each costs a retry)."""
+
+
 class _LiftRule(Rule):
     """Shared find/apply: claim the regions of one kind and lift each with the rule's policy."""
 
@@ -72,10 +76,21 @@ class _LiftRule(Rule):
         ]
 
     def apply(self, graph: gs.Graph, match: Match, params: RuleParams, ctx: RuleContext) -> None:
+        """Lift the region; a node the lift cannot carry (a tensor with five non-unit axes in
+        Hiera's mask-unit attention) is left out of it and the rest lifted without it."""
         by_name = nodes_by_name(graph)
         region = [by_name[n] for n in match.nodes]
         policy = type(self).policy
-        Lifter(graph, ctx.view, region, policy, ctx.opset).run()
+        for _ in range(MAX_LEFT_OUT):
+            try:
+                Lifter(graph, ctx.view, region, policy, ctx.opset).run()
+                return
+            except LiftError as error:
+                kept = [n for n in region if n.name != error.node]
+                if error.node is None or len(kept) == len(region) or not kept:
+                    raise
+                region = kept
+        raise LiftError(f"more than {MAX_LEFT_OUT} nodes of the region cannot be lifted")
 
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext

@@ -56,6 +56,15 @@ class Layout:
         k = self.slot(axis)
         return k if all(shape[a] == 1 for a in self.groups[k] if a != axis) else None
 
+    def broadcasts(self, shape: Sequence[int], full: Sequence[int]) -> bool:
+        """Whether an operand of `shape` (same rank as `full`, each dim equal or 1) still
+        broadcasts against the `full` tensor in this layout: in every slot its axes either all
+        match `full` or all have size 1, so 4-D broadcasting pairs the same elements."""
+        return all(
+            all(shape[a] == full[a] for a in g) or prod(shape[a] for a in g) == 1
+            for g in self.groups
+        )
+
     def nonunit_order(self, shape: Sequence[int]) -> tuple[int, ...]:
         return tuple(a for a in self.order if shape[a] != 1)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
 import numpy as np
@@ -93,11 +92,7 @@ def relayout_constant(value: np.ndarray, layout: Layout, shape: Sequence[int]) -
         return value if value.ndim <= 4 else value.reshape(())
     rank = len(shape)
     v = value.reshape((1,) * (rank - value.ndim) + tuple(value.shape))
-    fits = all(
-        all(v.shape[a] == shape[a] for a in g) or prod(v.shape[a] for a in g) == 1
-        for g in layout.groups
-    )
-    if not fits:
+    if not layout.broadcasts(v.shape, shape):
         v = np.broadcast_to(v, tuple(shape))
     return np.ascontiguousarray(v.transpose(layout.order).reshape(layout.shape4(v.shape)))
 
@@ -123,7 +118,12 @@ def constant_of(tensor: gs.Tensor) -> np.ndarray | None:
 
 
 class LiftError(ValueError):
-    """A region could not be lifted; the graph is unchanged."""
+    """A region could not be lifted; the graph is unchanged. `node` names the region node
+    being rewritten (or whose result was being handed back) when it failed, if known."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class _Names:
@@ -341,18 +341,21 @@ class Lifter:
     # ------------------------------------------------------------------ the whole rewrite
     def run(self) -> None:
         """Lift the region, or raise LiftError with the graph left exactly as it was."""
+        culprit: str | None = None
         try:
             for node in self.region:
+                culprit = node.name
                 HANDLERS[node.op](self, node)
             exits = []
             for t in self._leaving():
+                culprit = t.inputs[0].name if t.inputs else None
                 x = self.lifted[t.name]
                 exits.append((t, x, L.steps_between(x.shape, x.layout, None)))
         except (ValueError, KeyError, IndexError) as exc:
             for node in self.created:
                 node.inputs.clear()
                 node.outputs.clear()
-            raise LiftError(f"{type(exc).__name__}: {exc}") from exc
+            raise LiftError(f"{type(exc).__name__}: {exc}", culprit) from exc
         for node in self.region:
             node.inputs.clear()
             node.outputs.clear()

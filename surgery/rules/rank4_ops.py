@@ -166,10 +166,20 @@ BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu
 
 
 def _accept_elementwise(info: NodeInfo) -> bool:
+    """Run-time operands of the output's shape, or of its rank and broadcasting against it
+    (a per-head gate [1,h,1,H,W] times [1,h,c,H,W]) when every non-unit output axis can have
+    a slot of its own, where the broadcast stays a 4-D broadcast."""
     if not _single_output(info) or not _basic(info):
         return False
-    out = info.shape(info.outputs[0])
-    return all(info.shape(t) == out for t in info.data_inputs)
+    out = info.dims(info.outputs[0])
+    shapes = [info.dims(t) for t in info.data_inputs]
+    if all(s == out for s in shapes):
+        return True
+    return L.spread(out) is not None and all(_broadcasts_to(s, out) for s in shapes)
+
+
+def _broadcasts_to(shape: Shape, out: Shape) -> bool:
+    return len(shape) == len(out) and all(d in (1, o) for d, o in zip(shape, out, strict=True))
 
 
 @supports(*UNARY, *BINARY, accept=_accept_elementwise)
@@ -177,7 +187,7 @@ def lift_elementwise(lf: Lifter, node: gs.Node) -> None:
     out = node.outputs[0]
     shape = lf.shape(out)
     dynamic = [lf.value(t) for t in node.inputs if t.name and lf.const(t) is None]
-    layout = lf.choose(dynamic, shape)
+    layout = lf.choose(dynamic, shape, lambda c: all(c.broadcasts(x.shape, shape) for x in dynamic))
     inputs: list[gs.Tensor] = []
     for k, t in enumerate(node.inputs):
         value = lf.const(t) if t.name else None
@@ -552,8 +562,10 @@ def lift_reduce(lf: Lifter, node: gs.Node) -> None:
 
 def _accept_matmul(info: NodeInfo) -> bool:
     a, b = info.input(0), info.input(1)
-    if not _single_output(info) or not a or a in info.constants:
+    if not _single_output(info) or not a or not b:
         return False
+    if a in info.constants:
+        return _accept_constant_left(info)
     sa = info.shape(a)
     if sa is None or len(sa) < 2:
         return False
@@ -566,9 +578,24 @@ def _accept_matmul(info: NodeInfo) -> bool:
     )
 
 
+def _accept_constant_left(info: NodeInfo) -> bool:
+    """W · x with a constant matrix W ([M,K], or with leading unit axes up to x's rank) and a
+    run-time x [..., K, L]: a 1×1 Conv mixing the channels K → M (YOLO-World's contrastive
+    head multiplies text embeddings [1,80,512] by the flattened feature map [1,512,H·W])."""
+    a, b = info.input(0), info.input(1)
+    sa, sb = info.shape(a), info.shape(b)
+    if not info.has_value(a) or sa is None or sb is None or b in info.constants:
+        return False
+    return 2 <= len(sa) <= len(sb) and all(d == 1 for d in sa[:-2]) and _basic(info, [b])
+
+
 @supports("MatMul", accept=_accept_matmul)
 def lift_matmul(lf: Lifter, node: gs.Node) -> None:
     a, b = node.inputs
+    left = lf.const(a)
+    if left is not None:
+        _linear(lf, node, b, left.reshape(left.shape[-2:]), None, axis=-2)
+        return
     weight = lf.const(b)
     if weight is not None:
         _linear(lf, node, a, weight.T, None)
@@ -620,13 +647,20 @@ def lift_gemm(lf: Lifter, node: gs.Node) -> None:
 
 
 def _linear(
-    lf: Lifter, node: gs.Node, data: gs.Tensor, weight: np.ndarray, bias: np.ndarray | None
+    lf: Lifter,
+    node: gs.Node,
+    data: gs.Tensor,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    axis: int = -1,
 ) -> None:
-    """y = x · Wᵀ (+ b) over the last axis, as a 1×1 Conv with that axis on the channels."""
+    """The channel mix `weight` [M,K] (+ b) of x's `axis` (K → M; the last axis for x · Wᵀ,
+    the second last for W · x), as a 1×1 Conv with that axis on the channels."""
     x = lf.value(data)
     rank = len(x.shape)
-    if x.layout.alone(rank - 1, x.shape) != 1:
-        x = lf.convert(x, L.rows(rank))
+    axis %= rank
+    if x.layout.alone(axis, x.shape) != 1:
+        x = lf.convert(x, L.rows(rank, axis))
     out = node.outputs[0]
     shape = lf.shape(out)
     w = lf.constant(f"{node.name}_weight", np.ascontiguousarray(weight)[:, :, None, None])

@@ -305,6 +305,8 @@ def _kind(view: GraphView, members: Iterable[int], infos: dict[int, NodeInfo]) -
         info = infos[idx]
         if info.op in ("LayerNormalization", "RMSNormalization"):
             return "transformer"
+        if info.op == "MatMul" and info.is_const(info.input(0)):
+            continue  # W · x mixes channels ([1,C,L] stays channel-first)
         if info.op in ("MatMul", "Gemm"):
             linear = True
             rank = len(info.shape(info.input(0)) or ())

@@ -27,6 +27,7 @@ from surgery.rules.replace_common import (
     TensorSpec,
     add_slice,
     add_zero_pad,
+    all_on_mla,
     fmt_shape,
     model_opset,
     net_freed,
@@ -316,14 +317,17 @@ class ExpandIntoBroadcast(GraphRule):
     broadcasts the small tensor by itself, so the copy is redundant: the values are the same
     bit for bit and nothing is copied at all (expand-to-concat copies at most 32 times per
     axis; these broadcast over hundreds of tokens). Matched only when every consumer's output
-    shape is unchanged and, for the match to free the Expand, every consumer runs on the MLA
-    with the smaller operand.
+    shape is unchanged and every consumer on the MLA stays there with the smaller operand.
+
+    A cleanup: the Expand is a no-op for its consumers, and removing it first lets the rank
+    lifts carry the broadcast as it is (SwiftFormer's F.normalize on rank-3 tokens: a region
+    lifted around the Expand would keep it, and its reshapes, on the host).
     """
 
     name = "expand-into-broadcast"
     suggest_for = frozenset({"Expand"})
     summary = "Expand feeding only broadcasting elementwise ops (Mul, Add, Div, …) → removed."
-    category = "replace"
+    category = "cleanup"
     example = "surgery apply expand-into-broadcast mobilevitv2.onnx -o mvit_bcast.onnx"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
@@ -338,13 +342,21 @@ class ExpandIntoBroadcast(GraphRule):
             probes = [self._probe(ctx, pat, user, y, x) for user in users]
             if any(p is False for p in probes):
                 continue
+            # Consumers on the MLA must stay there; one off it is no worse for the removal.
+            kept = [
+                p
+                for user, p in zip(users, probes, strict=True)
+                if ctx.coverage.placements[user].processor == "MLA"
+            ]
+            if not all_on_mla(kept):
+                continue
             names = [pat.name(node)]
             found.append(
                 self.match(
                     names,
                     f"Expand {pat.name(node)} {fmt_shape(shape)} → {fmt_shape(pat.shape(y))} "
                     f"removed: {', '.join(pat.op(u) for u in users)} broadcast it",
-                    net_freed(ctx, names, [p for p in probes if p is not False]),
+                    net_freed(ctx, names, kept),
                 )
             )
         return found
