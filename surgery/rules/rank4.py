@@ -13,8 +13,10 @@ How (see `rank4_layout`, `rank4_lift`, `rank4_ops`, `rank4_regions`):
 - Ops are rewritten **per op, by pattern**: elementwise ops get their constant operands
   re-laid-out; Concat/Split/Slice/Softmax/Reduce get their axes remapped; LayerNorm and Softmax
   are moved to axis 1 by choosing a layout where the normalised axis is the channel axis;
-  MatMul/Gemm by a constant matrix become 1×1 Convs; Gather with a constant index becomes a
-  Slice; Transpose and unit-axis reshapes become nothing (only the layout changes).
+  MatMul/Gemm by a constant matrix (x·W, or W·x mixing the channels of a [N,C,L] map) become
+  1×1 Convs; Gather with a constant index becomes a Slice; Transpose and unit-axis reshapes
+  become nothing (only the layout changes). Two run-time operands that broadcast (a per-head
+  gate [1,h,1,H,W] times [1,h,c,H,W]) get a layout in which the broadcast stays 4-D.
 - At the region's edges the original tensors are rebuilt under their own names, so the outputs
   keep their names, shapes and values. A reshape back to the output's rank at the end of the
   graph stays on the host: a trailing host stage adds no `.elf`.
@@ -35,7 +37,9 @@ window partition [1,nH,h,nW,w,C]) are carried with the axes a Transpose keeps to
 so the partition is a 4-D Transpose of slots.
 
 Regions are found from op patterns and the target's own constraints, never from node names; a
-region is only proposed when it removes more blockers than the reshapes its edges add.
+region is only proposed when it removes more blockers than the reshapes its edges add. A node
+the lift turns out unable to carry (no 4-D layout separates the axis it works on) is left out
+and the rest of its region lifted; fix keeps the result only if coverage improves.
 """
 
 from __future__ import annotations
