@@ -7,7 +7,7 @@ rules pattern-match on (constants as initializers, no Identity chains, static sh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -142,7 +142,14 @@ class RemoveIdentity(Rule):
         view = ctx.view
         blockers = ctx.blocker_names
         found = []
-        for idx, op in enumerate(view.op_types):
+        # A match lists only its own node, so with a focus only the focus nodes can be listed.
+        if ctx.focus is None:
+            indices: Iterable[int] = range(len(view.op_types))
+        else:
+            index = view.index_by_name
+            indices = sorted(index[name] for name in ctx.focus if name in index)
+        for idx in indices:
+            op = view.op_types[idx]
             if op not in _MAYBE_NO_OP:
                 continue
             kept = self._kept_input(ctx, idx, op)

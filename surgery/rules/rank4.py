@@ -55,7 +55,6 @@ from surgery.rules.rank4_ops import SUPPORT
 from surgery.rules.rank4_regions import regions
 from surgery.rules.registry import register
 
-
 MAX_LEFT_OUT = 24
 """Nodes a lift leaves out of one region before giving the region up (each costs a retry)."""
 
