@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from surgery.check import check_model
 from surgery.coverage import analyze_coverage
 from surgery.model import load_model
 from surgery.rules import apply_rule, find_matches
@@ -357,6 +358,11 @@ def _conv1d(n: Net, x: str) -> dict[str, str]:
     return {"y": n.one("GlobalAveragePool", [y])}
 
 
+def _pad_zero(n: Net, x: str) -> dict[str, str]:
+    padded = n.one("Pad", [x, n.const(np.array([0, 0, 2, 0, 0, 1], np.int64))])
+    return {"y": n.one("Sigmoid", [padded])}
+
+
 NCL_CASES = {
     "elementwise": (_elementwise, 17),
     "concat_split": (_concat_split, 17),
@@ -367,6 +373,7 @@ NCL_CASES = {
     "reduce_input_axes": (_reduce_input_axes, 18),
     "transpose_unsqueeze": (_transpose_unsqueeze, 17),
     "conv1d_bn_pool": (_conv1d, 17),
+    "pad_zero": (_pad_zero, 17),
 }
 
 
@@ -379,6 +386,21 @@ def test_reshape_to_4d_lifts_each_op_family_exactly(case):
     body = [n.name for n in model.graph.node[2:]]  # after the stem conv and the flattening
     on_mla(result, body)
     assert result.coverage_after.single_elf
+
+
+def test_reflect_padded_conv1d_fixes_to_one_segment():
+    """encodec / HiFi-GAN: a reflect Pad of [N,C,L] before each 1-D conv. Lifted, it is a Pad
+    of W, which pad-to-slices spells with Slices the MLA runs."""
+    n = Net()
+    flat = n.reshape(n.conv("x", 3, 8), [1, 8, 24])
+    padded = n.one("Pad", [flat, n.const(np.array([0, 0, 3, 0, 0, 3], np.int64))], mode="reflect")
+    w = n.const((n.rng.standard_normal((4, 8, 7)) / 8).astype(np.float32))
+    y = n.one("Conv", [padded, w], kernel_shape=[7])
+    model = n.model({"x": [1, 3, 4, 6]}, {"y": n.conv(n.reshape(y, [1, 4, 4, 6]), 4, 4)})
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    result = fix_model(model, "mlsoc")
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    assert "pad-to-slices" in [step["rule"] for step in result.steps]
 
 
 def test_region_stops_at_ops_it_cannot_lift():

@@ -34,7 +34,7 @@ from surgery.rules.replace_common import (
     freed_blockers,
     probe_node,
 )
-from surgery.rules.replace_pad import pad_mode_and_amounts
+from surgery.rules.replace_pool import pad_mode_and_amounts
 
 _NEEDS_VALUE = {"non_constant_input", "axis_unknown"}
 

@@ -29,6 +29,7 @@ from surgery.graph import FLOAT_TYPES, GraphView, attribute_values, default_opse
 from surgery.rules import rank4_layout as L
 from surgery.rules.rank4_layout import Layout, Shape
 from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant, static_dims
+from surgery.rules.replace_pool import read_pad
 
 MAX_NONUNIT = 4
 
@@ -255,6 +256,59 @@ def lift_reshape(lf: Lifter, node: gs.Node) -> None:
     shape_const = lf.constant(f"{node.name}_shape", np.array(target, np.int64))
     (y,) = lf.emit("Reshape", [x.var, shape_const], [target], node.name, out.dtype)
     lf.set(out, y, layout)
+
+
+# ---------------------------------------------------------------------- padding
+
+
+def _pad_of(info: NodeInfo, rank: int) -> tuple[str, list[int]] | None:
+    return read_pad(info.attrs, info.inputs, info.value, info.opset, rank)
+
+
+def _accept_pad(info: NodeInfo) -> bool:
+    """A Pad with constant amounts (any mode) of a run-time tensor: reflect-padded 1-D convs
+    (encodec, HiFi-GAN) pad [N,C,L] on L, which on 4-D is a Pad of W that pad-to-slices can
+    then spell with Slices, or the MLA run as it is."""
+    src = info.input(0)
+    if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
+        return False
+    return _pad_of(info, len(info.dims(src))) is not None
+
+
+@supports("Pad", accept=_accept_pad)
+def lift_pad(lf: Lifter, node: gs.Node) -> None:
+    x = lf.value(node.inputs[0])
+    rank = len(x.shape)
+    tensors = {t.name: t for t in node.inputs if t.name}
+    read = read_pad(
+        node.attrs,
+        [t.name for t in node.inputs],
+        lambda name: lf.const(tensors[name]),
+        lf.opset,
+        rank,
+    )
+    if read is None:
+        raise ValueError(f"Pad {node.name} has no constant amounts")
+    mode, pads = read
+    padded = [a for a in range(rank) if pads[a] or pads[a + rank]]
+    if any(x.layout.alone(a, x.shape) is None for a in padded):
+        x = lf.separated(x)
+    slots = [0] * 8
+    for a in padded:
+        k = x.layout.slot(a)
+        slots[k], slots[k + 4] = pads[a], pads[a + rank]
+    out = node.outputs[0]
+    shape4 = x.layout.shape4(lf.shape(out))
+    if lf.opset < 11:
+        attrs = {**node.attrs, "pads": slots}
+        inputs = [x.var]
+    else:
+        attrs = {"mode": mode}
+        value = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+        amounts = lf.constant(f"{node.name}_pads", np.array(slots, np.int64))
+        inputs = [x.var, amounts, *([value] if value is not None else [])]
+    (y,) = lf.emit("Pad", inputs, [shape4], node.name, out.dtype, **attrs)
+    lf.set(out, y, x.layout)
 
 
 # ---------------------------------------------------------------------- axis ops

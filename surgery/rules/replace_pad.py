@@ -36,7 +36,7 @@ from surgery.rules.replace_common import (
     probe_slice,
     probe_zero_pad,
 )
-from surgery.rules.replace_pool import pads_over_all_axes
+from surgery.rules.replace_pool import pad_mode_and_amounts
 from surgery.targets import Reason
 
 MAX_PAD = 8
@@ -49,27 +49,6 @@ MAX_COPIES = 32
 SPATIAL = (3, 2)
 """The axes a Pad is rewritten along, W then H as numpy.pad goes (the result is the same in
 either order: reflect and edge padding index each axis independently)."""
-
-
-def pad_mode_and_amounts(pat: Pattern, node: int, rank: int) -> tuple[str, list[int]] | None:
-    """The Pad node's mode and full [begin…, end…] list when the pads are constant; else None.
-
-    The pad value of constant mode is not read: only reflect and edge Pads are rewritten."""
-    attrs = pat.attrs(node)
-    mode = attrs.get("mode", "constant")
-    if model_opset(pat.ctx) < 11:
-        pads: list[int] | None = [int(p) for p in attrs.get("pads", [])]
-    else:
-        ins = pat.ins(node)
-        raw = pat.value(ins[1]) if len(ins) > 1 and ins[1] else None
-        if raw is None:
-            return None
-        pads = [int(p) for p in raw.reshape(-1)]
-        if len(ins) > 3 and ins[3]:
-            pads = pads_over_all_axes(pat, ins[3], pads, rank)
-    if pads is None or len(pads) != 2 * rank:
-        return None
-    return mode, pads
 
 
 def _border(mode: str, size: int, before: int, after: int) -> tuple[list[int], list[int]]:

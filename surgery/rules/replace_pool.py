@@ -4,7 +4,8 @@ only change how the edge windows are described)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,45 +22,58 @@ from surgery.rules.replace_common import (
 )
 
 
-def _pad_amounts(pat: Pattern, node: int, rank: int) -> list[int] | None:
-    """The Pad node's full [begin…, end…] list, when it pads with the constant 0; else None."""
-    attrs = pat.attrs(node)
-    if attrs.get("mode", "constant") != "constant":
-        return None
-    ins = pat.ins(node)
-    if model_opset(pat.ctx) < 11:
-        pads, value = list(attrs.get("pads", [])), float(attrs.get("value", 0.0))
+def read_pad(
+    attrs: Mapping[str, Any],
+    inputs: Sequence[str],
+    value: Callable[[str], np.ndarray | None],
+    opset: int,
+    rank: int,
+) -> tuple[str, list[int]] | None:
+    """A Pad node's mode and full [begin…, end…] list over its `rank` axes, from its attributes
+    (opset < 11) or its constant inputs (`value` reads a constant by name; the `axes` input of
+    opset 18 spread over all axes); None when they are not constant. The one reader of Pad
+    amounts (rules read them through `pad_mode_and_amounts`, the rank lifts directly)."""
+    mode = str(attrs.get("mode", "constant"))
+    if opset < 11:
+        pads = [int(p) for p in attrs.get("pads", [])]
     else:
-        raw = pat.value(ins[1]) if len(ins) > 1 and ins[1] else None
+        raw = value(inputs[1]) if len(inputs) > 1 and inputs[1] else None
         if raw is None:
             return None
         pads = [int(p) for p in raw.reshape(-1)]
-        value = 0.0
-        if len(ins) > 2 and ins[2]:
-            v = pat.scalar(ins[2])
-            if v is None:
+        if len(inputs) > 3 and inputs[3]:
+            axes = value(inputs[3])
+            if axes is None:
                 return None
-            value = v
-        if len(ins) > 3 and ins[3]:
-            pads = pads_over_all_axes(pat, ins[3], pads, rank)
-    if value != 0.0 or pads is None or len(pads) != 2 * rank:
-        return None
-    return pads
+            n = axes.size
+            full = [0] * (2 * rank)
+            for k, a in enumerate(int(a) % rank for a in axes.reshape(-1)):
+                full[a], full[a + rank] = pads[k], pads[k + n]
+            pads = full
+    return (mode, pads) if len(pads) == 2 * rank else None
 
 
-def pads_over_all_axes(
-    pat: Pattern, axes_name: str, pads: list[int], rank: int
-) -> list[int] | None:
-    """A Pad's [begin…, end…] over the axes of its `axes` input (opset ≥ 18) → over all
-    `rank` axes (0 where not padded); None when the axes are not constant."""
-    axes = pat.value(axes_name)
-    if axes is None:
+def pad_mode_and_amounts(pat: Pattern, node: int, rank: int) -> tuple[str, list[int]] | None:
+    """`read_pad` of a node of the pattern's model."""
+    return read_pad(pat.attrs(node), pat.ins(node), pat.value, model_opset(pat.ctx), rank)
+
+
+def _pad_amounts(pat: Pattern, node: int, rank: int) -> list[int] | None:
+    """The Pad node's full [begin…, end…] list, when it pads with the constant 0; else None."""
+    read = pad_mode_and_amounts(pat, node, rank)
+    if read is None or read[0] != "constant":
         return None
-    full = [0] * (2 * rank)
-    n = len(axes.reshape(-1))
-    for k, a in enumerate(int(a) % rank for a in axes.reshape(-1)):
-        full[a], full[a + rank] = pads[k], pads[k + n]
-    return full
+    ins = pat.ins(node)
+    if model_opset(pat.ctx) < 11:
+        value = float(pat.attrs(node).get("value", 0.0))
+    elif len(ins) > 2 and ins[2]:
+        scalar = pat.scalar(ins[2])
+        if scalar is None:
+            return None
+        value = scalar
+    else:
+        value = 0.0
+    return read[1] if value == 0.0 else None
 
 
 def _spatial(pads: Sequence[int], rank: int) -> list[int]:
