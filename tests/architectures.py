@@ -981,6 +981,38 @@ def yolo11_psa() -> onnx.ModelProto:
     return b.model("yolo11_psa", {"images": [1, 3, 16, 16]}, ["psa_out"], opset=17)
 
 
+def mobilevitv2_hf() -> onnx.ModelProto:
+    """HF transformers MobileViTV2 (dynamo export, opset 18): F.unfold of 2×2 patches as two
+    Gathers by the index table [[0, 2, …], [1, 3, …]] (axis 2, then axis 4), viewed as
+    (1, C, P, N); separable linear attention over the N patches (Softmax of a 1-channel score
+    over N, context = Σ k·score broadcast onto Relu(v)); F.fold back as Col2Im with
+    strides = block shape."""
+    b, c, side, ph = Builder(), 16, 8, 2
+    n, pa = (side // ph) ** 2, ph * ph
+    x = b.conv("stem", "x", 3, c, stride=2, act="silu")
+    y = b.conv("proj_in", x, c, c, kernel=1, act=None)
+    table = b.const("patch_index", np.arange(side).reshape(side // ph, ph).T.copy())
+    y = b.node("Gather", [y, table], "unfold_h", axis=2)
+    y = b.node("Gather", [y, table], "unfold_w", axis=4)
+    patches = b.node("Reshape", [y, b.const("patch_view", np.array([1, c, pa, n]))], "patches")
+    score = b.conv("score", patches, c, 1, kernel=1, act=None)
+    score = b.node("Softmax", [score], "score_softmax", axis=-1)
+    key = b.conv("key", patches, c, c, kernel=1, act=None)
+    context = b.node("Mul", [key, score], "key_scored")
+    context = b.node(
+        "ReduceSum", [context, b.const("over_n", np.array([-1]))], "context", keepdims=1
+    )
+    value = b.node("Relu", [b.conv("value", patches, c, c, kernel=1, act=None)], "value_relu")
+    mixed = b.conv(
+        "attn_out", b.node("Mul", [value, context], "attended"), c, c, kernel=1, act=None
+    )
+    cols = b.node("Reshape", [mixed, b.const("cols", np.array([1, c * pa, n]))], "columns")
+    image, block = b.const("image", np.array([side, side])), b.const("block", np.array([ph, ph]))
+    folded = b.node("Col2Im", [cols, image, block], "fold", strides=[ph, ph])
+    b.conv("fuse", b.node("Add", [x, folded], "residual"), c, c, act="silu")
+    return b.model("mobilevitv2_hf", {"x": [1, 3, 16, 16]}, ["fuse_silu"], opset=18)
+
+
 def yolo_world() -> onnx.ModelProto:
     """ultralytics YOLO-World (set_classes, then export): MaxSigmoidAttnBlock — guide = text
     embeddings [1, K, heads, hc] (constant), embed = image features viewed (1, heads, hc, h·w)
@@ -2279,6 +2311,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
     "yolo_world": yolo_world,
+    "mobilevitv2_hf": mobilevitv2_hf,
     "segformer": segformer,
     "mobilevit": mobilevit,
     "clip_vit": clip_vit,

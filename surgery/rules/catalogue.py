@@ -27,6 +27,7 @@ MODULES = (
     "replace_reduce",
     "replace_resize",
     "replace_shuffle",
+    "replace_unfold",
     "replace_slicing",
     "structure",
     "rank4",

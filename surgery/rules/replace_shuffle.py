@@ -259,17 +259,25 @@ class TransposeToBlockSwaps(GraphRule):
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         ed.detach(*(n for n in (ed.node_named(name) for name in match.nodes) if n is not None))
         x, y = ed.tensor(match.data["x"]), ed.tensor(match.data["y"])
-        current: gs.Tensor = x
-        shape = list(x.shape or ())
-        for shape4, perm in match.data["steps"]:
-            if shape != shape4:
-                target = ed.const("block_view_shape", np.array(shape4, np.int64))
-                current = ed.op("Reshape", "block_view", [current, target], shape4, x.dtype)
-            shape = [shape4[p] for p in perm]
-            current = ed.op("Transpose", "block_swap", [current], shape, x.dtype, perm=perm)
-        out = ed.const("block_out_shape", np.array(y.shape, np.int64))
-        ed.node("Reshape", "block_out", [current, out], [y])
+        emit_block_swaps(ed, x, y, match.data["steps"], list(y.shape or ()))
         return True
+
+
+def emit_block_swaps(
+    ed: Editor, x: gs.Tensor, y: gs.Tensor, steps: Sequence[BlockSwap], y_shape: Sequence[int]
+) -> None:
+    """Write y (of `y_shape`) as x through the 4-D `steps` of `block_swaps`: per step a
+    Reshape to its 4-D view (when the shape changes) and its Transpose, then a Reshape to y."""
+    current: gs.Tensor = x
+    shape = list(x.shape or ())
+    for shape4, perm in steps:
+        if shape != list(shape4):
+            target = ed.const("block_view_shape", np.array(shape4, np.int64))
+            current = ed.op("Reshape", "block_view", [current, target], list(shape4), x.dtype)
+        shape = [shape4[p] for p in perm]
+        current = ed.op("Transpose", "block_swap", [current], shape, x.dtype, perm=list(perm))
+    out = ed.const("block_out_shape", np.array(y_shape, np.int64))
+    ed.node("Reshape", "block_out", [current, out], [y])
 
 
 def block_swaps(shape: Sequence[int], perm: Sequence[int]) -> list[BlockSwap] | None:

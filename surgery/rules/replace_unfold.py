@@ -1,0 +1,180 @@
+"""Non-overlapping unfold and fold as the data movement they are: gather-table-to-transpose,
+col2im-to-transpose.
+
+torch writes `F.unfold` with kernel = stride as Gathers of constant index tables (one per
+spatial axis: table[i, j] = s·j + i picks pixel j of patch position i) and `F.fold` as
+Col2Im (opset 18). Both only move data, but neither op runs on an MLA and the tables make
+them opaque to the rank lifts. Rewritten as Reshape → Transpose (→ Reshape), they are the
+patch shuffles that transpose-to-block-swaps and the rank-4 lifts already carry as 4-D
+Transposes (HF MobileViTV2 unfolds and folds every attention block so). Both write the
+permutation directly as the 4-D block swaps of transpose-to-block-swaps (`block_swaps`), so a
+rewrite leaves at most the reshape at its edge off the MLA. Both are cleanups: canonical forms
+the rank lifts continue from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import Editor, GraphRule, Pattern
+from surgery.rules.replace_shuffle import block_swaps, emit_block_swaps
+
+_FOLD = (0, 1, 4, 2, 5, 3)
+"""[N, C, kh, kw, H/kh, W/kw] → [N, C, H/kh, kh, W/kw, kw]: the blocks placed side by side."""
+
+
+def _table_split(table: np.ndarray, size: int) -> tuple[int, int, bool] | None:
+    """For a 2-D index table over an axis of `size`: (p, q, swapped) when the table is
+    arange(size) viewed as [p, q] (swapped False) or viewed as [q, p] and transposed
+    (swapped True, the unfold form); else None."""
+    if table.ndim != 2 or table.size != size:
+        return None
+    flat = np.where(table < 0, table + size, table)
+    p, q = table.shape
+    if np.array_equal(flat, np.arange(size).reshape(p, q)):
+        return p, q, False
+    if np.array_equal(flat, np.arange(size).reshape(q, p).T):
+        return p, q, True
+    return None
+
+
+@register
+class GatherTableToTranspose(GraphRule):
+    """Rewrite a Gather whose constant 2-D index table permutes one axis as a reshape of it,
+    or a reshape and a swap, as Reshape (split the axis into the table's two axes) and, for
+    the swap, Transpose of those two axes.
+
+    The index table of a non-overlapping unfold over an axis of size s·n, table[i, j] =
+    s·j + i, is arange(s·n) viewed as [n, s] and transposed: out[…, i, j, …] = x[…, s·j + i, …]
+    is x reshaped to […, n, s, …] with the two new axes swapped. Pure data movement: exact.
+    Only Gathers the target keeps off its MLA are matched.
+    """
+
+    name = "gather-table-to-transpose"
+    suggest_for = frozenset({"Gather"})
+    summary = "Gather by a constant 2-D index table that reshapes an axis (F.unfold) → Reshape (+ Transpose)."
+    category = "cleanup"
+    example = "surgery apply gather-table-to-transpose mobilevitv2.onnx -o mvit_unfold.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Gather"):
+            data, index = pat.ins(node)[:2]
+            shape, table = pat.shape(data), pat.value(index)
+            if shape is None or table is None or pat.is_const(data) or not pat.is_float(data):
+                continue
+            axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
+            split = _table_split(table, shape[axis])
+            if split is None:
+                continue
+            p, q, swapped = split
+            steps = []
+            if swapped:
+                viewed = (*shape[:axis], q, p, *shape[axis + 1 :])
+                perm = list(range(len(viewed)))
+                perm[axis], perm[axis + 1] = axis + 1, axis
+                steps = block_swaps(viewed, perm)
+                if steps is None:
+                    continue
+            name = pat.name(node)
+            found.append(
+                self.match(
+                    [name],
+                    f"Gather {name} views axis {axis} ({shape[axis]}) as [{p}, {q}]"
+                    + (" transposed" if swapped else ""),
+                    [name],
+                    axis=axis,
+                    p=p,
+                    q=q,
+                    swapped=swapped,
+                    shape=list(shape),
+                    steps=[[list(v), list(m)] for v, m in steps],
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        gather = ed.node_named(match.nodes[0])
+        assert gather is not None
+        data, out = gather.inputs[0], gather.outputs[0]
+        ed.detach(gather)
+        d = match.data
+        axis, p, q, shape = d["axis"], d["p"], d["q"], d["shape"]
+        if not d["swapped"]:
+            viewed = [*shape[:axis], p, q, *shape[axis + 1 :]]
+            target = ed.const("unfold_shape", np.array(viewed, np.int64))
+            ed.node("Reshape", "unfold_view", [data, target], [out])
+            return True
+        viewed = [*shape[:axis], q, p, *shape[axis + 1 :]]
+        perm = list(range(len(viewed)))
+        perm[axis], perm[axis + 1] = axis + 1, axis
+        emit_block_swaps(ed, data, out, d["steps"], [viewed[k] for k in perm])
+        return True
+
+
+@register
+class Col2ImToTranspose(GraphRule):
+    """Rewrite a Col2Im (F.fold) whose blocks do not overlap — strides equal to the block
+    shape, no padding, unit dilations — as Reshape → Transpose → Reshape.
+
+    Each output pixel then receives exactly one column entry: out[n, c, i·kh + a, j·kw + b] =
+    in[n, (c·kh + a)·kw + b, i·(W/kw) + j], the inverse of the non-overlapping unfold, i.e.
+    in viewed as [N, C, kh, kw, H/kh, W/kw], permuted (0, 1, 4, 2, 5, 3) and viewed as
+    [N, C, H, W]. A sum of one term: exact.
+    """
+
+    name = "col2im-to-transpose"
+    suggest_for = frozenset({"Col2Im"})
+    summary = "Col2Im with strides = block shape, no padding (F.fold of patches) → Reshape, Transpose, Reshape."
+    category = "cleanup"
+    example = "surgery apply col2im-to-transpose mobilevitv2.onnx -o mvit_fold.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Col2Im"):
+            data, image, block = pat.ins(node)[:3]
+            shape, out = pat.shape(data), pat.shape(pat.outs(node)[0])
+            size, kernel = pat.value(image), pat.value(block)
+            if shape is None or out is None or size is None or kernel is None:
+                continue
+            kernel_dims = [int(k) for k in kernel.reshape(-1)]
+            attrs = pat.attrs(node)
+            if len(kernel_dims) != 2 or len(out) != 4 or len(shape) != 3:
+                continue
+            if list(attrs.get("strides", [1, 1])) != kernel_dims:
+                continue
+            if any(attrs.get("pads", [0, 0, 0, 0])) or any(
+                d != 1 for d in attrs.get("dilations", [1, 1])
+            ):
+                continue
+            kh, kw = kernel_dims
+            n, c, h, w = out
+            if h % kh or w % kw or shape != (n, c * kh * kw, (h // kh) * (w // kw)):
+                continue
+            steps = block_swaps((n, c, kh, kw, h // kh, w // kw), _FOLD)
+            if steps is None:
+                continue
+            name = pat.name(node)
+            found.append(
+                self.match(
+                    [name],
+                    f"Col2Im {name} places {kh}×{kw} blocks side by side → "
+                    f"{len(steps)} 4-D Transpose(s)",
+                    [name],
+                    steps=[[list(v), list(m)] for v, m in steps],
+                    out=list(out),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        fold = ed.node_named(match.nodes[0])
+        assert fold is not None
+        data, out = fold.inputs[0], fold.outputs[0]
+        ed.detach(fold)
+        emit_block_swaps(ed, data, out, match.data["steps"], match.data["out"])
+        return True
