@@ -512,3 +512,101 @@ def _reduce_axes_operand(
     if model_opset(ctx) >= (13 if op == "ReduceSum" else 18):
         return [TensorSpec.const(np.array(axes, np.int64))], {}
     return [], {"axes": axes}
+
+
+@register
+class ChannelsLastReduceToSpatial(GraphRule):
+    """Rewrite ReduceMean / ReduceSum / ReduceMax over the channel axis and one spatial axis
+    of a 4-D tensor — axes [1, 2] of a channels-last [N, H, W, C] map — as Transpose (the
+    kept axis to the channels, the reduced ones to H and W) → the same reduction over H and W
+    → Transpose back (or a Reshape when keepdims=0).
+
+    tf2onnx keeps a Keras model's squeeze-excite blocks in NHWC: the global pool over H and W
+    is ReduceMean(axes=[1, 2]) between Transposes, which the MLA (spatial reductions only)
+    rejects, splitting MobileNetV3 into a segment per block. The moved tensor reduces the same
+    elements per output; merge-transposes then cancels the Transposes against tf2onnx's own.
+    Only nodes the target keeps off its MLA are matched.
+    """
+
+    name = "channels-last-reduce-to-spatial"
+    suggest_for = frozenset({"ReduceMean", "ReduceSum", "ReduceMax"})
+    summary = "Reduce over axes [1,2] or [1,3] of a 4-D tensor (NHWC pooling) → Transpose, reduce over H,W, Transpose back."
+    category = "replace"
+    example = "surgery apply channels-last-reduce-to-spatial mobilenetv3_tf.onnx -w ws"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("ReduceMean", "ReduceSum", "ReduceMax"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            shape, out_shape = pat.shape(x), pat.shape(y)
+            if shape is None or out_shape is None or pat.is_const(x) or not pat.is_float(x):
+                continue
+            axes = reduce_axes(pat, node, len(shape))
+            if len(shape) != 4 or axes not in ([1, 2], [1, 3]):
+                continue
+            kept = [a for a in (1, 2, 3) if a not in axes]
+            perm = [0, *kept, *axes]
+            moved = tuple(shape[a] for a in perm)
+            reduced = (*moved[:2], 1, 1)
+            keep = int(pat.attrs(node).get("keepdims", 1))
+            back = [perm.index(a) for a in range(4)]
+            op = pat.op(node)
+            axes_in, axes_attr = _reduce_axes_operand(ctx, op, [2, 3])
+            elem = pat.elem_type(x)
+            probes = [
+                probe_node(
+                    ctx, "Transpose", [pat.spec(x)], [TensorSpec(moved, elem)], {"perm": perm}
+                ),
+                probe_node(
+                    ctx,
+                    op,
+                    [TensorSpec(moved, elem), *axes_in],
+                    [TensorSpec(reduced, elem)],
+                    {"keepdims": 1, **axes_attr},
+                ),
+                probe_node(
+                    ctx, "Transpose", [TensorSpec(reduced, elem)], [pat.spec(y)], {"perm": back}
+                )
+                if keep
+                else probe_node(
+                    ctx,
+                    "Reshape",
+                    [TensorSpec(reduced, elem), TensorSpec.const(np.array(out_shape, np.int64))],
+                    [pat.spec(y)],
+                ),
+            ]
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"{op} {pat.name(node)} over axes {axes} of {fmt_shape(shape)} → over H,W "
+                    f"of its Transpose {perm}",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    perm=perm,
+                    back=back if keep else None,
+                    moved=list(moved),
+                    reduced=list(reduced),
+                    out_shape=list(out_shape),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        op = node.op
+        ed.detach(node)
+        d = match.data
+        moved = ed.op("Transpose", "to_spatial", [x], d["moved"], x.dtype, perm=d["perm"])
+        axes_in, axes_attr = _reduce_axes_operand(ed.ctx, op, [2, 3])
+        inputs = [moved, *(ed.const("spatial_axes", np.asarray(a.value)) for a in axes_in)]
+        reduced = ed.op(
+            op, "spatial_reduce", inputs, d["reduced"], x.dtype, keepdims=1, **axes_attr
+        )
+        if d["back"] is not None:
+            ed.node("Transpose", "from_spatial", [reduced], [y], perm=d["back"])
+        else:
+            shape = ed.const("reduced_shape", np.array(d["out_shape"], np.int64))
+            ed.node("Reshape", "reduced_view", [reduced, shape], [y])
+        return True
