@@ -1,5 +1,6 @@
 """fold-constants folds shape arithmetic until inference knows every shape, and `surgery fix`
-keeps a cleanup that makes coverage worse by itself when fixing on from it ends better."""
+keeps a cleanup that makes coverage worse by itself when fixing on from it ends better (also
+two such cleanups in a row)."""
 
 from __future__ import annotations
 
@@ -264,3 +265,62 @@ def test_fix_folds_the_constants_of_a_model_that_is_already_one_segment() -> Non
     assert [s["rule"] for s in result.steps] == ["fold-constants"]
     assert "Shape" not in GraphView(result.model).op_types
     assert result.coverage_after.single_elf
+
+
+def _masked_attention_model() -> onnx.ModelProto:
+    """The tokens model with attention in the middle as torch's sdpa exports it: a −inf mask
+    from a run-time input added to the scores, and the Where(IsNaN(p), 0, p) guard after the
+    Softmax. Folding the shapes (worse by itself) comes first; then dropping the guard, which
+    adds the mask's host pre-stage (worse by itself too), and only then the lift."""
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.5, shape).astype(np.float32), name)
+
+    weights = [
+        weight("w1", 8, 3, 1, 1),
+        *(weight(f"w{p}", 8, 8) for p in "qkv"),
+        weight("w2", 4, 8, 1, 1),
+        numpy_helper.from_array(np.array(0, np.float32), "f0"),
+        numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+    ]
+    nodes = [
+        _constant("zero", np.array([0], np.int64)),
+        _constant("two", np.array([2], np.int64)),
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        *_flatten_like_paddle("a", "tokens", [-1]),
+        helper.make_node("Transpose", ["tokens"], ["t"], perm=[0, 2, 1]),
+        *(helper.make_node("MatMul", ["t", f"w{p}"], [p]) for p in "qkv"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Equal", ["keep", "f0"], ["masked"]),
+        helper.make_node("Where", ["masked", "ninf", "f0"], ["bias"]),
+        helper.make_node("Unsqueeze", ["bias", "ax1"], ["bias3"]),
+        helper.make_node("Add", ["scores", "bias3"], ["biased"]),
+        helper.make_node("Softmax", ["biased"], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "f0", "p"], ["guarded"]),
+        helper.make_node("MatMul", ["guarded", "v"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1]),
+        *_flatten_like_paddle("ot", "map", [-1, 1]),
+        helper.make_node("Conv", ["map", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4]),
+            helper.make_tensor_value_info("keep", TensorProto.FLOAT, [1, 16]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_look_ahead_branch_looks_ahead_again() -> None:
+    result = fix_model(load_model(_masked_attention_model()), "mlsoc")
+    assert result.coverage_after.mla_segments == 1
+    applied = [step["rule"] for step in result.steps]
+    assert applied[:2] == ["fold-constants", "drop-softmax-nan-guard"]

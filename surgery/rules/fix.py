@@ -61,6 +61,9 @@ class FixResult:
         }
 
 
+LOOK_AHEAD_DEPTH = 2
+"""Nested look-aheads `fix_model` may open (each runs a fix of its own from a worse step)."""
+
 MOSTLY_HOST = 0.5
 """Below this share of its MACs on the MLA a model runs mostly on the host, however few its
 segments: WavLM's two segments of layer norms hold 0.2 % of the MACs, and lifting its
@@ -141,7 +144,7 @@ def fix_model(
     on_step: StepCallback | None = None,
     on_rewrite: Callable[[RewriteResult], None] | None = None,
     inputs: Mapping[str, Any] | None = None,
-    look_ahead: bool = True,
+    look_ahead: bool | int = True,
 ) -> FixResult:
     """Loop check → best rule → apply → verify → recheck until one MLA segment or no progress.
 
@@ -149,9 +152,13 @@ def fix_model(
     (e.g. to store every step as a workspace version). A cleanup that makes coverage worse
     is kept when fixing on from it (`look_ahead`) ends better than the model before it: folding
     a transformer's shape arithmetic first turns unknown ranks into rank-3 blockers, which only
-    the rank-4 rules then remove. "Better" puts known shapes first (`_outcome`).
+    the rank-4 rules then remove. "Better" puts known shapes first (`_outcome`). A branch
+    looks ahead itself, one level less (`look_ahead` True means `LOOK_AHEAD_DEPTH` levels):
+    folding can be the step before a canonical form that is worse by itself too (a Softmax
+    NaN guard whose mask only folding made constant).
     """
-    options = _FixOptions(allow_approximate, tuple(skip), inputs)
+    depth = LOOK_AHEAD_DEPTH if look_ahead is True else int(look_ahead)
+    options = _FixOptions(allow_approximate, tuple(skip), inputs, depth - 1)
     tgt = resolve_target(target)
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
@@ -180,13 +187,13 @@ def fix_model(
                 tried.add(rule.name)
                 continue
             verdict = _judge(rule, ctx.coverage, step.coverage_after)
-            if verdict == "look ahead" and look_ahead and rule.category == "cleanup":
+            if verdict == "look ahead" and depth > 0 and rule.category == "cleanup":
                 branch = _fix_onwards(step, tgt, max_steps - len(result.steps) - 1, options)
                 if branch is not None and _outcome(branch[0].coverage_after) < _outcome(
                     ctx.coverage
                 ):
                     return _adopt(result, ctx.coverage, step, *branch, on_step, on_rewrite)
-            elif verdict == "look ahead" and look_ahead:
+            elif verdict == "look ahead" and depth > 0:
                 detours.append(step)
             if verdict != "keep":
                 reason = (
@@ -237,6 +244,8 @@ class _FixOptions:
     allow_approximate: bool
     skip: tuple[str, ...]
     inputs: Mapping[str, Any] | None
+    look_ahead: int
+    """How many levels a branch may still look ahead itself."""
 
 
 def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> Reference:
@@ -256,7 +265,7 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
 def _fix_onwards(
     step: RewriteResult, target: Target, max_steps: int, options: _FixOptions
 ) -> tuple[FixResult, list[RewriteResult]] | None:
-    """Fix on from a step's model without looking further ahead: the branch's result and its
+    """Fix on from a step's model, looking ahead one level less: the branch's result and its
     steps (replayed through the callbacks only if the branch is adopted)."""
     if max_steps <= 0:
         return None
@@ -269,7 +278,7 @@ def _fix_onwards(
         skip=options.skip,
         on_rewrite=rewrites.append,
         inputs=options.inputs,
-        look_ahead=False,
+        look_ahead=options.look_ahead,
     )
     return branch, rewrites
 
