@@ -1,6 +1,7 @@
 """neg-to-mul and repeat-to-concat: the rotary embedding's Neg and grouped-query attention's
 repeat_kv (Llama, Qwen2, Mistral), which split every attention layer off an int8 MLA, become
-a Mul by −1 and Concats of copies it runs, exactly."""
+a Mul by −1 and Concats of copies it runs, exactly; so does Keras' UpSampling2D as tf2onnx
+writes it (repeats read through a Transpose)."""
 
 from __future__ import annotations
 
@@ -209,3 +210,60 @@ def test_fixed_repeat_kv_compiles_to_one_elf_bit_exact(tmp_path: Path) -> None:
     result = compile_model(qdq, tmp_path, model_name="repeat_kv")
     comparison = run_and_compare(result, qdq, make_inputs(model, seed=2))
     assert len(result.elf_files) == 1 and comparison.bit_exact
+
+
+def _keras_upsample() -> onnx.ModelProto:
+    """Keras 3's UpSampling2D(2) as tf2onnx writes it on an NCHW map: repeat the rows
+    (Unsqueeze → Tile → Transpose to channels-last → Reshape), then the columns
+    (Unsqueeze → Tile → Reshape), then back to NCHW; a Conv on each side."""
+    rng = np.random.default_rng(2)
+    c, side = 4, 4
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (c, 3, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (c, c, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([3], np.int64), "axis3"),
+        numpy_helper.from_array(np.array([1, 1, 1, 2, 1], np.int64), "twice"),
+        numpy_helper.from_array(np.array([1, 2 * side, side, c], np.int64), "rows"),
+        numpy_helper.from_array(np.array([1, 2 * side, 2 * side, c], np.int64), "cols"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Unsqueeze", ["a", "axis3"], ["a5"]),
+        helper.make_node("Tile", ["a5", "twice"], ["a5t"]),
+        helper.make_node("Transpose", ["a5t"], ["nhwc5"], perm=[0, 2, 3, 4, 1]),
+        helper.make_node("Reshape", ["nhwc5", "rows"], ["tall"]),
+        helper.make_node("Unsqueeze", ["tall", "axis3"], ["t5"]),
+        helper.make_node("Tile", ["t5", "twice"], ["t5t"]),
+        helper.make_node("Reshape", ["t5t", "cols"], ["up"]),
+        helper.make_node("Transpose", ["up"], ["up_nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["up_nchw", "w2"], ["y"]),
+    ]
+    return _model(nodes, inits, [1, 3, side, side])
+
+
+def test_a_repeat_read_through_a_transpose_is_rewritten() -> None:
+    model = _keras_upsample()
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    step = apply_rule(model, "repeat-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert "Tile" not in _ops(step.model)
+
+
+def test_fix_takes_the_keras_upsample_to_one_segment() -> None:
+    result = fix_model(_keras_upsample(), "mlsoc")
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    assert "repeat-to-concat" in [step["rule"] for step in result.steps]
+
+
+def test_a_repeat_whose_axis_a_reshape_adds_is_rewritten() -> None:
+    """The Unsqueeze folded into the Reshape before it ([1, kv, L·d] → [1, kv, 1, L, d])."""
+    model = _repeat_kv(2, [1, HEADS, LENGTH, DIM])
+    for node in model.graph.node:
+        if node.op_type == "Unsqueeze":
+            node.op_type, node.input[1] = "Reshape", "as_unit_axis"
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.array([1, KV_HEADS, 1, LENGTH, DIM], np.int64), "as_unit_axis")
+    )
+    step = apply_rule(load_model(model), "repeat-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Reshape", "Concat", "Reshape", "Conv"]

@@ -632,6 +632,8 @@ class MergeReshapes(GraphRule):
     Reshape to the chain's final (static) shape — and when that shape is the input's own, the
     chain disappears. Fewer nodes, and a Reshape is what the MLA accepts where Flatten,
     Squeeze and Unsqueeze are CVU-only. Needs the final shape known (fix dynamic inputs first).
+    A reshape that feeds a Tile or Expand stays as it is: it adds the axis a repeat copies,
+    the pattern repeat-to-concat rewrites.
     """
 
     name = "merge-reshapes"
@@ -648,6 +650,10 @@ class MergeReshapes(GraphRule):
             if pat.sole_consumer(out, *_RESHAPES) is not None:
                 continue  # not the end of its chain
             chain = self._chain(pat, last)
+            if any(pat.op(c) in ("Tile", "Expand") for c in pat.consumers(out)):
+                # The last one adds the axis a repeat copies: repeat-to-concat reads it so.
+                chain = chain[:-1]
+                out = pat.outs(chain[-1])[0] if chain else out
             shape = pat.shape(out)
             if len(chain) < 2 or shape is None or 0 in shape:
                 continue

@@ -523,8 +523,11 @@ class RepeatToConcat(GraphRule):
     (each head repeated in place), whatever shape the Reshape gives (GCViT tiles its global
     query [1, 7, 7, 64] over 64 windows and reshapes it to [64, 49, 2, 32]); when the new axis
     is folded into the one after it (a tile), the Concat of n copies of the input along that
-    axis alone. A Tile of the new unit axis is the same copy as an Expand. Data movement:
-    exact.
+    axis alone. A Tile of the new unit axis is the same copy as an Expand. The unit axis may
+    come from a Reshape instead of the Unsqueeze, and a Transpose may sit between the copy
+    and the Reshape (tf2onnx writes Keras 3's UpSampling2D as two such repeats, the first
+    moving the channels last): the input is then transposed the same way first. Data
+    movement: exact.
     """
 
     name = "repeat-to-concat"
@@ -543,7 +546,7 @@ class RepeatToConcat(GraphRule):
             chain = self._chain(pat, expand)
             if chain is None:
                 continue
-            nodes, x, y, repeat = chain
+            nodes, x, y, repeat, perm_x = chain
             if not any(pat.name(n) in ctx.blocker_names for n in nodes):
                 continue
             shape, out = pat.shape(x), pat.shape(y)
@@ -552,9 +555,16 @@ class RepeatToConcat(GraphRule):
             staged = repeat.staging_shape()
             probes: list[Reason | None] = []
             source = TensorSpec(tuple(shape), elem_type)
+            if perm_x is not None:
+                moved = TensorSpec(tuple(shape[a] for a in perm_x), elem_type)
+                probes.append(
+                    probe_node(ctx, "Transpose", [source], [moved], {"perm": list(perm_x)})
+                )
+                source = moved
             if staged is not None:
-                source = TensorSpec(tuple(staged), elem_type)
-                probes.append(probe_reshape(ctx, pat.spec(x), source))
+                staged_spec = TensorSpec(tuple(staged), elem_type)
+                probes.append(probe_reshape(ctx, source, staged_spec))
+                source = staged_spec
             axis = repeat.concat_axis()
             assert source.shape is not None
             joined = TensorSpec(_with(source.shape, axis, repeat.copies), elem_type)
@@ -573,40 +583,80 @@ class RepeatToConcat(GraphRule):
                     net_freed(ctx, names, probes),
                     repeat=asdict(repeat),
                     out=list(out),
+                    perm_x=perm_x,
                 )
             )
         return found
 
     @staticmethod
-    def _chain(pat: Pattern, expand: int) -> tuple[list[int], str, str, Repeat] | None:
-        """(Unsqueeze, Expand or Tile, Reshape), the input, the output and the repeat; None if
-        the copy is not the middle of such a chain with private intermediates."""
+    def _chain(
+        pat: Pattern, expand: int
+    ) -> tuple[list[int], str, str, Repeat, list[int] | None] | None:
+        """(Unsqueeze or Reshape, Expand or Tile, [Transpose,] Reshape), the input, the output,
+        the repeat and the permutation of the input that the Transpose amounts to (None
+        without one); None if the copy is not the middle of such a chain with private
+        intermediates.
+
+        A Reshape in place of the Unsqueeze (merge-reshapes folds the Unsqueeze into the
+        reshape before it) only relabels memory, so the repeat reads its input through the
+        staging Reshape. A Transpose between the copy and the final Reshape (tf2onnx writes
+        Keras' UpSampling2D so, the channels moved last) moves the input's axes the same way:
+        the input is transposed first, and the new axis sits where the Transpose puts it."""
         middle = pat.ins(expand)[0]
-        unsqueeze = pat.producer(middle, "Unsqueeze")
-        if unsqueeze is None or not pat.private(middle):
+        producer = pat.producer(middle, "Unsqueeze", "Reshape")
+        if producer is None or not pat.private(middle):
             return None
-        reshape = pat.sole_consumer(pat.outs(expand)[0], "Reshape")
+        copied = pat.outs(expand)[0]
+        transpose = pat.sole_consumer(copied, "Transpose")
+        last = pat.outs(transpose)[0] if transpose is not None else copied
+        reshape = pat.sole_consumer(last, "Reshape")
         if reshape is None:
             return None
-        x, y = pat.ins(unsqueeze)[0], pat.outs(reshape)[0]
-        shapes = [pat.shape(t) for t in (x, middle, pat.outs(expand)[0], y)]
+        x, y = pat.ins(producer)[0], pat.outs(reshape)[0]
+        shapes = [pat.shape(t) for t in (x, middle, copied, y)]
         if any(s is None for s in shapes) or pat.is_const(x) or not pat.is_float(x):
             return None
-        repeat = plan_repeat(*shapes)  # type: ignore[arg-type]
+        source, unsqueezed, expanded, out = (list(s) for s in shapes)  # type: ignore[arg-type]
+        differ = [a for a, (u, e) in enumerate(zip(unsqueezed, expanded, strict=False)) if u != e]
+        if len(expanded) != len(unsqueezed) or len(differ) != 1:
+            return None
+        new = differ[0]
+        kept = [*unsqueezed[:new], *unsqueezed[new + 1 :]]
+        relabel = kept != source  # a Reshape producer that also merges or splits axes
+        if relabel and pat.op(producer) == "Unsqueeze":
+            return None
+        perm_x = None
+        if transpose is not None:
+            perm = list(pat.attrs(transpose).get("perm") or reversed(range(len(expanded))))
+            order = [a - (a > new) for a in perm if a != new]
+            if order != sorted(order):
+                perm_x = order
+            new = perm.index(new)
+            kept = [kept[a] for a in order]
+            unsqueezed = [*kept[:new], 1, *kept[new:]]
+            expanded = [*kept[:new], expanded[differ[0]], *kept[new:]]
+        if relabel and perm_x is not None:
+            return None
+        repeat = plan_repeat(kept, unsqueezed, expanded, out)
         if repeat is None:
             return None
-        return [unsqueeze, expand, reshape], x, y, repeat
+        if relabel:  # x is read through the staging Reshape, never as it is
+            repeat = Repeat(repeat.before, repeat.after, repeat.copies)
+        nodes = [producer, expand, *([transpose] if transpose is not None else []), reshape]
+        return nodes, x, y, repeat, perm_x
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         nodes = [ed.node_named(n) for n in match.nodes]
         if any(n is None for n in nodes):
             return False
-        unsqueeze, _, reshape = nodes
-        assert unsqueeze is not None and reshape is not None
-        x, y = unsqueeze.inputs[0], reshape.outputs[0]
+        first, last = nodes[0], nodes[-1]
+        assert first is not None and last is not None
+        x, y = first.inputs[0], last.outputs[0]
         ed.detach(*nodes)  # type: ignore[arg-type]
         d = match.data
         repeat = Repeat(**d["repeat"])
+        if d["perm_x"] is not None:
+            x = ed.op("Transpose", "repeat_order", [x], None, x.dtype, perm=d["perm_x"])
         staged = repeat.staging_shape()
         if staged is None:
             ed.node("Concat", "repeat", [x] * repeat.copies, [y], axis=repeat.concat_axis())
