@@ -1013,6 +1013,30 @@ def mobilevitv2_hf() -> onnx.ModelProto:
     return b.model("mobilevitv2_hf", {"x": [1, 3, 16, 16]}, ["fuse_silu"], opset=18)
 
 
+def maxvit_window_attention() -> onnx.ModelProto:
+    """torchvision MaxViT's relative attention over windows: q, k, v viewed as
+    (1, windows, heads, tokens, d), scores by Einsum "bwhid,bwhjd->bwhij" plus a relative
+    position bias, Softmax, Einsum "bwhij,bwhjd->bwhid", back to the map, residual."""
+    b, c, side = Builder(), 16, 8
+    windows, heads, tokens, d = 4, 2, 16, 8
+    x = b.conv("stem", "images", 3, c, stride=2, act="silu")
+    view = b.const("heads_view", np.array([1, windows, heads, tokens, d]))
+    q, k, v = (
+        b.node("Reshape", [b.conv(p, x, c, c, kernel=1, act=None), view], f"{p}_heads")
+        for p in ("q", "k", "v")
+    )
+    scores = b.node("Einsum", [q, k], "scores", equation="bwhid,bwhjd->bwhij")
+    bias = b.weight("relative_bias", 1, 1, heads, tokens, tokens)
+    attn = b.node("Softmax", [b.node("Add", [scores, bias], "biased")], "attn", axis=-1)
+    mixed = b.node("Einsum", [attn, v], "mixed", equation="bwhij,bwhjd->bwhid")
+    mixed = b.node(
+        "Reshape", [mixed, b.const("map_view", np.array([1, c, side, side]))], "mixed_map"
+    )
+    out = b.conv("proj", mixed, c, c, kernel=1, act=None)
+    b.node("Add", [x, out], "attn_out")
+    return b.model("maxvit_window_attention", {"images": [1, 3, 16, 16]}, ["attn_out"], opset=17)
+
+
 def yolo_world() -> onnx.ModelProto:
     """ultralytics YOLO-World (set_classes, then export): MaxSigmoidAttnBlock — guide = text
     embeddings [1, K, heads, hc] (constant), embed = image features viewed (1, heads, hc, h·w)
@@ -2311,6 +2335,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
     "yolo_world": yolo_world,
+    "maxvit_window_attention": maxvit_window_attention,
     "mobilevitv2_hf": mobilevitv2_hf,
     "segformer": segformer,
     "mobilevit": mobilevit,

@@ -637,6 +637,40 @@ def test_a_node_the_lift_cannot_carry_is_left_out_and_the_rest_lifted():
     assert placed["Split"] != "MLA"
 
 
+def test_a_tensor_and_its_transpose_in_one_product_are_converted_apart():
+    """t · tᵀ (a Gram matrix, attention of tokens with themselves): the Transpose relabels the
+    same 4-D tensor, so the conversions of t and tᵀ to the MatMul layout must not be shared."""
+    n = Net()
+    t = n.one("Transpose", [n.reshape(n.conv("x", 3, 8), [1, 8, 16])], perm=[0, 2, 1])
+    t = n.one("LayerNormalization", [t, n.rand(8), n.rand(8)], axis=-1)
+    gram = n.one("Softmax", [n.one("MatMul", [t, n.one("Transpose", [t], perm=[0, 2, 1])])])
+    mixed = n.one("Transpose", [n.one("MatMul", [gram, t])], perm=[0, 2, 1])
+    model = n.model({"x": [1, 3, 4, 4]}, {"y": n.conv(n.reshape(mixed, [1, 8, 4, 4]), 8, 4)})
+    result = lift(model, "transformer-to-4d")
+    assert result.coverage_after.single_elf and not result.coverage_after.blockers
+
+
+def _window_attention_einsum() -> onnx.ModelProto:
+    """torchvision MaxViT's attention: q, k, v [1, windows, heads, tokens, d] (rank 5, four
+    non-unit axes), Einsum scores "bwhid,bwhjd->bwhij", Softmax, Einsum "bwhij,bwhjd->bwhid"."""
+    n = Net()
+    q, k, v = (n.reshape(n.conv("x", 3, 8), [1, 2, 2, 8, 4]) for _ in range(3))
+    scores = n.one("Einsum", [q, k], equation="bwhid,bwhjd->bwhij")
+    attn = n.one("Softmax", [scores], axis=-1)
+    mixed = n.one("Einsum", [attn, v], equation="bwhij,bwhjd->bwhid")
+    return n.model({"x": [1, 3, 4, 4]}, {"y": n.conv(n.reshape(mixed, [1, 8, 4, 4]), 8, 4)})
+
+
+@pytest.mark.parametrize("target", ["mlsoc", "rk3588"])
+def test_rank5_einsum_attention_is_lifted_as_4d_matmuls(target):
+    model = _window_attention_einsum()
+    assert check_model(model, target, suggest=False).mla_segments > 1
+    result = fix_model(model, target)
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    ops = {node.op_type for node in result.model.graph.node}
+    assert "Einsum" not in ops and "MatMul" in ops
+
+
 # ---------------------------------------------------------------------- real models (slow)
 
 

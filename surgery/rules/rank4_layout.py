@@ -137,9 +137,13 @@ def normalized(rank: int, axis: int) -> Layout:
 
 
 def matmul(rank: int) -> Layout:
-    """Batch axes in slots 0–1, the two matrix axes alone in slots 2 and 3."""
-    if rank < 2 or rank > SLOTS:
+    """Batch axes in slots 0–1, the two matrix axes alone in slots 2 and 3. Above rank 4 the
+    leading batch axes share slot 0 (both operands of a product have the same batch axes, so
+    they merge the same way)."""
+    if rank < 2:
         raise ValueError(f"no MatMul layout for rank {rank}")
+    if rank > SLOTS:
+        return make(tuple(range(rank - 3)), (rank - 3,), (rank - 2,), (rank - 1,))
     batch = [(a,) for a in range(rank - 2)]
     lead = [()] * (2 - len(batch))
     return make(*lead, *batch, (rank - 2,), (rank - 1,))

@@ -159,7 +159,9 @@ class Lifter:
         self.opset = opset
         self.lifted: dict[str, Lifted] = {}
         self.created: list[gs.Node] = []
-        self._cache: dict[tuple[str, Layout], Lifted] = {}
+        self._cache: dict[tuple[str, Layout, Layout], Lifted] = {}
+        """Conversions by (4-D tensor, the layout it is read in, target layout): a Transpose
+        relabels the same 4-D tensor with another layout, so the tensor alone is no key."""
         self._shapes: dict[str, Shape] = {}
         self._fresh_vars: set[str] = set()
         self._bound: dict[str, gs.Tensor] = {}
@@ -251,7 +253,7 @@ class Lifter:
         """`x` in another layout (conversions are shared between consumers)."""
         if x.layout == layout:
             return x
-        key = (x.var.name, layout)
+        key = (x.var.name, x.layout, layout)
         if key not in self._cache:
             steps = L.steps_between(x.shape, x.layout, layout)
             var = self._chain(x.var, steps, f"{x.var.name}_relayout")
@@ -280,7 +282,9 @@ class Lifter:
 
         def cost(layout: Layout) -> tuple[int, int]:
             new = sum(
-                1 for x in inputs if x.layout != layout and (x.var.name, layout) not in self._cache
+                1
+                for x in inputs
+                if x.layout != layout and (x.var.name, x.layout, layout) not in self._cache
             )
             return (new, layout != default)
 

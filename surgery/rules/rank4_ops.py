@@ -29,6 +29,7 @@ from surgery.graph import FLOAT_TYPES, GraphView, attribute_values, default_opse
 from surgery.rules import rank4_layout as L
 from surgery.rules.rank4_layout import Layout, Shape
 from surgery.rules.rank4_lift import HANDLERS, Lifted, Lifter, relayout_constant, static_dims
+from surgery.rules.replace_einsum import plan_product
 from surgery.rules.replace_pool import read_pad
 
 MAX_NONUNIT = 4
@@ -627,9 +628,7 @@ def _accept_matmul(info: NodeInfo) -> bool:
         sb = info.shape(b)
         return info.has_value(b) and sb is not None and len(sb) == 2 and _basic(info, [a])
     sb = info.shape(b)
-    return (
-        _basic(info, [a, b]) and sb is not None and len(sa) == len(sb) <= 4 and sa[:-2] == sb[:-2]
-    )
+    return _basic(info, [a, b]) and sb is not None and len(sa) == len(sb) and sa[:-2] == sb[:-2]
 
 
 def _accept_constant_left(info: NodeInfo) -> bool:
@@ -661,6 +660,45 @@ def lift_matmul(lf: Lifter, node: gs.Node) -> None:
     shape = lf.shape(out)
     (z,) = lf.emit("MatMul", [x.var, y.var], [L.matmul(rank).shape4(shape)], node.name, out.dtype)
     lf.set(out, z, L.matmul(rank))
+
+
+def _accept_einsum(info: NodeInfo) -> bool:
+    """A two-operand Einsum that is one batched product of run-time tensors (`plan_product`:
+    MaxViT's window attention "bhid,bhjd->bhij" on rank-5 windows × heads)."""
+    a, b = info.input(0), info.input(1)
+    plan = plan_product(str(info.attrs.get("equation", "")))
+    if plan is None or len(info.inputs) != 2 or not _single_output(info):
+        return False
+    if not _basic(info, [a, b]):
+        return False
+    sa, sb = (_permuted_shape(info.dims(t), p) for t, p in ((a, plan.lhs_perm), (b, plan.rhs_perm)))
+    return len(sa) == len(sb) and sa[:-2] == sb[:-2]
+
+
+def _permuted_shape(shape: Shape, perm: list[int] | None) -> Shape:
+    return shape if perm is None else tuple(shape[p] for p in perm)
+
+
+@supports("Einsum", accept=_accept_einsum, emits="MatMul")
+def lift_einsum(lf: Lifter, node: gs.Node) -> None:
+    """The product's operands read through their Transposes (relabels of the 4-D data), one
+    MatMul, and its result relabelled into the Einsum's output order."""
+    plan = plan_product(str(node.attrs["equation"]))
+    if plan is None:
+        raise ValueError(f"Einsum {node.name} is not a batched product")
+    operands = []
+    for tensor, perm in zip(node.inputs, (plan.lhs_perm, plan.rhs_perm), strict=True):
+        x = lf.value(tensor)
+        if perm is not None:
+            x = Lifted(x.var, x.layout.permuted(perm), _permuted_shape(x.shape, perm))
+        operands.append(x)
+    rank = len(operands[0].shape)
+    layout = L.matmul(rank)
+    x, y = (lf.convert(v, layout) for v in operands)
+    product = (*x.shape[:-1], y.shape[-1])
+    out = node.outputs[0]
+    (z,) = lf.emit("MatMul", [x.var, y.var], [layout.shape4(product)], node.name, out.dtype)
+    lf.set(out, z, layout if plan.out_perm is None else layout.permuted(plan.out_perm))
 
 
 def _gemm_bias(info_c: np.ndarray | None, m: int, n: int) -> np.ndarray | None | bool:
