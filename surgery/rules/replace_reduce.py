@@ -5,6 +5,7 @@ identity of the math: exact, or (the last three) equal up to float summation ord
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -24,6 +25,28 @@ from surgery.rules.replace_common import (
     probe_node,
     reduce_axes,
 )
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A Reduce* node of a run-time float tensor with static shapes: what the rewrites read."""
+
+    x: str
+    y: str
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    axes: list[int]
+
+
+def float_reduction(pat: Pattern, node: int) -> Reduction | None:
+    """The reduction `node` computes, or None for a constant or non-float input, unknown shapes
+    or axes that are not constant."""
+    x, y = pat.ins(node)[0], pat.outs(node)[0]
+    shape, out_shape = pat.shape(x), pat.shape(y)
+    if shape is None or out_shape is None or pat.is_const(x) or not pat.is_float(x):
+        return None
+    axes = reduce_axes(pat, node, len(shape))
+    return None if axes is None else Reduction(x, y, shape, out_shape, axes)
 
 
 @register
@@ -235,13 +258,10 @@ class ReduceL2ToSum(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in [*pat.blocked("ReduceL2"), *pat.blocked("ReduceSumSquare")]:
-            x, y = pat.ins(node)[0], pat.outs(node)[0]
-            shape, out_shape = pat.shape(x), pat.shape(y)
-            if shape is None or out_shape is None or not pat.is_float(x) or pat.is_const(x):
+            site = float_reduction(pat, node)
+            if site is None or not site.axes:
                 continue
-            axes = reduce_axes(pat, node, len(shape))
-            if not axes:
-                continue
+            x, y, shape, out_shape, axes = site.x, site.y, site.shape, site.out_shape, site.axes
             keep = int(pat.attrs(node).get("keepdims", 1))
             root = pat.op(node) == "ReduceL2"
             square = probe_node(ctx, "Mul", [pat.spec(x), pat.spec(x)], [pat.spec(x)])
@@ -401,23 +421,19 @@ class ReduceToSpatial(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in [*pat.blocked("ReduceMean"), *pat.blocked("ReduceSum")]:
-            x, y = pat.ins(node)[0], pat.outs(node)[0]
-            shape, out_shape = pat.shape(x), pat.shape(y)
-            if shape is None or out_shape is None or pat.is_const(x) or not pat.is_float(x):
+            site = float_reduction(pat, node)
+            view = None if site is None else spatial_view(site.shape, site.axes)
+            if site is None or view is None:
                 continue
-            axes = reduce_axes(pat, node, len(shape))
-            view = spatial_view(shape, axes or [])
-            if view is None:
-                continue
-            probes = probe_spatial(ctx, pat.op(node), shape, view, out_shape)
+            probes = probe_spatial(ctx, pat.op(node), site.shape, view, site.out_shape)
             found.append(
                 self.match(
                     [pat.name(node)],
-                    f"{pat.op(node)} {pat.name(node)} over axes {axes} of {fmt_shape(shape)} → "
-                    f"over H,W of {fmt_shape(view)}",
+                    f"{pat.op(node)} {pat.name(node)} over axes {site.axes} of "
+                    f"{fmt_shape(site.shape)} → over H,W of {fmt_shape(view)}",
                     net_freed(ctx, [pat.name(node)], probes),
                     view=list(view),
-                    out_shape=list(out_shape),
+                    out_shape=list(site.out_shape),
                 )
             )
         return found
@@ -538,13 +554,10 @@ class ChannelsLastReduceToSpatial(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in pat.blocked("ReduceMean", "ReduceSum", "ReduceMax"):
-            x, y = pat.ins(node)[0], pat.outs(node)[0]
-            shape, out_shape = pat.shape(x), pat.shape(y)
-            if shape is None or out_shape is None or pat.is_const(x) or not pat.is_float(x):
+            site = float_reduction(pat, node)
+            if site is None or len(site.shape) != 4 or site.axes not in ([1, 2], [1, 3]):
                 continue
-            axes = reduce_axes(pat, node, len(shape))
-            if len(shape) != 4 or axes not in ([1, 2], [1, 3]):
-                continue
+            x, y, shape, out_shape, axes = site.x, site.y, site.shape, site.out_shape, site.axes
             kept = [a for a in (1, 2, 3) if a not in axes]
             perm = [0, *kept, *axes]
             moved = tuple(shape[a] for a in perm)
