@@ -671,6 +671,32 @@ def test_rank5_einsum_attention_is_lifted_as_4d_matmuls(target):
     assert "Einsum" not in ops and "MatMul" in ops
 
 
+def _decomposed_relative_position() -> onnx.ModelProto:
+    """SAM / ViTDet's decomposed relative position: rel_h [B·h, qh, qw, kh] unsqueezed last,
+    rel_w [B·h, qh, qw, kw] unsqueezed before it, added: [B·h, qh, qw, kh, kw] has five
+    non-unit axes, (qh, qw) broadcast alike, then viewed as the [B·h, q, k] attention bias."""
+    n = Net()
+    x = n.conv("x", 3, 8)
+    rel_h = n.reshape(n.conv(x, 8, 8), [2, 4, 4, 4])
+    rel_w = n.reshape(n.conv(x, 8, 8), [2, 4, 4, 4])
+    rel_h = n.one("Unsqueeze", [rel_h, n.const(np.array([-1], np.int64))])
+    rel_w = n.one("Unsqueeze", [rel_w, n.const(np.array([-2], np.int64))])
+    bias = n.reshape(n.one("Add", [rel_h, rel_w]), [2, 16, 16])
+    bias = n.one("Softmax", [bias], axis=-1)
+    return n.model({"x": [1, 3, 4, 4]}, {"y": n.conv(n.reshape(bias, [1, 32, 4, 4]), 32, 4)})
+
+
+def test_broadcast_blocks_merge_the_axes_both_operands_share():
+    layout = L.broadcast_blocks((2, 4, 4, 4, 4), [(2, 4, 4, 4, 1), (2, 4, 4, 1, 4)])
+    assert layout is not None and layout.groups == ((), (0, 1, 2), (3,), (4,))
+    assert L.broadcast_blocks((2, 3, 4, 5, 6), [(2, 1, 4, 1, 6), (2, 3, 1, 5, 1)]) is None
+
+
+def test_a_five_axis_outer_sum_is_carried_as_4d():
+    result = fix_model(_decomposed_relative_position(), "mlsoc")
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+
+
 # ---------------------------------------------------------------------- real models (slow)
 
 

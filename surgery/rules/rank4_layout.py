@@ -171,6 +171,28 @@ def spread(shape: Sequence[int]) -> Layout | None:
     return Layout(tuple(tuple(g) for g in groups))
 
 
+def broadcast_blocks(out: Sequence[int], operands: Sequence[Sequence[int]]) -> Layout | None:
+    """A plain layout for an elementwise result with more than four non-unit axes: runs of
+    consecutive axes that every operand either has in full or broadcasts (size 1) alike share
+    a slot, so each operand still broadcasts in 4-D. SAM's decomposed relative position adds
+    rel_h [B·h, qh, qw, kh, 1] and rel_w [B·h, qh, qw, 1, kw]: (qh, qw) is one run. None when
+    the runs are more than four."""
+
+    def pattern(axis: int) -> tuple[bool, ...]:
+        return tuple(len(s) == len(out) and s[axis] == out[axis] for s in operands)
+
+    groups: list[list[int]] = []
+    for axis, size in enumerate(out):
+        if groups and (size == 1 or pattern(axis) == pattern(groups[-1][-1])):
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    if len(groups) > SLOTS or any(len(s) != len(out) for s in operands):
+        return None
+    padded = [()] * (SLOTS - len(groups)) + [tuple(g) for g in groups]
+    return Layout(tuple(padded))
+
+
 def reducing(shape: Sequence[int], axes: Sequence[int]) -> Layout | None:
     """Kept axes on slots 0–1 and reduced axes on the spatial slots 2–3: the form in which a
     Reduce* is a spatial reduction (a mean over tokens becomes a global average pool).

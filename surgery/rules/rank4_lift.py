@@ -265,20 +265,25 @@ class Lifter:
         inputs: Sequence[Lifted],
         shape: Shape,
         ok: Callable[[Layout], bool] = lambda _: True,
+        extra: Sequence[Layout] = (),
     ) -> Layout:
         """The layout for an op whose inputs must agree: the one needing fewest new conversions.
 
-        Candidates are the inputs' own layouts, then the rule's default and the spread layout;
-        `ok` filters out layouts the op cannot use.
+        Candidates are the inputs' own layouts, then the rule's default and the spread layout
+        (when the shape has one), then `extra`; `ok` filters out layouts the op cannot use.
         """
-        candidates = [x.layout for x in inputs] + [self.policy(shape)]
+        try:
+            default: Layout | None = self.policy(shape)
+        except ValueError:
+            default = None  # more than four non-unit axes: only `extra` can carry the result
+        candidates = [x.layout for x in inputs] + ([default] if default is not None else [])
         spread = L.spread(shape)
         if spread is not None:
             candidates.append(spread)
+        candidates.extend(extra)
         usable = [c for c in dict.fromkeys(candidates) if ok(c)]
         if not usable:
             raise ValueError(f"no 4-D layout fits an op on shape {list(shape)}")
-        default = self.policy(shape)
 
         def cost(layout: Layout) -> tuple[int, int]:
             new = sum(

@@ -101,10 +101,26 @@ class NodeInfo:
         if len(users) == 1 and _transpose_runs(view, users[0]):
             return True
         producer = view.producer.get(name)
-        return producer is not None and _transpose_runs(view, producer)
+        if producer is None:
+            return False
+        return _transpose_runs(view, producer) or broadcast_layout(view, producer) is not None
 
     def ranks(self) -> list[int]:
         return [len(self.shape(t) or ()) for t in [*self.data_inputs, *self.used_outputs]]
+
+
+def broadcast_layout(view: GraphView, idx: int) -> Layout | None:
+    """For a binary elementwise node whose result has more than four non-unit axes, the
+    layout of `rank4_layout.broadcast_blocks` that carries it (and its operands) as 4-D."""
+    if view.op_types[idx] not in BINARY:
+        return None
+    shapes = [view.tensor(t) for t in (*view.node_inputs[idx], view.node_outputs[idx][0])]
+    if not all(t.is_static for t in shapes):
+        return None
+    *operands, out = (static_dims(t.shape) for t in shapes)
+    if sum(1 for d in out if d != 1) <= MAX_NONUNIT:
+        return None
+    return L.broadcast_blocks(out, operands)
 
 
 def _transpose_runs(view: GraphView, idx: int) -> bool:
@@ -177,7 +193,8 @@ def _accept_elementwise(info: NodeInfo) -> bool:
     shapes = [info.dims(t) for t in info.data_inputs]
     if all(s == out for s in shapes):
         return True
-    return L.spread(out) is not None and all(_broadcasts_to(s, out) for s in shapes)
+    carried = L.spread(out) is not None or broadcast_layout(info.view, info.idx) is not None
+    return carried and all(_broadcasts_to(s, out) for s in shapes)
 
 
 def _broadcasts_to(shape: Shape, out: Shape) -> bool:
@@ -189,7 +206,13 @@ def lift_elementwise(lf: Lifter, node: gs.Node) -> None:
     out = node.outputs[0]
     shape = lf.shape(out)
     dynamic = [lf.value(t) for t in node.inputs if t.name and lf.const(t) is None]
-    layout = lf.choose(dynamic, shape, lambda c: all(c.broadcasts(x.shape, shape) for x in dynamic))
+    blocks = L.broadcast_blocks(shape, [lf.shape(t) for t in node.inputs if t.name])
+    layout = lf.choose(
+        dynamic,
+        shape,
+        lambda c: all(c.broadcasts(x.shape, shape) for x in dynamic),
+        extra=[blocks] if blocks is not None else [],
+    )
     inputs: list[gs.Tensor] = []
     for k, t in enumerate(node.inputs):
         value = lf.const(t) if t.name else None
