@@ -196,6 +196,13 @@ def test_cli_rules_lists_and_explains():
     assert one["exactness"] == "exact"
 
 
+def test_cli_rule_explanation_prints_bracketed_shapes_as_written():
+    """Rule texts index tensors in brackets; rich markup must not eat them as style tags."""
+    out = runner.invoke(app, ["rules", "col2im-to-transpose"]).stdout
+    assert "out[n, c, i·kh + a," in out.replace("\n", " ")
+    assert "[N, C, kh, kw, H/kh, W/kw]" in out.replace("\n", " ")
+
+
 def test_rule_docs_print_as_paragraphs_the_terminal_wraps():
     from surgery.cli.rules import reflow
 

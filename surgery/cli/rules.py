@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from surgery.cli.app import (
@@ -49,19 +50,22 @@ def rules_command(
         if as_json:
             emit_json(info)
             return
+        # Rule texts are full of shapes in brackets ([N, C, L]): printed as text, not markup.
         console.print(
-            f"[bold]{info['name']}[/] ({info['category']}, {info['exactness']}): {info['summary']}"
+            f"[bold]{info['name']}[/] ({info['category']}, {info['exactness']}): "
+            f"{escape(info['summary'])}"
         )
-        console.print(reflow(info["doc"]), highlight=False)
+        console.print(reflow(info["doc"]), highlight=False, markup=False)
         if info["params"]:
             console.print("parameters:")
             for key, spec in info["params"].items():
                 console.print(
                     f"  --param {key}=…  {spec.get('description', '')} (default {spec.get('default')})",
                     highlight=False,
+                    markup=False,
                 )
         if info["example"]:
-            console.print(f"example: [cyan]{info['example']}[/]", highlight=False)
+            console.print(f"example: [cyan]{escape(info['example'])}[/]", highlight=False)
         return
     rows = [cls.describe() for cls in all_rules()]
     if as_json:
@@ -70,7 +74,10 @@ def rules_command(
     table = Table("rule", "category", "exact", "summary", show_edge=False, header_style="bold")
     for r in rows:
         table.add_row(
-            r["name"], r["category"], "yes" if r["exactness"] == "exact" else "approx", r["summary"]
+            r["name"],
+            r["category"],
+            "yes" if r["exactness"] == "exact" else "approx",
+            escape(r["summary"]),
         )
     console.print(table)
 
