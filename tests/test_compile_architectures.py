@@ -49,14 +49,12 @@ OTHER_TARGETS = [
 or a host op), bf16 ops on modalix, host-side masks and post-processing that differ per target."""
 
 FEWEST_SEGMENTS_ON = {
-    ("googlenet", "rk3588"): 2,
     ("two_inputs", "rk3588"): 2,
 }
-"""Per target, families with more host-only ops than on mlsoc: rk3588's MLA has no LRN, so
-GoogLeNet's LRN runs on the CPU between its stem and the rest, and slices with step 1 only,
-so two_inputs' step-2 Slice of one axis runs on the CPU between the padded sum and a Conv.
-(rk3588 has no Einsum either; einsum-to-matmul turns einsum_attention's products into
-MatMuls, so it is one segment there too.)"""
+"""Per target, families with more host-only ops than on mlsoc: rk3588's MLA slices with step 1
+only, so two_inputs' step-2 Slice of one axis runs on the CPU between the padded sum and a
+Conv. (rk3588 has no LRN and no Einsum either; lrn-to-conv and einsum-to-matmul write
+GoogLeNet's LRN and einsum_attention's products with ops it runs, so both are one segment.)"""
 
 
 @cache

@@ -21,6 +21,7 @@ MODULES = (
     "replace_einsum",
     "replace_gelu",
     "replace_linear",
+    "replace_lrn",
     "replace_pad",
     "replace_patch_conv",
     "replace_pool",
