@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -284,17 +285,37 @@ def ort_session(
     options.add_session_config_entry("session.disable_quant_qdq", "1")
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
-    data: bytes | None = None
-    if model_nbytes(model) < PROTOBUF_LIMIT - 64 * 2**20:
-        try:
-            data = model.SerializeToString()
-        except ValueError:  # protobuf refuses messages over 2 GB; fall back to external data
-            data = None
-    if data is not None:
-        return _open_session(data, options, label)
-    with tempfile.TemporaryDirectory(prefix="surgery-verify-") as tmp:
-        path = save_model(model, Path(tmp) / "model.onnx", external_data=True)
-        return _open_session(str(path), options, label)
+    with _without_value_info(model):
+        data: bytes | None = None
+        if model_nbytes(model) < PROTOBUF_LIMIT - 64 * 2**20:
+            try:
+                data = model.SerializeToString()
+            except ValueError:  # protobuf refuses messages over 2 GB: external data instead
+                data = None
+        if data is not None:
+            return _open_session(data, options, label)
+        with tempfile.TemporaryDirectory(prefix="surgery-verify-") as tmp:
+            path = save_model(model, Path(tmp) / "model.onnx", external_data=True)
+            return _open_session(str(path), options, label)
+
+
+@contextmanager
+def _without_value_info(model: onnx.ModelProto) -> Iterator[None]:
+    """The model with its intermediate value infos set aside while ONNX Runtime reads it.
+
+    They are our shape inference's (with data propagation), written for the analyses; ONNX
+    Runtime infers its own. Given ours, it failed to run torchvision's FCOS (a Reshape of
+    the empty detection set to [0, -1]) that it runs without them: the reference must be the
+    model as its exporter wrote it, whatever our annotations say."""
+    kept = list(model.graph.value_info)
+    if not kept:
+        yield
+        return
+    del model.graph.value_info[:]
+    try:
+        yield
+    finally:
+        model.graph.value_info.extend(kept)
 
 
 def _open_session(

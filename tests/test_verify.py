@@ -386,3 +386,26 @@ def test_sessions_without_options_stay_quiet_after_quiet_ort_logging(
     quiet_ort_logging()
     ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     assert "UnsqueezeElimination" not in capfd.readouterr().err
+
+
+def test_onnx_runtime_reads_the_model_without_our_value_infos(monkeypatch):
+    """The reference is the model as exported: our inferred value infos (data-propagated) are
+    set aside while ONNX Runtime loads it — given them, it failed to run torchvision's FCOS —
+    and the caller's model keeps them."""
+    import surgery.verify as verify_module
+    from surgery.model import load_model
+
+    model = load_model(two_output_model(("a", "b")))
+    model.graph.value_info.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, [1]))
+    kept = [v.SerializeToString() for v in model.graph.value_info]
+    loaded: list[onnx.ModelProto] = []
+    real_open = verify_module._open_session
+
+    def spy(data, options, label):
+        loaded.append(onnx.load_from_string(data))
+        return real_open(data, options, label)
+
+    monkeypatch.setattr(verify_module, "_open_session", spy)
+    verify_module.ort_session(model)
+    assert loaded and len(loaded[0].graph.value_info) == 0
+    assert [v.SerializeToString() for v in model.graph.value_info] == kept
