@@ -95,8 +95,7 @@ def prepare_model(
 ) -> PreparedModel:
     """A float-equivalent copy ready for quantization (see the module docstring)."""
     proto = load_model(model, input_shapes)
-    if float32_from_half(proto.graph):
-        infer_model_shapes(proto)
+    float32_from_half(proto.graph)  # value infos included: the inferred shapes still hold
     names = _label_nodes(proto)
     original = model_opset(proto)
     if original < opset:

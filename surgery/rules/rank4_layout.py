@@ -178,8 +178,11 @@ def broadcast_blocks(out: Sequence[int], operands: Sequence[Sequence[int]]) -> L
     rel_h [B·h, qh, qw, kh, 1] and rel_w [B·h, qh, qw, 1, kw]: (qh, qw) is one run. None when
     the runs are more than four."""
 
+    if any(len(s) != len(out) for s in operands):
+        return None
+
     def pattern(axis: int) -> tuple[bool, ...]:
-        return tuple(len(s) == len(out) and s[axis] == out[axis] for s in operands)
+        return tuple(s[axis] == out[axis] for s in operands)
 
     groups: list[list[int]] = []
     for axis, size in enumerate(out):
@@ -187,7 +190,7 @@ def broadcast_blocks(out: Sequence[int], operands: Sequence[Sequence[int]]) -> L
             groups[-1].append(axis)
         else:
             groups.append([axis])
-    if len(groups) > SLOTS or any(len(s) != len(out) for s in operands):
+    if len(groups) > SLOTS:
         return None
     padded = [()] * (SLOTS - len(groups)) + [tuple(g) for g in groups]
     return Layout(tuple(padded))

@@ -206,7 +206,9 @@ def lift_elementwise(lf: Lifter, node: gs.Node) -> None:
     out = node.outputs[0]
     shape = lf.shape(out)
     dynamic = [lf.value(t) for t in node.inputs if t.name and lf.const(t) is None]
-    blocks = L.broadcast_blocks(shape, [lf.shape(t) for t in node.inputs if t.name])
+    blocks = None
+    if L.spread(shape) is None:  # more than four non-unit axes
+        blocks = L.broadcast_blocks(shape, [lf.shape(t) for t in node.inputs if t.name])
     layout = lf.choose(
         dynamic,
         shape,
@@ -285,10 +287,6 @@ def lift_reshape(lf: Lifter, node: gs.Node) -> None:
 # ---------------------------------------------------------------------- padding
 
 
-def _pad_of(info: NodeInfo, rank: int) -> tuple[str, list[int]] | None:
-    return read_pad(info.attrs, info.inputs, info.value, info.opset, rank)
-
-
 def _accept_pad(info: NodeInfo) -> bool:
     """A Pad with constant amounts (any mode) of a run-time tensor: reflect-padded 1-D convs
     (encodec, HiFi-GAN) pad [N,C,L] on L, which on 4-D is a Pad of W that pad-to-slices can
@@ -296,7 +294,9 @@ def _accept_pad(info: NodeInfo) -> bool:
     src = info.input(0)
     if not src or src in info.constants or not _single_output(info) or not _basic(info, [src]):
         return False
-    return _pad_of(info, len(info.dims(src))) is not None
+    return (
+        read_pad(info.attrs, info.inputs, info.value, info.opset, len(info.dims(src))) is not None
+    )
 
 
 @supports("Pad", accept=_accept_pad)
@@ -676,13 +676,20 @@ def lift_matmul(lf: Lifter, node: gs.Node) -> None:
     if weight is not None:
         _linear(lf, node, a, weight.T, None)
         return
-    x, y = lf.value(a), lf.value(b)
-    rank = len(x.shape)
-    x, y = lf.convert(x, L.matmul(rank)), lf.convert(y, L.matmul(rank))
+    _batched_product(lf, node, lf.value(a), lf.value(b), None)
+
+
+def _batched_product(
+    lf: Lifter, node: gs.Node, x: Lifted, y: Lifted, out_perm: list[int] | None
+) -> None:
+    """x · y of two run-time tensors as one 4-D MatMul (batch axes in slots 0–1), its result
+    recorded for `node`'s output read through `out_perm` (the Transpose it is stored as)."""
+    layout = L.matmul(len(x.shape))
+    x, y = lf.convert(x, layout), lf.convert(y, layout)
+    product = (*x.shape[:-1], y.shape[-1])
     out = node.outputs[0]
-    shape = lf.shape(out)
-    (z,) = lf.emit("MatMul", [x.var, y.var], [L.matmul(rank).shape4(shape)], node.name, out.dtype)
-    lf.set(out, z, L.matmul(rank))
+    (z,) = lf.emit("MatMul", [x.var, y.var], [layout.shape4(product)], node.name, out.dtype)
+    lf.set(out, z, layout if out_perm is None else layout.permuted(out_perm))
 
 
 def _accept_einsum(info: NodeInfo) -> bool:
@@ -715,13 +722,7 @@ def lift_einsum(lf: Lifter, node: gs.Node) -> None:
         if perm is not None:
             x = Lifted(x.var, x.layout.permuted(perm), _permuted_shape(x.shape, perm))
         operands.append(x)
-    rank = len(operands[0].shape)
-    layout = L.matmul(rank)
-    x, y = (lf.convert(v, layout) for v in operands)
-    product = (*x.shape[:-1], y.shape[-1])
-    out = node.outputs[0]
-    (z,) = lf.emit("MatMul", [x.var, y.var], [layout.shape4(product)], node.name, out.dtype)
-    lf.set(out, z, layout if plan.out_perm is None else layout.permuted(plan.out_perm))
+    _batched_product(lf, node, *operands, plan.out_perm)
 
 
 def _gemm_bias(info_c: np.ndarray | None, m: int, n: int) -> np.ndarray | None | bool:

@@ -617,8 +617,10 @@ class RepeatToConcat(GraphRule):
         if any(s is None for s in shapes) or pat.is_const(x) or not pat.is_float(x):
             return None
         source, unsqueezed, expanded, out = (list(s) for s in shapes)  # type: ignore[arg-type]
-        differ = [a for a, (u, e) in enumerate(zip(unsqueezed, expanded, strict=False)) if u != e]
-        if len(expanded) != len(unsqueezed) or len(differ) != 1:
+        if len(expanded) != len(unsqueezed):
+            return None
+        differ = [a for a, (u, e) in enumerate(zip(unsqueezed, expanded, strict=True)) if u != e]
+        if len(differ) != 1:
             return None
         new = differ[0]
         kept = [*unsqueezed[:new], *unsqueezed[new + 1 :]]

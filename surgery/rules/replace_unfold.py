@@ -71,8 +71,8 @@ class GatherTableToTranspose(GraphRule):
             if split is None:
                 continue
             p, q, swapped = split
-            steps = []
-            if swapped:
+            steps: list | None = []
+            if swapped:  # the axis viewed as [q, p], then the two swapped
                 viewed = (*shape[:axis], q, p, *shape[axis + 1 :])
                 perm = list(range(len(viewed)))
                 perm[axis], perm[axis + 1] = axis + 1, axis
@@ -86,12 +86,8 @@ class GatherTableToTranspose(GraphRule):
                     f"Gather {name} views axis {axis} ({shape[axis]}) as [{p}, {q}]"
                     + (" transposed" if swapped else ""),
                     [name],
-                    axis=axis,
-                    p=p,
-                    q=q,
-                    swapped=swapped,
-                    shape=list(shape),
                     steps=[[list(v), list(m)] for v, m in steps],
+                    out=[*shape[:axis], p, q, *shape[axis + 1 :]],
                 )
             )
         return found
@@ -102,16 +98,11 @@ class GatherTableToTranspose(GraphRule):
         data, out = gather.inputs[0], gather.outputs[0]
         ed.detach(gather)
         d = match.data
-        axis, p, q, shape = d["axis"], d["p"], d["q"], d["shape"]
-        if not d["swapped"]:
-            viewed = [*shape[:axis], p, q, *shape[axis + 1 :]]
-            target = ed.const("unfold_shape", np.array(viewed, np.int64))
-            ed.node("Reshape", "unfold_view", [data, target], [out])
+        if d["steps"]:  # the unfold: a reshape and a swap that moves data
+            emit_block_swaps(ed, data, out, d["steps"], d["out"])
             return True
-        viewed = [*shape[:axis], q, p, *shape[axis + 1 :]]
-        perm = list(range(len(viewed)))
-        perm[axis], perm[axis + 1] = axis + 1, axis
-        emit_block_swaps(ed, data, out, d["steps"], [viewed[k] for k in perm])
+        target = ed.const("unfold_shape", np.array(d["out"], np.int64))
+        ed.node("Reshape", "unfold_view", [data, target], [out])
         return True
 
 
