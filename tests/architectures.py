@@ -951,6 +951,47 @@ def swin() -> onnx.ModelProto:
     return b.model("swin", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
 
 
+def twins_locally_grouped_attention() -> onnx.ModelProto:
+    """timm Twins-SVT's locally grouped self-attention: tokens viewed (1, H, W, C), windows
+    partitioned by Reshape (1, H/ws, ws, W/ws, ws, C) → Transpose(2, 3), and only then the qkv
+    Linear — on a rank-6 tensor with five non-unit axes — viewed (1, windows, ws², 3, heads,
+    hd), permuted (3, 0, 1, 4, 2, 5) and unbound by Split + Squeeze; attention per window;
+    windows merged back, output projection, residual, MLP."""
+    b, c, side, ws, heads = Builder(), 16, 8, 4, 2
+    hd, groups, tokens = c // heads, (side // ws) ** 2, ws * ws
+    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
+    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
+    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = b.layer_norm("pe_ln", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
+    h = b.layer_norm("n1", x, c)
+    h = b.node("Reshape", [h, b.const("hw_shape", np.array([1, side, side, c]))], "hw")
+    grid = np.array([1, side // ws, ws, side // ws, ws, c])
+    h = b.node("Reshape", [h, b.const("partition_shape", grid)], "partition")
+    h = b.node("Transpose", [h], "partition_t", perm=[0, 1, 3, 2, 4, 5])
+    qkv = b.linear("qkv", h, c, 3 * c)
+    split = np.array([1, groups, tokens, 3, heads, hd])
+    qkv = b.node("Reshape", [qkv, b.const("qkv6", split)], "qkv_r")
+    qkv = b.node("Transpose", [qkv], "qkv_t", perm=[3, 0, 1, 4, 2, 5])
+    parts = b.nodes_out("Split", [qkv, b.const("ones", np.array([1, 1, 1]))], ["q1", "k1", "v1"])
+    axis = b.const("axis0", np.array([0]))
+    q, k, v = (b.node("Squeeze", [p, axis], t) for p, t in zip(parts, "qkv", strict=True))
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_scaled")
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 2, 4, 3])], "attn")
+    p = b.node("Softmax", [s], "probs", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 1, 3, 2, 4])
+    windows = np.array([1, side // ws, side // ws, ws, ws, c])
+    o = b.node("Reshape", [o, b.const("windows_shape", windows)], "windows")
+    o = b.node("Transpose", [o], "reverse_t", perm=[0, 1, 3, 2, 4, 5])
+    o = b.node("Reshape", [o, b.const("seq_shape", np.array([1, side * side, c]))], "seq")
+    x = b.node("Add", [x, b.linear("proj", o, c, c)], "res1")
+    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
+    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
+    x = b.node("Transpose", [b.layer_norm("final_ln", x, c)], "channels", perm=[0, 2, 1])
+    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
+    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    return b.model("twins_locally_grouped_attention", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
 def yolo11_psa() -> onnx.ModelProto:
     """ultralytics YOLO11 C2PSA attention on a feature map: qkv 1×1 Conv, view
     (B, heads, 2·key_dim + head_dim, N), Split on axis 2, (qᵀ·k)·scale, Softmax(−1),
@@ -2332,6 +2373,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "googlenet": googlenet,
     "bert_encoder": bert_encoder,
     "swin": swin,
+    "twins_locally_grouped_attention": twins_locally_grouped_attention,
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
     "yolo_world": yolo_world,

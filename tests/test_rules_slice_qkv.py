@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from surgery.model import load_model
-from surgery.rules import apply_rule, find_matches
+from surgery.rules import apply_rule
 from tests.architectures import Builder
 
 WINDOWS, TOKENS, HEADS, HEAD_DIM = 4, 9, 2, 4
@@ -89,6 +89,31 @@ def test_slices_whose_squeeze_became_a_reshape_are_sliced_too() -> None:
     assert {"split", "heads"}.isdisjoint(n.name for n in result.model.graph.node)
 
 
-def test_a_pick_that_is_not_a_contiguous_run_of_features_is_left_alone() -> None:
+def test_a_pick_inside_the_features_is_sliced_from_a_rows_by_features_view() -> None:
     split = [WINDOWS, TOKENS, HEADS, 3, HEAD_DIM]  # the 3 inside the heads: strided picks
-    assert find_matches(_windowed_attention(split, [3, 0, 2, 1, 4]), "slice-qkv") == []
+    result = apply_rule(_windowed_attention(split, [3, 0, 2, 1, 4]), "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "Gather" not in _ops(result.model)
+    rows = [n for n in result.model.graph.node if n.name.startswith("qkv_rows")]
+    assert len(rows) == 1 and rows[0].op_type == "Reshape"
+
+
+def test_split_pieces_the_lift_reshaped_to_4d_are_sliced_and_stay_4d() -> None:
+    b = Builder()
+    qkv = b.conv("proj", "x", CHANNELS, 3 * CHANNELS, kernel=1, act=None)
+    qkv = b.node("Reshape", [qkv, b.const("split_shape", np.array([1, *SPLIT]))], "split")
+    qkv = b.node("Transpose", [qkv], "heads", perm=[3, 0, 1, 4, 2, 5])
+    parts = b.nodes_out(
+        "Split", [qkv, b.const("ones", np.array([1, 1, 1]))], ["q1", "k1", "v1"], axis=0
+    )
+    four_d = b.const("four_d", np.array([WINDOWS, HEADS, TOKENS, HEAD_DIM]))
+    q, k, v = (b.node("Reshape", [p, four_d], t) for p, t in zip(parts, "qkv", strict=True))
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "scores")
+    b.node("MatMul", [b.node("Softmax", [s], "probs", axis=-1), v], "ctx")
+    model = load_model(b.model("lifted", {"x": [WINDOWS * TOKENS, CHANNELS, 1, 1]}, ["ctx"]))
+    result = apply_rule(model, "slice-qkv")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert "Split" not in _ops(result.model)
+    ranks = {len(v.type.tensor_type.shape.dim) for v in result.model.graph.value_info}
+    assert ranks <= {4}
+    assert {b.op_type for b in result.coverage_after.blockers} <= {"Softmax"}

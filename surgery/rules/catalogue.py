@@ -33,6 +33,7 @@ MODULES = (
     "structure",
     "rank4",
     "rank4_heads",
+    "rank4_hoist",
 )
 
 for _module in MODULES:

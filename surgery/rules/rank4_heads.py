@@ -26,6 +26,7 @@ from surgery.rules.replace_common import (
     TensorSpec,
     net_freed,
     probe_node,
+    probe_reshape,
 )
 
 
@@ -54,6 +55,9 @@ class QkvSite:
     perm: list[int] | None
     """Transpose of one pick (the original perm without the picked axis), None if identity."""
     picks: list[Pick]
+    view: list[int] | None = None
+    """A 4-D shape [outer, features, 1, 1] the source is reshaped to first, when no axis of it
+    holds the features alone (a lift merged a window axis into them); None: sliced as is."""
 
 
 class _Selectors:
@@ -108,10 +112,26 @@ class _Selectors:
             if not pat.consumers(out) and out not in pat.outputs:
                 continue
             squeeze = pat.sole_consumer(out, "Squeeze")
-            if squeeze is None or self._squeezed(squeeze) != [axis]:
+            if squeeze is not None and self._squeezed(squeeze) == [axis]:
+                picks.append(Pick(k, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0]))
+                continue
+            reshaped = self._reshaped(out)
+            if reshaped is None:
                 return None
-            picks.append(Pick(k, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0]))
+            picks.append(Pick(k, [pat.name(node), pat.name(reshaped[0])], *reshaped[1:]))
         return axis, picks
+
+    def _reshaped(self, piece: str) -> tuple[int, str, list[int]] | None:
+        """(node, output, shape) of the Reshape that is the only reader of a picked piece
+        (the lifted form of its Squeeze), or None."""
+        pat = self.pat
+        reshape = pat.sole_consumer(piece, "Reshape")
+        if reshape is None:
+            return None
+        final = pat.shape(pat.outs(reshape)[0])
+        if final is None or prod(final) != prod(pat.shape(piece) or (0,)):
+            return None
+        return reshape, pat.outs(reshape)[0], list(final)
 
     def _slice(self, node: int, tensor: str, rank: int) -> tuple[int, list[Pick]] | None:
         pat = self.pat
@@ -137,15 +157,10 @@ class _Selectors:
         squeeze = pat.sole_consumer(out, "Squeeze")
         if squeeze is not None and self._squeezed(squeeze) == [axis]:
             return axis, [Pick(index, [pat.name(node), pat.name(squeeze)], pat.outs(squeeze)[0])]
-        reshape = pat.sole_consumer(out, "Reshape")
-        if reshape is None:
+        reshaped = self._reshaped(out)
+        if reshaped is None:
             return None
-        final = pat.shape(pat.outs(reshape)[0])
-        if final is None or prod(final) != prod(shape) // shape[axis]:
-            return None
-        return axis, [
-            Pick(index, [pat.name(node), pat.name(reshape)], pat.outs(reshape)[0], list(final))
-        ]
+        return axis, [Pick(index, [pat.name(node), pat.name(reshaped[0])], *reshaped[1:])]
 
     def _squeezed(self, node: int) -> list[int] | None:
         pat = self.pat
@@ -155,6 +170,21 @@ class _Selectors:
         return (
             None if raw is None or not rank else sorted(int(a) % rank for a in np.atleast_1d(raw))
         )
+
+
+def _without_unit_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
+    """`shape` and the Transpose `perm` of it with the size-1 axes dropped (and padded back to
+    4-D with leading ones) when at most four axes are left: the same data in the same order, so
+    a pick the lift reshapes to 4-D anyway (`Pick.reshaped`) moves in 4-D throughout."""
+    kept = [a for a, d in enumerate(shape) if d != 1]
+    if len(kept) > 4 or len(shape) <= 4:
+        return shape, perm
+    pad = 4 - len(kept)
+    position = {a: pad + k for k, a in enumerate(kept)}
+    return [1] * pad + [shape[a] for a in kept], [
+        *range(pad),
+        *(position[a] for a in perm if a in position),
+    ]
 
 
 @register
@@ -212,17 +242,26 @@ class SliceQkv(GraphRule):
             return None
         axis, picks = selected
         picked = perm[axis]
-        source = self._source(pat, pat.ins(r)[0], prod(shape[:picked]), prod(shape[picked:]))
+        outer, features = prod(shape[:picked]), prod(shape[picked:])
+        source, view = self._source(pat, pat.ins(r)[0], outer, features), None
+        if source is None and sum(d != 1 for d in shape) > 4:
+            # No 4-D layout holds the split; every pick is still a contiguous run of each
+            # row of `features`, so a [outer, features, 1, 1] view of the input slices it.
+            source, view = (pat.ins(r)[0], 1), [outer, features, 1, 1]
         if source is None:
             return None
         rest = [p - (p > picked) for p in perm if p != picked]
+        heads = [*shape[:picked], *shape[picked + 1 :]]
+        if all(p.reshaped is not None and len(p.reshaped) <= 4 for p in picks):
+            heads, rest = _without_unit_axes(heads, rest)
         return QkvSite(
             source[0],
             source[1],
             prod(shape[picked + 1 :]),
-            [*shape[:picked], *shape[picked + 1 :]],
+            heads,
             None if rest == sorted(rest) else rest,
             picks,
+            view,
         )
 
     @staticmethod
@@ -250,18 +289,20 @@ class SliceQkv(GraphRule):
 
     @staticmethod
     def _probes(ctx: RuleContext, pat: Pattern, site: QkvSite) -> list:
-        shape = list(pat.shape(site.source) or ())
+        shape = list(site.view or pat.shape(site.source) or ())
         sliced = tuple(site.width if a == site.axis else d for a, d in enumerate(shape))
         heads = tuple(site.heads_shape)
         const = TensorSpec.const
-        probes = [
+        source = pat.spec(site.source)
+        probes = []
+        if site.view is not None:
+            probes.append(probe_reshape(ctx, source, TensorSpec(tuple(site.view))))
+            source = TensorSpec(tuple(site.view))
+        probes += [
             probe_node(
                 ctx,
                 "Slice",
-                [
-                    pat.spec(site.source),
-                    *(const(np.array([v])) for v in (0, site.width, site.axis)),
-                ],
+                [source, *(const(np.array([v])) for v in (0, site.width, site.axis))],
                 [TensorSpec(sliced)],
             ),
             probe_node(
@@ -286,6 +327,9 @@ class SliceQkv(GraphRule):
         site = QkvSite(**data, picks=picks)
         source = ed.tensor(site.source)
         dtype = source.dtype or np.float32
+        if site.view is not None:
+            view = ed.const("qkv_rows_shape", np.array(site.view, np.int64))
+            source = ed.op("Reshape", "qkv_rows", [source, view], site.view, dtype)
         for pick in site.picks:
             nodes = [ed.node_named(n) for n in pick.nodes]
             out = ed.tensor(pick.output)
