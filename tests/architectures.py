@@ -992,6 +992,42 @@ def twins_locally_grouped_attention() -> onnx.ModelProto:
     return b.model("twins_locally_grouped_attention", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
 
 
+def hiera_mask_unit_attention() -> onnx.ModelProto:
+    """timm Hiera's mask-unit attention with query pooling: the qkv Linear viewed (1, tokens,
+    windows, 3, heads, hd) — five non-unit axes — permuted (3, 0, 4, 2, 1, 5) and unbound by
+    Split + Squeeze; q viewed (1, heads, windows, stride, tokens/stride, hd) and max-pooled over
+    the stride (ReduceMax of a rank-6 tensor); attention per window; x.transpose(1, 3) back to
+    tokens, projection, MLP, mean over tokens, Gemm head."""
+    b, c, heads, windows, stride = Builder(), 16, 2, 4, 4
+    hd, tokens = c // heads, 64 // windows
+    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
+    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
+    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = b.layer_norm("n1", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
+    qkv = b.linear("qkv", x, c, 3 * c)
+    split = np.array([1, tokens, windows, 3, heads, hd])
+    qkv = b.node("Reshape", [qkv, b.const("qkv6", split)], "qkv_r")
+    qkv = b.node("Transpose", [qkv], "qkv_t", perm=[3, 0, 4, 2, 1, 5])
+    parts = b.nodes_out("Split", [qkv, b.const("ones", np.array([1, 1, 1]))], ["q1", "k1", "v1"])
+    axis = b.const("axis0", np.array([0]))
+    q, k, v = (b.node("Squeeze", [p, axis], t) for p, t in zip(parts, "qkv", strict=True))
+    pooled = np.array([1, heads, windows, stride, tokens // stride, hd])
+    q = b.node("Reshape", [q, b.const("q_pool_view", pooled)], "q_view")
+    q = b.node("ReduceMax", [q], "q_pooled", axes=[3], keepdims=0)
+    q = b.node("Mul", [q, b.const("scale", np.array(hd**-0.5, np.float32))], "q_scaled")
+    s = b.node("MatMul", [q, b.node("Transpose", [k], "kT", perm=[0, 1, 2, 4, 3])], "attn")
+    p = b.node("Softmax", [s], "probs", axis=-1)
+    o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 3, 2, 1, 4])
+    o = b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "merged")
+    x = b.linear("proj", o, c, c)
+    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
+    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
+    x = b.node("Transpose", [b.layer_norm("final_ln", x, c)], "channels", perm=[0, 2, 1])
+    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
+    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    return b.model("hiera_mask_unit_attention", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
+
+
 def yolo11_psa() -> onnx.ModelProto:
     """ultralytics YOLO11 C2PSA attention on a feature map: qkv 1×1 Conv, view
     (B, heads, 2·key_dim + head_dim, N), Split on axis 2, (qᵀ·k)·scale, Softmax(−1),
@@ -2374,6 +2410,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "bert_encoder": bert_encoder,
     "swin": swin,
     "twins_locally_grouped_attention": twins_locally_grouped_attention,
+    "hiera_mask_unit_attention": hiera_mask_unit_attention,
     "yolo11_psa": yolo11_psa,
     "yolov10_head": yolov10_head,
     "yolo_world": yolo_world,

@@ -155,3 +155,39 @@ def test_unfold_and_fold_compile_to_one_elf_bit_exact(tmp_path) -> None:
     feed = {"x": np.random.default_rng(5).normal(0, 1, (1, 3, H, H)).astype(np.float32)}
     comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.bit_exact
+
+
+def test_a_4d_transpose_that_moves_the_batch_axis_becomes_block_swaps_behind_a_unit_batch() -> None:
+    """[T, W, G, D] → perm (2, 1, 0, 3), as the rank lift writes Hiera's qkv head split: the
+    MLA keeps the batch axis in place, two block swaps behind a unit batch do the same."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (6, 4, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(np.array([4, 3, 6, 8], np.int64), "grid"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="a"),
+        helper.make_node("Reshape", ["a", "grid"], ["g"], name="g"),
+        helper.make_node("Transpose", ["g"], ["t"], name="t", perm=[2, 1, 0, 3]),
+        helper.make_node("Conv", ["t", "w2"], ["y"], name="y"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "batch_move",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    assert "t" in {b.name for b in check_model(model, "mlsoc").blockers}
+    result = apply_rule(model, "transpose-to-block-swaps")
+    assert result.verification.passed and result.verification.mode == "exact"
+    perms = [
+        list(a.ints)
+        for n in result.model.graph.node
+        if n.op_type == "Transpose"
+        for a in n.attribute
+    ]
+    assert perms and all(p[0] == 0 for p in perms)
+    assert "t" not in {b.name for b in result.coverage_after.blockers}

@@ -34,6 +34,7 @@ MODULES = (
     "rank4",
     "rank4_heads",
     "rank4_hoist",
+    "rank4_views",
 )
 
 for _module in MODULES:

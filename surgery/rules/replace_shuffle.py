@@ -241,10 +241,12 @@ class TransposeToBlockSwaps(GraphRule):
     def _site(pat: Pattern, transpose: int) -> tuple[list[int], str, str, list[BlockSwap]] | None:
         sandwich = reshape_transpose_reshape(pat, transpose)
         if sandwich is None:
-            return None
+            return TransposeToBlockSwaps._lone_site(pat, transpose)
         first, last, x, middle, y = sandwich
         xs, ms, ys = pat.shape(x), pat.shape(middle), pat.shape(y)
-        if xs is None or ms is None or ys is None or len(ms) <= 4 or len(ys) > 4:
+        if ms is not None and len(ms) <= 4:
+            return TransposeToBlockSwaps._lone_site(pat, transpose)
+        if xs is None or ms is None or ys is None or len(ys) > 4:
             return None
         if not pat.is_float(x):
             return None
@@ -255,6 +257,27 @@ class TransposeToBlockSwaps(GraphRule):
         if not steps:
             return None
         return [first, transpose, last], x, y, steps
+
+    @staticmethod
+    def _lone_site(
+        pat: Pattern, transpose: int
+    ) -> tuple[list[int], str, str, list[BlockSwap]] | None:
+        """A Transpose of at most four dimensions the target keeps off the MLA because it moves
+        the batch axis (the rank lifts write one when a head split puts a non-unit axis in front,
+        e.g. Hiera's (3, heads) of the qkv split): block swaps behind a unit batch slot."""
+        x, y = pat.ins(transpose)[0], pat.outs(transpose)[0]
+        shape = pat.shape(x)
+        if shape is None or len(shape) > 4 or not pat.is_float(x):
+            return None
+        if pat.name(transpose) not in pat.ctx.blocker_names:
+            return None
+        perm = tuple(pat.attrs(transpose).get("perm") or reversed(range(len(shape))))
+        if perm[0] == 0 or pat.shape(y) is None:
+            return None
+        steps = block_swaps(shape, perm)
+        if not steps:
+            return None
+        return [transpose], x, y, steps
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         ed.detach(*(n for n in (ed.node_named(name) for name in match.nodes) if n is not None))

@@ -1,0 +1,236 @@
+"""axis-op-to-4d-view: a Split, Slice or max/mean reduction along one run of axes of a rank-5/6
+tensor, done on the tensor's 4-D view [1, outer, n, inner].
+
+An op that works along one axis (or a run of adjacent axes) of a row-major tensor only sees
+three things: the elements before the run (`outer`), the run itself (`n`) and the elements
+after it (`inner`). Viewed as [1, outer, n, inner] — a Reshape, no data moves — the same op
+along axis 2 computes the same numbers, whatever the rank. Hiera's mask-unit attention splits
+q, k, v out of a rank-6 [3, 1, heads, windows, tokens, hd] tensor and max-pools q over a
+rank-6 view (the stride factor of the tokens); with five non-unit axes no 4-D layout holds
+either, so both stay on the host between MLA segments. On the view the Split is a channel
+Slice, the max a MaxPool of kernel [n, 1] (the mean an AveragePool). Reshapes that feed the op
+from a ≤ 4-D tensor, or take its result to one, are absorbed: the view is read from and
+written to those tensors directly, so no rank-5/6 tensor is left. Data movement, a max, or a
+mean of the same elements: exact up to float summation order for the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from math import prod
+
+import numpy as np
+
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.registry import register
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    add_slice,
+    net_freed,
+    probe_node,
+    probe_reshape,
+    probe_slice,
+    reduce_axes,
+)
+from surgery.rules.replace_slicing import SplitToSlices
+
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+"""Nodes that only view the data in another shape (absorbed at the view's edges)."""
+
+POOLS = {"ReduceMax": "MaxPool", "ReduceMean": "AveragePool"}
+"""Reductions over one run of axes and the pool that computes them on the view."""
+
+
+@dataclass
+class ViewedOp:
+    """One op done on the [1, outer, n, inner] view of its input."""
+
+    node: str
+    op: str
+    source: str
+    """The tensor the view reads: the op's input, or the ≤ 4-D tensor a Reshape made it from."""
+    view: list[int]
+    pieces: list[tuple[int, int, str, list[int]]]
+    """Per result: (start, end) along the view's axis 2 (the whole axis for a reduction), the
+    tensor written and its shape."""
+    absorbed: list[str]
+    """Reshape nodes at the edges whose work the view's Reshapes take over."""
+
+
+def _run(pat: Pattern, node: int, rank: int) -> tuple[int, int] | None:
+    """[first, last] axis of the run `node` works along, or None."""
+    op, ins, attrs = pat.op(node), pat.ins(node), pat.attrs(node)
+    if op == "Split":
+        axis = int(attrs.get("axis", 0)) % rank
+        return axis, axis
+    if op == "Slice":
+        values = [pat.value(i) if i else None for i in ins[1:5]]
+        starts, ends = values[0], values[1]
+        axes = values[2] if len(ins) > 3 and ins[3] else np.zeros(1, np.int64)
+        steps = values[3] if len(ins) > 4 and ins[4] else np.ones(1, np.int64)
+        if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)):
+            return None
+        if int(steps.reshape(-1)[0]) != 1:
+            return None
+        axis = int(axes.reshape(-1)[0]) % rank
+        return axis, axis
+    axes = reduce_axes(pat, node, rank)
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    return axes[0], axes[-1]
+
+
+def _edge_reshape_input(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
+    """The ≤ 4-D tensor a Reshape made `tensor` from (and that Reshape, when nothing else reads
+    `tensor`), else `tensor` itself."""
+    p = pat.producer(tensor, *RESHAPES)
+    if p is None:
+        return tensor, []
+    source = pat.ins(p)[0]
+    shape = pat.shape(source)
+    if shape is None or len(shape) > 4 or pat.is_const(source):
+        return tensor, []
+    return source, [pat.name(p)] if pat.private(tensor) else []
+
+
+def _edge_reshape_output(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
+    """The tensor the only reader of `tensor` reshapes it to (and that reader), else `tensor`."""
+    user = pat.sole_consumer(tensor, *RESHAPES)
+    if user is None:
+        return tensor, []
+    out = pat.outs(user)[0]
+    shape = pat.shape(out)
+    if shape is None or len(shape) > 4:
+        return tensor, []
+    return out, [pat.name(user)]
+
+
+@register
+class AxisOpTo4dView(GraphRule):
+    """Do a Split, a Slice (step 1) or a ReduceMax / ReduceMean along one run of adjacent axes
+    of a rank-5/6 tensor on its 4-D view [1, outer, n, inner]: Slices of axis 2, or a MaxPool /
+    AveragePool of kernel [n, 1] (then the result reshaped back).
+
+    Row-major order makes the view exact: element (o, j, i) of the view is element j of the run
+    between the o-th block of leading axes and the i-th block of trailing ones. Reshapes that
+    connect the op to ≤ 4-D tensors are absorbed into the view's Reshapes. Only ops the target
+    keeps off the MLA are matched.
+    """
+
+    name = "axis-op-to-4d-view"
+    suggest_for = frozenset({"Split", "Slice", *POOLS})
+    summary = (
+        "Split / Slice / ReduceMax / ReduceMean along one run of axes of a rank-5/6 tensor → "
+        "the same on its 4-D view [1, outer, n, inner] (a Slice, a MaxPool / AveragePool)."
+    )
+    category = "rank"
+    example = "surgery apply axis-op-to-4d-view hiera_tiny.onnx -o hiera_views.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Split", "Slice", *POOLS):
+            site = self._site(pat, node)
+            if site is None:
+                continue
+            removed = [site.node, *site.absorbed]
+            found.append(
+                self.match(
+                    removed,
+                    f"{site.op} {site.node} on the 4-D view {site.view} of {site.source}",
+                    net_freed(ctx, removed, *self._probes(ctx, pat, site)),
+                    site=asdict(site),
+                )
+            )
+        return found
+
+    def _site(self, pat: Pattern, node: int) -> ViewedOp | None:
+        x = pat.ins(node)[0]
+        shape = pat.shape(x)
+        if shape is None or len(shape) <= 4 or pat.is_const(x) or not pat.is_float(x):
+            return None
+        run = _run(pat, node, len(shape))
+        if run is None:
+            return None
+        first, last = run
+        view = [1, prod(shape[:first]), prod(shape[first : last + 1]), prod(shape[last + 1 :])]
+        if pat.op(node) in POOLS:
+            if pat.attrs(node).get("keepdims", 1) not in (0, 1):
+                return None
+            windows = [(pat.outs(node)[0], 0, view[2])]
+        elif pat.op(node) == "Split":
+            windows = SplitToSlices._windows(pat, node, first)
+        else:
+            out_shape = pat.shape(pat.outs(node)[0])
+            if out_shape is None:
+                return None
+            start = int(pat.value(pat.ins(node)[1]).reshape(-1)[0])
+            start = min(max(start + shape[first] if start < 0 else start, 0), shape[first])
+            windows = [(pat.outs(node)[0], start, start + out_shape[first])]
+        if windows is None:
+            return None
+        source, absorbed = _edge_reshape_input(pat, x)
+        pieces = []
+        for out, start, end in windows:
+            final, more = _edge_reshape_output(pat, out)
+            final_shape = pat.shape(final)
+            if final_shape is None:
+                return None
+            absorbed += more
+            pieces.append((start, end, final, list(final_shape)))
+        return ViewedOp(pat.name(node), pat.op(node), source, view, pieces, absorbed)
+
+    @staticmethod
+    def _probes(ctx: RuleContext, pat: Pattern, site: ViewedOp) -> tuple[list, list]:
+        """(main, helpers): the view and the op must run on the MLA; a Reshape from or to a
+        tensor that stays above rank 4 (a neighbour's to rewrite next) may not yet."""
+        view = TensorSpec(tuple(site.view))
+        main, helpers = [], []
+        source = pat.spec(site.source)
+        (main if len(source.shape or ()) <= 4 else helpers).append(probe_reshape(ctx, source, view))
+        outer, n, inner = site.view[1:]
+        for start, end, _, final in site.pieces:
+            if site.op in POOLS:
+                part = TensorSpec((1, outer, 1, inner))
+                attrs = {"kernel_shape": [n, 1], "strides": [n, 1]}
+                main.append(probe_node(ctx, POOLS[site.op], [view], [part], attrs))
+            else:
+                part = TensorSpec((1, outer, end - start, inner))
+                main.append(probe_slice(ctx, view, part, [start], [end], [2]))
+            (main if len(final) <= 4 else helpers).append(
+                probe_reshape(ctx, part, TensorSpec(tuple(final)))
+            )
+        return main, helpers
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        data = dict(match.data["site"])
+        site = ViewedOp(**data)
+        nodes = [ed.node_named(n) for n in (site.node, *site.absorbed)]
+        if any(n is None for n in nodes):
+            return False
+        source = ed.tensor(site.source)
+        dtype = nodes[0].outputs[0].dtype or np.float32
+        ed.detach(*nodes)
+        target = ed.const("axis_view_shape", np.array(site.view, np.int64))
+        view = ed.op("Reshape", "axis_view", [source, target], site.view, dtype)
+        outer, n, inner = site.view[1:]
+        for start, end, final, final_shape in site.pieces:
+            if site.op in POOLS:
+                part = ed.op(
+                    POOLS[site.op],
+                    "axis_pool",
+                    [view],
+                    [1, outer, 1, inner],
+                    dtype,
+                    kernel_shape=[n, 1],
+                    strides=[n, 1],
+                )
+            else:
+                part = ed.var("axis_slice_out", dtype, [1, outer, end - start, inner])
+                add_slice(ed, view, part, [start], [end], [2])
+            back = ed.const("axis_back_shape", np.array(final_shape, np.int64))
+            ed.node("Reshape", "axis_back", [part, back], [ed.tensor(final)])
+        return True
