@@ -111,3 +111,27 @@ def test_col2im_of_side_by_side_blocks_becomes_4d_transposes() -> None:
 def test_col2im_of_overlapping_blocks_stays() -> None:
     with pytest.raises(RuleNotApplicableError):
         apply_rule(_folded(stride=1), "col2im-to-transpose", "mlsoc")
+
+
+OVERLAPPING = np.arange(3)[:, None] + np.arange(SIDE - 2)[None, :]
+"""The table of a stride-1 unfold with kernel 3 (ConvBERT's span convolution): windows overlap."""
+
+
+def test_a_gather_of_overlapping_windows_becomes_slices_and_a_concat() -> None:
+    step = apply_rule(_gathered(OVERLAPPING), "gather-windows-to-slices", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0
+    ops = [n.op_type for n in step.model.graph.node]
+    assert "Gather" not in ops and ops.count("Slice") == 3 and "Concat" in ops
+    assert not step.coverage_after.blockers
+
+
+def test_a_permuting_table_is_not_taken_as_windows() -> None:
+    model = _gathered(np.arange(SIDE).reshape(2, SIDE // 2))
+    with pytest.raises(RuleNotApplicableError):
+        apply_rule(model, "gather-windows-to-slices", "mlsoc")
+
+
+def test_a_table_whose_rows_are_not_consecutive_is_left_alone() -> None:
+    strided = np.arange(0, 2 * (SIDE // 2), 2).reshape(2, SIDE // 4)
+    with pytest.raises(RuleNotApplicableError):
+        apply_rule(_gathered(strided), "gather-windows-to-slices", "mlsoc")

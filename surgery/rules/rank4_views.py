@@ -24,6 +24,7 @@ import numpy as np
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
+    RESHAPES,
     Editor,
     GraphRule,
     Pattern,
@@ -34,11 +35,9 @@ from surgery.rules.replace_common import (
     probe_reshape,
     probe_slice,
     reduce_axes,
+    reshaped_by_reader,
 )
 from surgery.rules.replace_slicing import SplitToSlices
-
-RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-"""Nodes that only view the data in another shape (absorbed at the view's edges)."""
 
 POOLS = {"ReduceMax": "MaxPool", "ReduceMean": "AveragePool"}
 """Reductions over one run of axes and the pool that computes them on the view."""
@@ -94,18 +93,6 @@ def _edge_reshape_input(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
     if shape is None or len(shape) > 4 or pat.is_const(source):
         return tensor, []
     return source, [pat.name(p)] if pat.private(tensor) else []
-
-
-def _edge_reshape_output(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
-    """The tensor the only reader of `tensor` reshapes it to (and that reader), else `tensor`."""
-    user = pat.sole_consumer(tensor, *RESHAPES)
-    if user is None:
-        return tensor, []
-    out = pat.outs(user)[0]
-    shape = pat.shape(out)
-    if shape is None or len(shape) > 4:
-        return tensor, []
-    return out, [pat.name(user)]
 
 
 @register
@@ -175,7 +162,7 @@ class AxisOpTo4dView(GraphRule):
         source, absorbed = _edge_reshape_input(pat, x)
         pieces = []
         for out, start, end in windows:
-            final, more = _edge_reshape_output(pat, out)
+            final, more = reshaped_by_reader(pat, out)
             final_shape = pat.shape(final)
             if final_shape is None:
                 return None

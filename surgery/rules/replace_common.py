@@ -411,6 +411,23 @@ class Pattern:
         return None
 
 
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+"""Nodes that only view their input in another shape."""
+
+
+def reshaped_by_reader(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
+    """The ≤ 4-D tensor the only reader of `tensor` reshapes it to, and that reader's name (a
+    rewrite that writes the reshaped tensor directly absorbs it); else (`tensor`, [])."""
+    user = pat.sole_consumer(tensor, *RESHAPES)
+    if user is None:
+        return tensor, []
+    out = pat.outs(user)[0]
+    shape = pat.shape(out)
+    if shape is None or len(shape) > 4:
+        return tensor, []
+    return out, [pat.name(user)]
+
+
 def reduce_axes(pat: Pattern, node: int, rank: int) -> list[int] | None:
     """The normalised axes of a Reduce* node (attribute before opset 18, input from 18)."""
     ins = pat.ins(node)

@@ -18,7 +18,18 @@ import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
-from surgery.rules.replace_common import Editor, GraphRule, Pattern
+from surgery.rules.replace_common import (
+    Editor,
+    GraphRule,
+    Pattern,
+    TensorSpec,
+    add_slice,
+    net_freed,
+    probe_node,
+    probe_reshape,
+    probe_slice,
+    reshaped_by_reader,
+)
 from surgery.rules.replace_shuffle import block_swaps, emit_block_swaps
 
 _FOLD = (0, 1, 4, 2, 5, 3)
@@ -168,4 +179,102 @@ class Col2ImToTranspose(GraphRule):
         data, out = fold.inputs[0], fold.outputs[0]
         ed.detach(fold)
         emit_block_swaps(ed, data, out, match.data["steps"], match.data["out"])
+        return True
+
+
+def _window_starts(table: np.ndarray, size: int) -> list[int] | None:
+    """For a 2-D index table over an axis of `size` whose every row is a run of consecutive
+    positions (row i = s_i, s_i + 1, …): the starts s_i; else None."""
+    if table.ndim != 2 or table.shape[1] == 0:
+        return None
+    flat = np.where(table < 0, table + size, table)
+    if flat.min() < 0 or flat.max() >= size:
+        return None
+    starts = flat[:, 0]
+    if not np.array_equal(flat, starts[:, None] + np.arange(table.shape[1])):
+        return None
+    return [int(s) for s in starts]
+
+
+@register
+class GatherWindowsToSlices(GraphRule):
+    """Rewrite a Gather whose constant 2-D index table lists windows of consecutive positions —
+    table[i, j] = s_i + j, the table of an overlapping F.unfold (stride below the kernel) —
+    as one Slice per window, concatenated on the gathered axis and reshaped to the Gather's
+    output.
+
+    Window i of the output is x[…, s_i : s_i + L, …]; side by side on the axis they are the
+    output's [k, L] block in memory order, so the Concat (then a Reshape that splits the axis)
+    is the Gather exactly. ConvBERT's span-based dynamic convolution unfolds its padded keys so
+    (kernel 9, stride 1). Data movement only: exact. Only Gathers the target keeps off its MLA
+    are matched; tables that only permute the axis are gather-table-to-transpose's.
+    """
+
+    name = "gather-windows-to-slices"
+    suggest_for = frozenset({"Gather"})
+    summary = (
+        "Gather by a constant table of consecutive windows (overlapping F.unfold) → Slices "
+        "concatenated on the axis, Reshape."
+    )
+    category = "replace"
+    example = "surgery apply gather-windows-to-slices convbert.onnx -o convbert_windows.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Gather"):
+            data, index = pat.ins(node)[:2]
+            shape, table = pat.shape(data), pat.value(index)
+            out = pat.shape(pat.outs(node)[0])
+            if shape is None or out is None or table is None or pat.is_const(data):
+                continue
+            if not pat.is_float(data):
+                continue
+            axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
+            starts = _window_starts(table, shape[axis])
+            if starts is None or _table_split(table, shape[axis]) is not None:
+                continue
+            width = table.shape[1]
+            spec = pat.spec(data)
+            piece = TensorSpec((*shape[:axis], width, *shape[axis + 1 :]), spec.elem_type)
+            joined = TensorSpec((*shape[:axis], width * len(starts), *shape[axis + 1 :]))
+            probes = [probe_slice(ctx, spec, piece, [s], [s + width], [axis]) for s in set(starts)]
+            probes.append(
+                probe_node(ctx, "Concat", [piece] * len(starts), [joined], {"axis": axis})
+            )
+            name = pat.name(node)
+            final, absorbed = reshaped_by_reader(pat, pat.outs(node)[0])
+            back = probe_reshape(ctx, joined, pat.spec(final))
+            removed = [name, *absorbed]
+            found.append(
+                self.match(
+                    removed,
+                    f"Gather {name}: {len(starts)} windows of {width} along axis {axis} → "
+                    "Slices + Concat",
+                    net_freed(ctx, removed, probes, [back]),
+                    axis=axis,
+                    starts=starts,
+                    width=width,
+                    out=final,
+                    out_shape=list(pat.shape(final) or out),
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        nodes = [ed.node_named(n) for n in match.nodes]
+        if any(n is None for n in nodes):
+            return False
+        d = match.data
+        data, out = nodes[0].inputs[0], ed.tensor(d["out"])
+        ed.detach(*nodes)
+        axis, width = d["axis"], d["width"]
+        pieces = []
+        for start in d["starts"]:
+            piece = ed.var("window", data.dtype)
+            add_slice(ed, data, piece, [start], [start + width], [axis])
+            pieces.append(piece)
+        joined = ed.op("Concat", "windows", pieces, None, data.dtype, axis=axis)
+        target = ed.const("windows_shape", np.array(d["out_shape"], np.int64))
+        ed.node("Reshape", "windows_view", [joined, target], [out])
         return True
