@@ -588,12 +588,17 @@ def probe_slice(
     starts: Sequence[int],
     ends: Sequence[int],
     axes: Sequence[int],
+    steps: Sequence[int] | None = None,
 ) -> Reason | None:
-    """Placement of a Slice in the form the model's opset expects (`add_slice`)."""
+    """Placement of a Slice in the form the model's opset expects (`add_slice`); `steps`
+    (opset ≥ 10) only when some step is not 1."""
     if model_opset(ctx) < 10:
         attrs = {"starts": list(starts), "ends": list(ends), "axes": list(axes)}
         return probe_node(ctx, "Slice", [x], [out], attrs)
-    return probe_node(ctx, "Slice", [x, *slice_inputs(starts, ends, axes)], [out])
+    inputs = slice_inputs(starts, ends, axes)
+    if steps is not None and any(s != 1 for s in steps):
+        inputs.append(TensorSpec.const(np.array(steps, np.int64)))
+    return probe_node(ctx, "Slice", [x, *inputs], [out])
 
 
 def add_slice(
@@ -603,16 +608,18 @@ def add_slice(
     starts: Sequence[int],
     ends: Sequence[int],
     axes: Sequence[int],
+    steps: Sequence[int] | None = None,
 ) -> gs.Node:
-    """A Slice node in the form the model's opset expects (attributes before opset 10)."""
+    """A Slice node in the form the model's opset expects (attributes before opset 10, which
+    has no steps: callers check `model_opset` before asking for steps other than 1)."""
     if model_opset(ed.ctx) < 10:
         return ed.node(
             "Slice", "slice", [x], [out], starts=list(starts), ends=list(ends), axes=list(axes)
         )
-    consts = [
-        ed.const(f"slice_{what}", np.array(v, np.int64))
-        for what, v in (("starts", starts), ("ends", ends), ("axes", axes))
-    ]
+    operands = [("starts", starts), ("ends", ends), ("axes", axes)]
+    if steps is not None and any(s != 1 for s in steps):
+        operands.append(("steps", steps))
+    consts = [ed.const(f"slice_{what}", np.array(v, np.int64)) for what, v in operands]
     return ed.node("Slice", "slice", [x, *consts], [out])
 
 

@@ -24,6 +24,7 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
+    model_opset,
     net_freed,
     probe_node,
     probe_reshape,
@@ -182,38 +183,41 @@ class Col2ImToTranspose(GraphRule):
         return True
 
 
-def _window_starts(table: np.ndarray, size: int) -> list[int] | None:
-    """For a 2-D index table over an axis of `size` whose every row is a run of consecutive
-    positions (row i = s_i, s_i + 1, …): the starts s_i; else None."""
+def _windows(table: np.ndarray, size: int) -> tuple[list[int], int] | None:
+    """For a 2-D index table over an axis of `size` whose every row is an arithmetic run with
+    one common step (row i = s_i, s_i + step, …): (the starts s_i, step); else None."""
     if table.ndim != 2 or table.shape[1] == 0:
         return None
     flat = np.where(table < 0, table + size, table)
     if flat.min() < 0 or flat.max() >= size:
         return None
     starts = flat[:, 0]
-    if not np.array_equal(flat, starts[:, None] + np.arange(table.shape[1])):
+    step = int(flat[0, 1] - flat[0, 0]) if table.shape[1] > 1 else 1
+    if step < 1 or not np.array_equal(flat, starts[:, None] + step * np.arange(table.shape[1])):
         return None
-    return [int(s) for s in starts]
+    return [int(s) for s in starts], step
 
 
 @register
 class GatherWindowsToSlices(GraphRule):
-    """Rewrite a Gather whose constant 2-D index table lists windows of consecutive positions —
-    table[i, j] = s_i + j, the table of an overlapping F.unfold (stride below the kernel) —
-    as one Slice per window, concatenated on the gathered axis and reshaped to the Gather's
-    output.
+    """Rewrite a Gather whose constant 2-D index table lists windows of evenly spaced positions
+    — table[i, j] = s_i + step·j, the table of an F.unfold whose windows overlap (the rows are
+    the kernel offsets, the step its stride) — as one Slice per window, concatenated on the
+    gathered axis and reshaped to the Gather's output.
 
-    Window i of the output is x[…, s_i : s_i + L, …]; side by side on the axis they are the
-    output's [k, L] block in memory order, so the Concat (then a Reshape that splits the axis)
-    is the Gather exactly. ConvBERT's span-based dynamic convolution unfolds its padded keys so
-    (kernel 9, stride 1). Data movement only: exact. Only Gathers the target keeps off its MLA
-    are matched; tables that only permute the axis are gather-table-to-transpose's.
+    Window i of the output is x[…, s_i : s_i + step·(L−1) + 1 : step, …]; side by side on the
+    axis they are the output's [k, L] block in memory order, so the Concat (then a Reshape that
+    splits the axis) is the Gather exactly. ConvBERT's span-based dynamic convolution unfolds
+    its padded keys so (kernel 9, stride 1), VOLO's outlook attention its values (kernel 3,
+    stride 2, one Gather per spatial axis). Data movement only: exact. Only Gathers the target
+    keeps off its MLA are matched; tables that only permute the axis are
+    gather-table-to-transpose's.
     """
 
     name = "gather-windows-to-slices"
     suggest_for = frozenset({"Gather"})
     summary = (
-        "Gather by a constant table of consecutive windows (overlapping F.unfold) → Slices "
+        "Gather by a constant table of (strided) windows (overlapping F.unfold) → Slices "
         "concatenated on the axis, Reshape."
     )
     category = "replace"
@@ -231,14 +235,19 @@ class GatherWindowsToSlices(GraphRule):
             if not pat.is_float(data):
                 continue
             axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
-            starts = _window_starts(table, shape[axis])
-            if starts is None or _table_split(table, shape[axis]) is not None:
+            windows = _windows(table, shape[axis])
+            if windows is None or _table_split(table, shape[axis]) is not None:
                 continue
-            width = table.shape[1]
+            (starts, step), width = windows, table.shape[1]
+            if step != 1 and model_opset(ctx) < 10:
+                continue  # Slice has steps from opset 10
+            span = step * (width - 1) + 1
             spec = pat.spec(data)
             piece = TensorSpec((*shape[:axis], width, *shape[axis + 1 :]), spec.elem_type)
             joined = TensorSpec((*shape[:axis], width * len(starts), *shape[axis + 1 :]))
-            probes = [probe_slice(ctx, spec, piece, [s], [s + width], [axis]) for s in set(starts)]
+            probes = [
+                probe_slice(ctx, spec, piece, [s], [s + span], [axis], [step]) for s in set(starts)
+            ]
             probes.append(
                 probe_node(ctx, "Concat", [piece] * len(starts), [joined], {"axis": axis})
             )
@@ -254,6 +263,7 @@ class GatherWindowsToSlices(GraphRule):
                     net_freed(ctx, removed, probes, [back]),
                     axis=axis,
                     starts=starts,
+                    step=step,
                     width=width,
                     out=final,
                     out_shape=list(pat.shape(final) or out),
@@ -268,11 +278,11 @@ class GatherWindowsToSlices(GraphRule):
         d = match.data
         data, out = nodes[0].inputs[0], ed.tensor(d["out"])
         ed.detach(*nodes)
-        axis, width = d["axis"], d["width"]
+        axis, width, step = d["axis"], d["width"], d["step"]
         pieces = []
         for start in d["starts"]:
             piece = ed.var("window", data.dtype)
-            add_slice(ed, data, piece, [start], [start + width], [axis])
+            add_slice(ed, data, piece, [start], [start + step * (width - 1) + 1], [axis], [step])
             pieces.append(piece)
         joined = ed.op("Concat", "windows", pieces, None, data.dtype, axis=axis)
         target = ed.const("windows_shape", np.array(d["out_shape"], np.int64))
