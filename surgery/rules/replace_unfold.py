@@ -211,7 +211,9 @@ class GatherWindowsToSlices(GraphRule):
     its padded keys so (kernel 9, stride 1), VOLO's outlook attention its values (kernel 3,
     stride 2, one Gather per spatial axis). Data movement only: exact. Only Gathers the target
     keeps off its MLA are matched; tables that only permute the axis are
-    gather-table-to-transpose's.
+    gather-table-to-transpose's. A cleanup: the window Gathers of a 2-D unfold come in pairs
+    (rows, then columns), and the first one's result stays rank 5 until the second is
+    rewritten and the rank lifts carry the rest.
     """
 
     name = "gather-windows-to-slices"
@@ -220,7 +222,7 @@ class GatherWindowsToSlices(GraphRule):
         "Gather by a constant table of (strided) windows (overlapping F.unfold) → Slices "
         "concatenated on the axis, Reshape."
     )
-    category = "replace"
+    category = "cleanup"
     example = "surgery apply gather-windows-to-slices convbert.onnx -o convbert_windows.onnx"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
