@@ -886,6 +886,25 @@ def _roll(b: Builder, name: str, x: str, shift: int, size: int) -> str:
     return x
 
 
+def _patch_rows(b: Builder, c: int) -> str:
+    """The 4×4 patch embedding of a [1, 3, H, W] image "x", flattened to [1, c, H·W/16]."""
+    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
+    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
+    return b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+
+
+def _mlp_and_head(b: Builder, x: str, c: int) -> str:
+    """A pre-norm MLP block with its residual, then final LayerNorm, mean over the tokens and
+    a 10-class Gemm head ("logits")."""
+    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
+    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
+    x = b.node("Transpose", [b.layer_norm("final_ln", x, c)], "channels", perm=[0, 2, 1])
+    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
+    return b.node(
+        "Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1
+    )
+
+
 def swin() -> onnx.ModelProto:
     """Swin (torch opset 13): patch embedding, LayerNorm spelled out, view(1, H, W, C), cyclic
     shift (Slice + Concat), window partition by a rank-6 Reshape/Transpose, window attention
@@ -894,9 +913,7 @@ def swin() -> onnx.ModelProto:
     mean over tokens, Gemm head."""
     b, c, side, win, heads = Builder(), 16, 8, 4, 2
     hd, n, windows = c // heads, win * win, (side // win) ** 2
-    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
-    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
-    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = _patch_rows(b, c)
     x = b.layer_norm("pe_ln", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
     h = b.layer_norm("n1", x, c)
     h = b.node("Reshape", [h, b.const("hw_shape", np.array([1, side, side, c]))], "hw")
@@ -959,9 +976,7 @@ def twins_locally_grouped_attention() -> onnx.ModelProto:
     windows merged back, output projection, residual, MLP."""
     b, c, side, ws, heads = Builder(), 16, 8, 4, 2
     hd, groups, tokens = c // heads, (side // ws) ** 2, ws * ws
-    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
-    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
-    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = _patch_rows(b, c)
     x = b.layer_norm("pe_ln", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
     h = b.layer_norm("n1", x, c)
     h = b.node("Reshape", [h, b.const("hw_shape", np.array([1, side, side, c]))], "hw")
@@ -984,11 +999,7 @@ def twins_locally_grouped_attention() -> onnx.ModelProto:
     o = b.node("Transpose", [o], "reverse_t", perm=[0, 1, 3, 2, 4, 5])
     o = b.node("Reshape", [o, b.const("seq_shape", np.array([1, side * side, c]))], "seq")
     x = b.node("Add", [x, b.linear("proj", o, c, c)], "res1")
-    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
-    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
-    x = b.node("Transpose", [b.layer_norm("final_ln", x, c)], "channels", perm=[0, 2, 1])
-    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
-    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    _mlp_and_head(b, x, c)
     return b.model("twins_locally_grouped_attention", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
 
 
@@ -1000,9 +1011,7 @@ def hiera_mask_unit_attention() -> onnx.ModelProto:
     tokens, projection, MLP, mean over tokens, Gemm head."""
     b, c, heads, windows, stride = Builder(), 16, 2, 4, 4
     hd, tokens = c // heads, 64 // windows
-    patch = [b.weight("pe_w", c, 3, 4, 4), b.weight("pe_b", c)]
-    x = b.node("Conv", ["x", *patch], "pe", kernel_shape=[4, 4], strides=[4, 4])
-    x = b.node("Reshape", [x, b.const("pe_rows", np.array([1, c, -1]))], "pe_flat")
+    x = _patch_rows(b, c)
     x = b.layer_norm("n1", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
     qkv = b.linear("qkv", x, c, 3 * c)
     split = np.array([1, tokens, windows, 3, heads, hd])
@@ -1020,11 +1029,7 @@ def hiera_mask_unit_attention() -> onnx.ModelProto:
     o = b.node("Transpose", [b.node("MatMul", [p, v], "ctx")], "ctxT", perm=[0, 3, 2, 1, 4])
     o = b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "merged")
     x = b.linear("proj", o, c, c)
-    h = b.gelu("gelu", b.linear("fc1", b.layer_norm("n2", x, c), c, 2 * c))
-    x = b.node("Add", [x, b.linear("fc2", h, 2 * c, c)], "res2")
-    x = b.node("Transpose", [b.layer_norm("final_ln", x, c)], "channels", perm=[0, 2, 1])
-    x = b.node("ReduceMean", [x], "pool", axes=[2], keepdims=0)
-    b.node("Gemm", [x, b.weight("head_w", 10, c), b.weight("head_b", 10)], "logits", transB=1)
+    _mlp_and_head(b, x, c)
     return b.model("hiera_mask_unit_attention", {"x": [1, 3, 32, 32]}, ["logits"], opset=13)
 
 

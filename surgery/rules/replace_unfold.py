@@ -37,6 +37,16 @@ _FOLD = (0, 1, 4, 2, 5, 3)
 """[N, C, kh, kw, H/kh, W/kw] → [N, C, H/kh, kh, W/kw, kw]: the blocks placed side by side."""
 
 
+def _table_gather(pat: Pattern, node: int) -> tuple[str, tuple[int, ...], np.ndarray, int] | None:
+    """(data, its shape, the index table, the axis) of a Gather of a run-time float tensor of
+    static shape by a constant index table; None for any other Gather."""
+    data, index = pat.ins(node)[:2]
+    shape, table = pat.shape(data), pat.value(index)
+    if shape is None or table is None or pat.is_const(data) or not pat.is_float(data):
+        return None
+    return data, shape, table, int(pat.attrs(node).get("axis", 0)) % len(shape)
+
+
 def _table_split(table: np.ndarray, size: int) -> tuple[int, int, bool] | None:
     """For a 2-D index table over an axis of `size`: (p, q, swapped) when the table is
     arange(size) viewed as [p, q] (swapped False) or viewed as [q, p] and transposed
@@ -74,11 +84,10 @@ class GatherTableToTranspose(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in pat.blocked("Gather"):
-            data, index = pat.ins(node)[:2]
-            shape, table = pat.shape(data), pat.value(index)
-            if shape is None or table is None or pat.is_const(data) or not pat.is_float(data):
+            site = _table_gather(pat, node)
+            if site is None:
                 continue
-            axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
+            data, shape, table, axis = site
             split = _table_split(table, shape[axis])
             if split is None:
                 continue
@@ -229,14 +238,10 @@ class GatherWindowsToSlices(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in pat.blocked("Gather"):
-            data, index = pat.ins(node)[:2]
-            shape, table = pat.shape(data), pat.value(index)
-            out = pat.shape(pat.outs(node)[0])
-            if shape is None or out is None or table is None or pat.is_const(data):
+            site, out = _table_gather(pat, node), pat.shape(pat.outs(node)[0])
+            if site is None or out is None:
                 continue
-            if not pat.is_float(data):
-                continue
-            axis = int(pat.attrs(node).get("axis", 0)) % len(shape)
+            data, shape, table, axis = site
             windows = _windows(table, shape[axis])
             if windows is None or _table_split(table, shape[axis]) is not None:
                 continue
