@@ -2071,6 +2071,58 @@ def levit() -> onnx.ModelProto:
     return b.model("levit", {"x": [1, 3, 16, 16]}, ["logits"], opset=14)
 
 
+def deberta_disentangled_attention() -> onnx.ModelProto:
+    """HF DeBERTa-v2/v3 (TorchScript, opset 14): q and k in (heads, L, hd), scaled, scored
+    against the projected relative-position embeddings (constants after folding: [heads, hd,
+    2·span]) by a batched MatMul, and the distance of each (query, key) pair picked by
+    GatherElements along the last axis — index span + i − j for content-to-position, span −
+    i + j for position-to-content (then transposed) — added to q·kᵀ; Softmax, ·v, output
+    projection, post-LN."""
+    b, c, heads, length, span = Builder(), 32, 2, 8, 16
+    hd = c // heads
+    x = b.node("Gather", [b.weight("word_emb", 40, c), "input_ids"], "words", axis=0)
+    x = b.layer_norm("emb_ln", x, c, eps=1e-7)
+
+    def heads_of(name: str) -> str:
+        y = _split_heads(b, name, b.linear(name, x, c, c), (1, -1, heads, hd))
+        return b.node(
+            "Reshape", [y, b.const(f"{name}_3d", np.array([heads, length, hd]))], f"{name}_bh"
+        )
+
+    q, k, v = heads_of("q"), heads_of("k"), heads_of("v")
+    scale = b.const("scale", np.array(1 / np.sqrt(3 * hd), np.float32))
+    kt = b.node("Transpose", [b.node("Mul", [k, scale], "k_s")], "kT", perm=[0, 2, 1])
+    scores = b.node("MatMul", [q, kt], "scores")
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    for name, reader, index in (("c2p", q, span + i - j), ("p2c", k, span - i + j)):
+        rel = b.weight(f"{name}_pos", heads, hd, 2 * span)
+        table = np.broadcast_to(index, (heads, length, length)).astype(np.int64)
+        picked = b.node(
+            "GatherElements",
+            [b.node("MatMul", [reader, rel], f"{name}_all"), b.const(f"{name}_index", table)],
+            f"{name}_att",
+            axis=-1,
+        )
+        if name == "p2c":
+            picked = b.node("Transpose", [picked], "p2c_t", perm=[0, 2, 1])
+        scores = b.node("Add", [scores, b.node("Mul", [picked, scale], f"{name}_s")], f"{name}_sum")
+    attn = b.node("Softmax", [scores], "attn", axis=-1)
+    o = b.node("MatMul", [attn, v], "ctx")
+    o = b.node("Reshape", [o, b.const("ctx4", np.array([1, heads, length, hd]))], "ctx_4d")
+    o = b.node("Transpose", [o], "ctx_t", perm=[0, 2, 1, 3])
+    o = b.linear(
+        "out", b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "merged"), c, c
+    )
+    b.layer_norm("sa_ln", b.node("Add", [o, x], "res1"), c, eps=1e-7)
+    return b.model(
+        "deberta_disentangled_attention",
+        {"input_ids": [1, length]},
+        ["sa_ln_out"],
+        opset=14,
+        types={"input_ids": TensorProto.INT64},
+    )
+
+
 def distilbert() -> onnx.ModelProto:
     """HF DistilBERT (opset 14): word + position Gather embeddings, LayerNorm spelled out, the
     mask applied by masked_fill: Equal(mask, 0) → Reshape(1,1,1,L) → Expand → Where(mask,
@@ -2443,6 +2495,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "parseq_decoder": parseq_decoder,
     "levit": levit,
     "distilbert": distilbert,
+    "deberta_disentangled_attention": deberta_disentangled_attention,
     "dynamic_vit": dynamic_vit,
     "groupnorm_head": groupnorm_head,
     "einsum_attention": einsum_attention,

@@ -24,7 +24,6 @@ import numpy as np
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
-    RESHAPES,
     Editor,
     GraphRule,
     Pattern,
@@ -35,6 +34,7 @@ from surgery.rules.replace_common import (
     probe_reshape,
     probe_slice,
     reduce_axes,
+    reshape_source,
     reshaped_by_reader,
 )
 from surgery.rules.replace_slicing import SplitToSlices
@@ -80,19 +80,6 @@ def _run(pat: Pattern, node: int, rank: int) -> tuple[int, int] | None:
     if not axes or axes != list(range(axes[0], axes[-1] + 1)):
         return None
     return axes[0], axes[-1]
-
-
-def _edge_reshape_input(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
-    """The ≤ 4-D tensor a Reshape made `tensor` from (and that Reshape, when nothing else reads
-    `tensor`), else `tensor` itself."""
-    p = pat.producer(tensor, *RESHAPES)
-    if p is None:
-        return tensor, []
-    source = pat.ins(p)[0]
-    shape = pat.shape(source)
-    if shape is None or len(shape) > 4 or pat.is_const(source):
-        return tensor, []
-    return source, [pat.name(p)] if pat.private(tensor) else []
 
 
 @register
@@ -159,7 +146,7 @@ class AxisOpTo4dView(GraphRule):
             windows = [(pat.outs(node)[0], start, start + out_shape[first])]
         if windows is None:
             return None
-        source, absorbed = _edge_reshape_input(pat, x)
+        source, absorbed = reshape_source(pat, x)
         pieces = []
         for out, start, end in windows:
             final, more = reshaped_by_reader(pat, out)

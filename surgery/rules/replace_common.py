@@ -415,6 +415,19 @@ RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 """Nodes that only view their input in another shape."""
 
 
+def reshape_source(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
+    """The ≤ 4-D tensor a Reshape made `tensor` from, and that Reshape's name when nothing else
+    reads `tensor` (a rewrite that reads the source directly absorbs it); else (`tensor`, [])."""
+    p = pat.producer(tensor, *RESHAPES)
+    if p is None:
+        return tensor, []
+    source = pat.ins(p)[0]
+    shape = pat.shape(source)
+    if shape is None or len(shape) > 4 or pat.is_const(source):
+        return tensor, []
+    return source, [pat.name(p)] if pat.private(tensor) else []
+
+
 def reshaped_by_reader(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
     """The ≤ 4-D tensor the only reader of `tensor` reshapes it to, and that reader's name (a
     rewrite that writes the reshaped tensor directly absorbs it); else (`tensor`, [])."""
