@@ -605,10 +605,21 @@ def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(gamma.data_type)
         shape = (-1,) + (1,) * (rank - 2)
         scale, shift = (fresh(f"{node.name}.{what}") for what in ("scale", "shift"))
-        for name, value in ((scale, affine[0]), (shift, affine[1])):
+        # A zero shift (beta = mean = 0, as initialised) adds nothing; an Add of it would also
+        # give the zero constant a scale unrelated to the activation it is added to.
+        shifted = bool(np.any(affine[1]))
+        for name, value in ((scale, affine[0]), (shift, affine[1]))[: 2 if shifted else 1]:
             model.graph.initializer.append(
                 numpy_helper.from_array(value.astype(dtype).reshape(shape), name)
             )
+        if not shifted:
+            nodes.append(
+                onnx.helper.make_node(
+                    "Mul", [node.input[0], scale], [node.output[0]], name=node.name
+                )
+            )
+            rewritten.append(view.names[idx])
+            continue
         scaled = fresh(f"{node.name}_scaled")
         nodes.append(
             onnx.helper.make_node(
