@@ -333,6 +333,118 @@ class MaxPoolToChain(GraphRule):
         return True
 
 
+@register
+class AvgPoolToChain(GraphRule):
+    """Split an AveragePool whose windows tile the input (kernel = strides, no padding, every
+    axis divisible) and whose kernel the MLA rejects into a chain of AveragePools whose
+    kernels multiply to it.
+
+    The mean of k1·k2 consecutive elements is the mean over k2 consecutive means of k1: each
+    pool of the chain again tiles its input. NextViT's E-MHSA reduces its keys by a 1-D average
+    pool of kernel 16 over the tokens, past rk3588's kernel limit of 7; 4 then 4 is the same
+    mean. Equal up to float rounding of the sums.
+    """
+
+    name = "avgpool-to-chain"
+    suggest_for = frozenset({"AveragePool"})
+    summary = (
+        "Tiling AveragePool with a kernel the MLA rejects → a chain whose kernels multiply to it."
+    )
+    category = "replace"
+    example = "surgery apply avgpool-to-chain nextvit_small.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("AveragePool"):
+            x = pat.ins(node)[0]
+            shape, kernel = pat.shape(x), self._tiling_kernel(pat, node)
+            if shape is None or kernel is None or len(shape) != 4:
+                continue
+            if any(size % k for size, k in zip(shape[2:], kernel, strict=True)):
+                continue
+            chain = self._chain(ctx, pat.spec(x), kernel)
+            if chain is None:
+                continue
+            probes, current = [], tuple(shape)
+            for step in chain:
+                smaller = (*current[:2], current[2] // step[0], current[3] // step[1])
+                attrs = {"kernel_shape": list(step), "strides": list(step)}
+                probes.append(
+                    probe_node(
+                        ctx, "AveragePool", [TensorSpec(current)], [TensorSpec(smaller)], attrs
+                    )
+                )
+                current = smaller
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"AveragePool {pat.name(node)} {kernel} → {' → '.join(map(str, chain))}",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    chain=chain,
+                )
+            )
+        return found
+
+    @staticmethod
+    def _tiling_kernel(pat: Pattern, node: int) -> list[int] | None:
+        """The kernel of a 2-D AveragePool with strides equal to it, no padding, no dilation,
+        floor mode; else None."""
+        attrs = pat.attrs(node)
+        if attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0):
+            return None
+        kernel = list(attrs.get("kernel_shape", []))
+        if len(kernel) != 2:
+            return None
+        _, strides, dilations, pads = _window_attrs(attrs, 2)
+        if strides != kernel or any(d != 1 for d in dilations) or any(pads):
+            return None
+        return kernel
+
+    @staticmethod
+    def _chain(ctx: RuleContext, spec: TensorSpec, kernel: list[int]) -> list[list[int]] | None:
+        """Per step (kh, kw): each axis's kernel as a product of the largest factors the target
+        accepts on that axis (1 where an axis is done); None if some factor is never accepted."""
+
+        def accepted(axis: int, k: int) -> bool:
+            window = [k, 1] if axis == 0 else [1, k]
+            attrs = {"kernel_shape": window, "strides": window}
+            return probe_node(ctx, "AveragePool", [spec], [spec], attrs) is None
+
+        per_axis = []
+        for axis, k in enumerate(kernel):
+            parts = []
+            while k > 1:
+                factor = next(
+                    (d for d in range(k, 1, -1) if k % d == 0 and accepted(axis, d)), None
+                )
+                if factor is None:
+                    return None
+                parts.append(factor)
+                k //= factor
+            per_axis.append(parts)
+        length = max(len(parts) for parts in per_axis)
+        if length < 2:
+            return None  # the kernel itself is accepted: not this rule's case
+        padded = [parts + [1] * (length - len(parts)) for parts in per_axis]
+        return [list(pair) for pair in zip(*padded, strict=True)]
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        chain = match.data["chain"]
+        current = x
+        for k, step in enumerate(chain):
+            attrs = {"kernel_shape": list(step), "strides": list(step)}
+            if k == len(chain) - 1:
+                ed.node("AveragePool", "avgpool_step", [current], [y], **attrs)
+            else:
+                current = ed.op("AveragePool", "avgpool_step", [current], None, x.dtype, **attrs)
+        return True
+
+
 def _same(kernel: Sequence[int]) -> dict:
     """MaxPool attributes of a stride-1 window `kernel` with "same" padding."""
     return {"kernel_shape": list(kernel), "pads": [(k - 1) // 2 for k in kernel] * 2}
