@@ -15,7 +15,7 @@ one the rank lifts carry, and what remains is data movement (`transpose-to-block
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -169,7 +169,7 @@ class LastAxisOpBeforeReshape(GraphRule):
                     f"{pat.op(idx)} {site.node} on a rank-{len(pat.shape(pat.ins(idx)[site.data_input]))} "
                     f"tensor → before {len(site.chain)} movement node(s), on {site.top}",
                     [site.node],
-                    hoist=asdict(site),
+                    hoist=dict(vars(site)),
                 )
             )
         return found

@@ -16,7 +16,7 @@ mean of the same elements: exact up to float summation order for the mean.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from math import prod
 
 import numpy as np
@@ -91,7 +91,8 @@ class AxisOpTo4dView(GraphRule):
     Row-major order makes the view exact: element (o, j, i) of the view is element j of the run
     between the o-th block of leading axes and the i-th block of trailing ones. Reshapes that
     connect the op to ≤ 4-D tensors are absorbed into the view's Reshapes. Only ops the target
-    keeps off the MLA are matched.
+    keeps off the MLA, on tensors with five or more non-unit axes (fewer fit a 4-D layout, and
+    the rank lifts carry the op with its neighbours), are matched.
     """
 
     name = "axis-op-to-4d-view"
@@ -116,7 +117,7 @@ class AxisOpTo4dView(GraphRule):
                     removed,
                     f"{site.op} {site.node} on the 4-D view {site.view} of {site.source}",
                     net_freed(ctx, removed, *self._probes(ctx, pat, site)),
-                    site=asdict(site),
+                    site=dict(vars(site)),
                 )
             )
         return found
@@ -124,8 +125,10 @@ class AxisOpTo4dView(GraphRule):
     def _site(self, pat: Pattern, node: int) -> ViewedOp | None:
         x = pat.ins(node)[0]
         shape = pat.shape(x)
-        if shape is None or len(shape) <= 4 or pat.is_const(x) or not pat.is_float(x):
+        if shape is None or pat.is_const(x) or not pat.is_float(x):
             return None
+        if sum(d != 1 for d in shape) <= 4:
+            return None  # a 4-D layout holds the tensor: the rank lifts carry the op
         run = _run(pat, node, len(shape))
         if run is None:
             return None
