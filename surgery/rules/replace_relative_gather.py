@@ -29,7 +29,6 @@ from surgery.rules.replace_common import (
     TensorSpec,
     add_slice,
     add_zero_pad,
-    constant_array,
     net_freed,
     probe_node,
     probe_reshape,
@@ -128,7 +127,11 @@ class RelativeGatherToSlices(GraphRule):
 
     def _site(self, pat: Pattern, node: int) -> Skew | None:
         data, index = pat.ins(node)[:2]
-        shape, table = pat.shape(data), constant_array(pat.ctx, index)
+        # The index as stored (an initializer or Constant); a constant subgraph that computes
+        # it is fold-constants' to evaluate first (`fix` folds before it rewrites), as
+        # evaluating it here on every `surgery check` would cost more than the check.
+        shape = pat.shape(data)
+        table = pat.view.constant_value(index, prod(pat.shape(index) or (0,)) or 1)
         if shape is None or table is None or len(shape) < 2 or not pat.is_float(data):
             return None
         if int(pat.attrs(node).get("axis", 0)) % len(shape) != len(shape) - 1:
@@ -194,7 +197,10 @@ class RelativeGatherToSlices(GraphRule):
         if mm is None or not pat.private(data):
             return None
         weight = pat.ins(mm)[1]
-        if constant_array(pat.ctx, weight) is None:
+        shape = pat.shape(weight)
+        # Known before run time is enough here: the edit reads the value (evaluating a
+        # constant subgraph, DeBERTa's projected relative embeddings, costs more than a check).
+        if not pat.is_const(weight) or shape is None or len(shape) > 4:
             return None
         return mm
 
