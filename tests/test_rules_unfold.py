@@ -76,13 +76,16 @@ def test_a_gather_that_repeats_positions_stays() -> None:
         apply_rule(_gathered(overlapping), "gather-table-to-transpose", "mlsoc")
 
 
-def _folded(stride: int) -> onnx.ModelProto:
-    """Conv → Reshape to columns [1, C·4, L] → Col2Im(2×2 blocks, `stride`) → Conv."""
-    blocks = ((SIDE - 2) // stride + 1) ** 2
+def _folded(stride: int, pad: int = 0) -> onnx.ModelProto:
+    """Conv → Reshape to columns [1, C·4, L] → Col2Im(2×2 blocks, `stride`, `pad`) → Conv."""
+    blocks = ((SIDE + 2 * pad - 2) // stride + 1) ** 2
+    fold = helper.make_node(
+        "Col2Im", ["c", "image", "block"], ["f"], strides=[stride, stride], pads=[pad] * 4
+    )
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"]),
         helper.make_node("Reshape", ["a", "cols"], ["c"]),
-        helper.make_node("Col2Im", ["c", "image", "block"], ["f"], strides=[stride, stride]),
+        fold,
         helper.make_node("Conv", ["f", "w2"], ["y"]),
     ]
     side = int(np.sqrt(blocks))
@@ -143,3 +146,23 @@ def test_strided_windows_become_strided_slices() -> None:
     assert step.verification.passed and step.verification.worst_max_abs == 0
     steps = [n for n in step.model.graph.node if n.op_type == "Slice" and len(n.input) == 5]
     assert len(steps) == 3
+
+
+@pytest.mark.parametrize(("stride", "pad"), [(1, 0), (2, 1)], ids=["overlapping", "padded"])
+def test_col2im_of_overlapping_blocks_becomes_one_hot_conv_transposes(stride, pad) -> None:
+    step = apply_rule(_folded(stride, pad), "col2im-to-conv-transpose", "mlsoc")
+    assert step.verification.passed
+    ops = [n.op_type for n in step.model.graph.node]
+    assert "Col2Im" not in ops and ops.count("ConvTranspose") == 4
+    assert not step.coverage_after.blockers
+
+
+def test_fix_carries_an_overlapping_fold_on_the_mla() -> None:
+    result = fix_model(_folded(stride=1), "mlsoc")
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    assert "col2im-to-conv-transpose" in [step["rule"] for step in result.steps]
+
+
+def test_side_by_side_blocks_are_left_to_the_transpose_rule() -> None:
+    with pytest.raises(RuleNotApplicableError):
+        apply_rule(_folded(stride=2), "col2im-to-conv-transpose", "mlsoc")

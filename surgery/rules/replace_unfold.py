@@ -14,6 +14,8 @@ the rank lifts continue from.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
@@ -29,6 +31,7 @@ from surgery.rules.replace_common import (
     probe_node,
     probe_reshape,
     probe_slice,
+    reshape_source,
     reshaped_by_reader,
 )
 from surgery.rules.replace_shuffle import block_swaps, emit_block_swaps
@@ -294,4 +297,168 @@ class GatherWindowsToSlices(GraphRule):
         joined = ed.op("Concat", "windows", pieces, None, data.dtype, axis=axis)
         target = ed.const("windows_shape", np.array(d["out_shape"], np.int64))
         ed.node("Reshape", "windows_view", [joined, target], [out])
+        return True
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A Col2Im's geometry: input [N, C·kh·kw, oh·ow], output [N, C, H, W]."""
+
+    n: int
+    c: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    blocks: tuple[int, int]
+    image: tuple[int, int]
+
+    def output_padding(self) -> list[int]:
+        """What a ConvTranspose adds at the end to reach the image size."""
+        return [
+            self.image[a]
+            - (
+                (self.blocks[a] - 1) * self.strides[a]
+                - self.pads[a]
+                - self.pads[a + 2]
+                + self.kernel[a]
+            )
+            for a in (0, 1)
+        ]
+
+
+def _fold(pat: Pattern, node: int) -> Fold | None:
+    """The geometry of a Col2Im of a run-time float tensor with constant image and block
+    shapes and unit dilations; None otherwise."""
+    data, image, block = pat.ins(node)[:3]
+    shape, size, kernel = pat.shape(data), pat.value(image), pat.value(block)
+    if shape is None or size is None or kernel is None or len(shape) != 3:
+        return None
+    if pat.is_const(data) or not pat.is_float(data):
+        return None
+    kh, kw = (int(k) for k in kernel.reshape(-1)[:2])
+    h, w = (int(v) for v in size.reshape(-1)[:2])
+    attrs = pat.attrs(node)
+    if kernel.size != 2 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        return None
+    sh, sw = (int(s) for s in attrs.get("strides", [1, 1]))
+    pads = tuple(int(p) for p in attrs.get("pads", [0, 0, 0, 0]))
+    oh, ow = (h + pads[0] + pads[2] - kh) // sh + 1, (w + pads[1] + pads[3] - kw) // sw + 1
+    n, ckk, blocks = shape
+    if ckk % (kh * kw) or blocks != oh * ow:
+        return None
+    return Fold(n, ckk // (kh * kw), (kh, kw), (sh, sw), pads, (oh, ow), (h, w))  # type: ignore[arg-type]
+
+
+@register
+class Col2ImToConvTranspose(GraphRule):
+    """Rewrite a Col2Im (F.fold) whose blocks overlap as the sum, over the kernel's taps, of a
+    depthwise ConvTranspose per tap with a one-hot kernel.
+
+    Col2Im adds column entry (c, a, b) of block (i, j) to pixel (i·sh + a − pt, j·sw + b − pl).
+    A depthwise ConvTranspose with the fold's strides and pads whose kernel is 1 at (a, b) and
+    0 elsewhere puts each input pixel at exactly that place: one per tap, on the channels of
+    that tap (the columns viewed [N, C, kh·kw, blocks] and swapped to [N, kh·kw·C, oh, ow] make
+    them contiguous), summed. VOLO's outlook attention folds its 3×3 windows (stride 2) so.
+    Each sum has the same terms as Col2Im's (products by 1 and 0): equal up to float rounding
+    of the sums. Non-overlapping folds are col2im-to-transpose's.
+    """
+
+    name = "col2im-to-conv-transpose"
+    suggest_for = frozenset({"Col2Im"})
+    summary = (
+        "Col2Im with overlapping blocks (F.fold) → one-hot depthwise ConvTranspose per tap, summed."
+    )
+    category = "replace"
+    example = "surgery apply col2im-to-conv-transpose volo_d1.onnx -o volo_fold.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Col2Im"):
+            fold = _fold(pat, node)
+            if fold is None or (fold.strides == fold.kernel and not any(fold.pads)):
+                continue
+            out_pad = fold.output_padding()
+            if any(p < 0 or p >= s for p, s in zip(out_pad, fold.strides, strict=True)):
+                continue
+            taps = fold.kernel[0] * fold.kernel[1]
+            grid = TensorSpec((fold.n, taps * fold.c, *fold.blocks))
+            one = TensorSpec((fold.n, fold.c, *fold.blocks))
+            image = TensorSpec((fold.n, fold.c, *fold.image))
+            weight = TensorSpec.const(np.zeros((fold.c, 1, *fold.kernel), np.float32))
+            probes = [
+                probe_slice(ctx, grid, one, [0], [fold.c], [1]),
+                probe_node(ctx, "ConvTranspose", [one, weight], [image], self._attrs(fold)),
+                probe_node(ctx, "Add", [image, image], [image]),
+            ]
+            name = pat.name(node)
+            source, absorbed = reshape_source(pat, pat.ins(node)[0])
+            removed = [name, *absorbed]
+            found.append(
+                self.match(
+                    removed,
+                    f"Col2Im {name}: {taps} taps of a {fold.kernel} fold, stride {fold.strides} "
+                    "→ one-hot depthwise ConvTranspose each",
+                    net_freed(ctx, removed, probes),
+                    fold=dict(vars(fold)),
+                    source=source,
+                )
+            )
+        return found
+
+    @staticmethod
+    def _attrs(fold: Fold) -> dict:
+        return {
+            "group": fold.c,
+            "kernel_shape": list(fold.kernel),
+            "strides": list(fold.strides),
+            "pads": list(fold.pads),
+            "output_padding": fold.output_padding(),
+        }
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        nodes = [ed.node_named(name) for name in match.nodes]
+        if any(n is None for n in nodes):
+            return False
+        data, out = ed.tensor(match.data["source"]), nodes[0].outputs[0]
+        ed.detach(*nodes)
+        raw = match.data["fold"]
+        fold = Fold(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        (kh, kw), (oh, ow), c, n = fold.kernel, fold.blocks, fold.c, fold.n
+        dtype = data.dtype or np.float32
+        view = [n, c, kh * kw, oh * ow]
+        cols = ed.op(
+            "Reshape", "fold_cols", [data, ed.const("fold_cols_shape", np.array(view))], view, dtype
+        )
+        by_tap = ed.op(
+            "Transpose", "fold_taps", [cols], [n, kh * kw, c, oh * ow], dtype, perm=[0, 2, 1, 3]
+        )
+        grid_shape = [n, kh * kw * c, oh, ow]
+        grid = ed.op(
+            "Reshape",
+            "fold_grid",
+            [by_tap, ed.const("fold_grid_shape", np.array(grid_shape))],
+            grid_shape,
+            dtype,
+        )
+        taps = kh * kw
+        total = None
+        for tap in range(taps):
+            part = ed.var("fold_tap", dtype, [n, c, oh, ow])
+            add_slice(ed, grid, part, [tap * c], [(tap + 1) * c], [1])
+            kernel = np.zeros((c, 1, kh, kw), np.float32)
+            kernel[:, 0, tap // kw, tap % kw] = 1.0
+            weight = ed.const("fold_tap_kernel", kernel.astype(dtype))
+            inputs = [part, weight]
+            if total is None and taps == 1:
+                ed.node("ConvTranspose", "fold_place", inputs, [out], **self._attrs(fold))
+                break
+            image = [n, c, *fold.image]
+            placed = ed.op("ConvTranspose", "fold_place", inputs, image, dtype, **self._attrs(fold))
+            if total is None:
+                total = placed
+            elif tap == taps - 1:
+                ed.node("Add", "fold_sum", [total, placed], [out])
+            else:
+                total = ed.op("Add", "fold_sum", [total, placed], image, dtype)
         return True
