@@ -243,3 +243,43 @@ def test_padded_query_subsampling_compiles_to_one_elf_bit_exact(tmp_path) -> Non
     feed = {"x": np.random.default_rng(5).normal(0, 1, (1, 3, 7, 7)).astype(np.float32)}
     comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.bit_exact
+
+
+def _interleaved_rotary(c: int = 8, tokens: int = 6) -> onnx.ModelProto:
+    """A 1×1 Conv viewed as [1, heads, tokens, hd] then split into its even and odd features
+    (x[..., ::2], x[..., 1::2]) and recombined as EVA-02's rotary embedding does."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (c, c, 1, 1)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 2, tokens, c // 2], np.int64), "heads"),
+        *(
+            numpy_helper.from_array(np.array(v, np.int64), name)
+            for name, v in (("s0", [0]), ("s1", [1]), ("end", [c]), ("ax", [3]), ("two", [2]))
+        ),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["a"]),
+        helper.make_node("Reshape", ["a", "heads"], ["h"]),
+        helper.make_node("Slice", ["h", "s0", "end", "ax", "two"], ["even"], name="even"),
+        helper.make_node("Slice", ["h", "s1", "end", "ax", "two"], ["odd"], name="odd"),
+        helper.make_node("Sub", ["even", "odd"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, tokens, 1])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    return _model(nodes, inits, inputs, outputs)
+
+
+def test_a_strided_slice_of_the_features_becomes_a_step_1_slice_of_a_view() -> None:
+    model = _interleaved_rotary()
+    assert {"even", "odd"} <= {b.name for b in check_model(model, "rk3588").blockers}
+    result = apply_rule(model, "strided-slice-to-reshape", "rk3588")
+    assert result.verification.passed and result.verification.mode == "exact"
+    steps = [n for n in result.model.graph.node if n.op_type == "Slice" and len(n.input) > 4]
+    assert not steps and not result.coverage_after.blockers
+
+
+def test_a_strided_slice_of_part_of_an_axis_is_left_alone() -> None:
+    model = _interleaved_rotary()
+    (end,) = [t for t in model.graph.initializer if t.name == "end"]
+    end.CopyFrom(numpy_helper.from_array(np.array([3], np.int64), "end"))  # of hd = 4
+    assert find_matches(load_model(model), "strided-slice-to-reshape", "rk3588") == []

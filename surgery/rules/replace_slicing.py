@@ -1,4 +1,5 @@
-"""Indexing as slices: split-to-slices, gather-to-slice.
+"""Indexing as slices: split-to-slices, gather-to-slice, and strided slices the MLA cannot
+take as they are (strided-slice-to-space-to-depth, strided-slice-to-reshape).
 
 Slice is the MLA's general "take a window" op; Split and a constant-index Gather are windows
 too. Writing them as Slices lets them run where the original was rejected (a Split whose sizes
@@ -8,6 +9,7 @@ are computed at run time, a Gather the int8 MLA does not run). Data movement onl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod
 
 import numpy as np
 
@@ -19,9 +21,11 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
+    fmt_shape,
     model_opset,
     net_freed,
     probe_node,
+    probe_reshape,
     probe_slice,
 )
 from surgery.targets import Reason
@@ -388,6 +392,95 @@ class StridedSliceToSpaceToDepth(GraphRule):
             add_slice(ed, depth, window, starts, ends, axes)
             if window is not out:
                 ed.node("Transpose", "s2d_out", [window], [out], perm=back)
+        return True
+
+
+@register
+class StridedSliceToReshape(GraphRule):
+    """Rewrite a Slice with step k > 1 over the whole of one axis (x[..., s::k, ...], s < k)
+    as a Reshape that splits the axis into [n/k, k·inner], a step-1 Slice of block s, and a
+    Reshape to the Slice's output.
+
+    Element j of the strided slice is element s + k·j of the axis; in the view
+    [1, outer, n/k, k·inner] it sits in row j at offset s·inner + i — a contiguous block of
+    each row. Interleaved rotary embeddings (EVA-02: x[..., ::2] and x[..., 1::2]) slice the
+    head dimension so, and rk3588's MLA slices with step 1 only. Data movement only: exact.
+    Slices strided over two spatial axes are strided-slice-to-space-to-depth's.
+    """
+
+    name = "strided-slice-to-reshape"
+    suggest_for = frozenset({"Slice"})
+    summary = "Step-k Slice over a whole axis (x[..., s::k]) → Reshape, step-1 Slice, Reshape."
+    category = "replace"
+    example = "surgery apply strided-slice-to-reshape eva02_tiny.onnx --target rk3588"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Slice"):
+            plan = self._plan(pat, node)
+            if plan is None:
+                continue
+            x, view, start, stop, out = plan
+            part = TensorSpec((*view[:3], stop - start))
+            probes = [
+                probe_reshape(ctx, pat.spec(x), TensorSpec(tuple(view))),
+                probe_slice(ctx, TensorSpec(tuple(view)), part, [start], [stop], [3]),
+                probe_reshape(ctx, part, TensorSpec(tuple(out))),
+            ]
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"strided Slice {pat.name(node)} → view {fmt_shape(view)}, Slice "
+                    f"[{start}:{stop}) of its last axis",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    view=view,
+                    start=start,
+                    stop=stop,
+                    out=out,
+                )
+            )
+        return found
+
+    @staticmethod
+    def _plan(pat: Pattern, node: int) -> tuple[str, list[int], int, int, list[int]] | None:
+        """(input, view, block start, block end, output shape) for a step-k Slice of a whole
+        axis; None otherwise."""
+        site = _slice_axes(pat, node)
+        out = pat.shape(pat.outs(node)[0])
+        if site is None or out is None or len(site[1]) != 1:
+            return None
+        x, per_axis = site
+        ((axis, (start, end, step)),) = per_axis.items()
+        shape = pat.shape(x)
+        n = shape[axis]
+        if step <= 1 or n % step or not 0 <= start < step or end < n:
+            return None
+        inner = prod(shape[axis + 1 :])
+        view = [1, prod(shape[:axis]), n // step, step * inner]
+        return x, view, start * inner, (start + 1) * inner, list(out)
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        d = match.data
+        view = ed.op(
+            "Reshape",
+            "strided_view",
+            [x, ed.const("strided_view_shape", np.array(d["view"]))],
+            d["view"],
+            x.dtype,
+        )
+        part = ed.var("strided_block", x.dtype, [*d["view"][:3], d["stop"] - d["start"]])
+        add_slice(ed, view, part, [d["start"]], [d["stop"]], [3])
+        ed.node(
+            "Reshape",
+            "strided_back",
+            [part, ed.const("strided_back_shape", np.array(d["out"]))],
+            [y],
+        )
         return True
 
 
