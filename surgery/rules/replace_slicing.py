@@ -21,6 +21,7 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
+    constant_array,
     fmt_shape,
     model_opset,
     net_freed,
@@ -481,6 +482,82 @@ class StridedSliceToReshape(GraphRule):
             [part, ed.const("strided_back_shape", np.array(d["out"]))],
             [y],
         )
+        return True
+
+
+def writes_every_element(indices: np.ndarray, shape: Sequence[int], sample: int = 0) -> bool:
+    """Whether ScatterND `indices` (…, rank) list every position of a tensor of `shape` once,
+    in row-major order, laid out as the tensor itself (so updates land where they are).
+    `sample` > 0 checks that many positions (spread evenly, first and last included) instead
+    of all: a cheap test for `find`, which `surgery check` runs on every model."""
+    rank = len(shape)
+    if indices.shape != (*shape, rank):
+        return False
+    rows = indices.reshape(-1, rank)
+    if sample and len(rows) > sample:
+        picked = np.unique(np.linspace(0, len(rows) - 1, sample).astype(np.int64))
+    else:
+        picked = np.arange(len(rows))
+    strides = np.array([prod(shape[k + 1 :]) for k in range(rank)], np.int64)
+    flat = np.where(rows[picked] < 0, rows[picked] + np.array(shape), rows[picked]) @ strides
+    return bool(np.array_equal(flat, picked))
+
+
+SCATTER_SAMPLE = 1024
+"""Index rows `find` checks (the edit checks them all)."""
+
+
+@register
+class ScatterEverywhereToUpdates(GraphRule):
+    """Remove a ScatterND that writes every element of its data (no reduction): its result is
+    its updates.
+
+    torch exports an in-place assignment to a whole tensor, `attn[:, :, sp:, sp:] = …` with
+    sp = 0 (MViTv2's relative-position bias without a class token), as ScatterND with an index
+    for each element; nothing of the data survives it. Exact. A cleanup: the consumers read
+    the updates directly.
+    """
+
+    name = "scatter-everywhere-to-updates"
+    suggest_for = frozenset({"ScatterND"})
+    summary = "ScatterND that writes every element of its data → its updates."
+    category = "cleanup"
+    example = (
+        "surgery apply scatter-everywhere-to-updates mvitv2_tiny.onnx -o mvitv2_noscatter.onnx"
+    )
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("ScatterND"):
+            data, indices, updates = pat.ins(node)[:3]
+            shape, y = pat.shape(data), pat.outs(node)[0]
+            if shape is None or pat.shape(updates) != shape or y in pat.outputs:
+                continue
+            if pat.attrs(node).get("reduction", "none") != "none":
+                continue
+            table = constant_array(ctx, indices)
+            if table is None or not writes_every_element(table, shape, sample=SCATTER_SAMPLE):
+                continue
+            name = pat.name(node)
+            found.append(
+                self.match([name], f"ScatterND {name} writes all of {fmt_shape(shape)}", [name])
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        if node is None:
+            return False
+        indices = ed.value(node.inputs[1], node.inputs[1].name)
+        if indices is None or not writes_every_element(indices, indices.shape[:-1]):
+            return False  # find sampled the index table; the rewrite checks all of it
+        updates, y = node.inputs[2], node.outputs[0]
+        for user in list(y.outputs):
+            for k, t in enumerate(user.inputs):
+                if t is y:
+                    user.inputs[k] = updates
+        ed.detach(node)
         return True
 
 
