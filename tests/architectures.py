@@ -2071,6 +2071,56 @@ def levit() -> onnx.ModelProto:
     return b.model("levit", {"x": [1, 3, 16, 16]}, ["logits"], opset=14)
 
 
+def mvitv2_relative_position() -> onnx.ModelProto:
+    """timm MViTv2's decomposed relative positions (as SAM and ViTDet): q viewed (1, heads,
+    qh, qw, c), Einsum "byhwc,hkc->byhwk" and "byhwc,wkc->byhwk" with the per-row and
+    per-column tables, both added to the scores viewed (1, heads, qh, qw, kh, kw) — five
+    non-unit axes — and written back over the scores by ScatterND (attn[:, :, 0:, 0:] = …,
+    no class token); Softmax, ·v, heads merged, projection."""
+    b, c, heads, side = Builder(), 16, 2, 4
+    hd, n = c // heads, side * side
+    x = b.node(
+        "Reshape",
+        [b.conv("stem", "x", 3, c, act=None), b.const("rows", np.array([1, c, n]))],
+        "rows_v",
+    )
+    x = b.layer_norm("n1", b.node("Transpose", [x], "tokens", perm=[0, 2, 1]), c)
+    q, k, v = (_split_heads(b, p, b.linear(p, x, c, c), (1, -1, heads, hd)) for p in "qkv")
+    scale = b.const("scale", np.array(hd**-0.5, np.float32))
+    kt = b.node("Transpose", [k], "kT", perm=[0, 1, 3, 2])
+    attn = b.node("MatMul", [b.node("Mul", [q, scale], "q_s"), kt], "attn")
+    r_q = b.node("Reshape", [q, b.const("q_grid", np.array([1, heads, side, side, hd]))], "r_q")
+    rel_h = b.node(
+        "Einsum",
+        [r_q, b.weight("rel_h_table", side, side, hd)],
+        "rel_h",
+        equation="byhwc,hkc->byhwk",
+    )
+    rel_w = b.node(
+        "Einsum",
+        [r_q, b.weight("rel_w_table", side, side, hd)],
+        "rel_w",
+        equation="byhwc,wkc->byhwk",
+    )
+    grid = b.node(
+        "Reshape",
+        [attn, b.const("attn_grid", np.array([1, heads, side, side, side, side]))],
+        "attn6",
+    )
+    last, before_last = b.const("ax_last", np.array([-1])), b.const("ax_before", np.array([-2]))
+    grid = b.node("Add", [grid, b.node("Unsqueeze", [rel_h, last], "rel_h6")], "attn_h")
+    grid = b.node("Add", [grid, b.node("Unsqueeze", [rel_w, before_last], "rel_w6")], "attn_hw")
+    biased = b.node("Reshape", [grid, b.const("attn_flat", np.array([1, heads, n, n]))], "attn_rel")
+    every = np.stack(np.meshgrid(*(np.arange(d) for d in (1, heads, n, n)), indexing="ij"), axis=-1)
+    attn = b.node("ScatterND", [attn, b.const("every", every.astype(np.int64)), biased], "attn_set")
+    o = b.node("MatMul", [b.node("Softmax", [attn], "probs", axis=-1), v], "ctx")
+    o = b.node("Transpose", [o], "ctx_t", perm=[0, 2, 1, 3])
+    o = b.linear(
+        "proj", b.node("Reshape", [o, b.const("merge", np.array([1, -1, c]))], "merged"), c, c
+    )
+    return b.model("mvitv2_relative_position", {"x": [1, 3, side, side]}, [o], opset=13)
+
+
 def deberta_disentangled_attention() -> onnx.ModelProto:
     """HF DeBERTa-v2/v3 (TorchScript, opset 14): q and k in (heads, L, hd), scaled, scored
     against the projected relative-position embeddings (constants after folding: [heads, hd,
@@ -2496,6 +2546,7 @@ ARCHITECTURES: dict[str, Callable[[], onnx.ModelProto]] = {
     "levit": levit,
     "distilbert": distilbert,
     "deberta_disentangled_attention": deberta_disentangled_attention,
+    "mvitv2_relative_position": mvitv2_relative_position,
     "dynamic_vit": dynamic_vit,
     "groupnorm_head": groupnorm_head,
     "einsum_attention": einsum_attention,

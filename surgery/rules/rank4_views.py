@@ -211,3 +211,132 @@ class AxisOpTo4dView(GraphRule):
             back = ed.const("axis_back_shape", np.array(final_shape, np.int64))
             ed.node("Reshape", "axis_back", [part, back], [ed.tensor(final)])
         return True
+
+
+BROADCAST_OPS = ("Add", "Sub", "Mul", "Div")
+
+
+def broadcast_view(shapes: list[tuple[int, ...]], out: tuple[int, ...]) -> list[list[int]] | None:
+    """4-D views of `shapes` (operands of a broadcasting op) and `out` (the last entry) that
+    merge runs of adjacent axes where every operand is either whole or broadcast alike; None
+    when more than four such runs remain."""
+    rank = len(out)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    runs: list[list[int]] = []
+    previous = None
+    for axis in range(rank):
+        if out[axis] == 1:
+            continue
+        pattern = tuple(s[axis] == out[axis] for s in padded)
+        if pattern == previous:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+            previous = pattern
+    if len(runs) > 4:
+        return None
+    views = []
+    for s in [*padded, out]:
+        merged = [prod(s[a] for a in run) for run in runs]
+        views.append([1] * (4 - len(merged)) + merged)
+    return views
+
+
+@register
+class BroadcastOpTo4dView(GraphRule):
+    """Do an Add / Sub / Mul / Div whose result has five or more non-unit axes on 4-D views of
+    its operands: runs of adjacent axes over which every operand is whole, or broadcast in the
+    same way, merge into one (at most four runs), so the op broadcasts exactly as before.
+
+    Decomposed relative positions add per-row and per-column tables to the attention scores
+    viewed [B, heads, qh, qw, kh, kw] (MViTv2, SAM): the scores are whole everywhere, the
+    tables broadcast over kw or kh, so [B·heads·qh·qw, kh, kw] holds all three. Reshapes that
+    connect the operands or the result to ≤ 4-D tensors are absorbed. Exact. Only ops the
+    target keeps off the MLA are matched.
+    """
+
+    name = "broadcast-op-to-4d-view"
+    suggest_for = frozenset(BROADCAST_OPS)
+    summary = (
+        "Add/Sub/Mul/Div with five or more non-unit axes → the same on 4-D views that merge "
+        "runs of axes broadcast alike."
+    )
+    category = "rank"
+    example = "surgery apply broadcast-op-to-4d-view mvitv2_tiny.onnx -o mvit_bcast.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked(*BROADCAST_OPS):
+            site = self._site(pat, node)
+            if site is None:
+                continue
+            sources, views, final, absorbed = site
+            removed = [pat.name(node), *absorbed]
+            main = [
+                probe_node(
+                    ctx,
+                    pat.op(node),
+                    [TensorSpec(tuple(v)) for v in views[:2]],
+                    [TensorSpec(tuple(views[2]))],
+                )
+            ]
+            helpers = [
+                probe_reshape(ctx, pat.spec(s), TensorSpec(tuple(v)))
+                for s, v in zip(sources, views, strict=False)
+            ]
+            helpers.append(probe_reshape(ctx, TensorSpec(tuple(views[2])), pat.spec(final)))
+            found.append(
+                self.match(
+                    removed,
+                    f"{pat.op(node)} {pat.name(node)} on 4-D views {views[:2]}",
+                    net_freed(ctx, removed, main, helpers),
+                    sources=sources,
+                    views=views,
+                    final=final,
+                    final_shape=list(pat.shape(final) or ()),
+                )
+            )
+        return found
+
+    @staticmethod
+    def _site(pat: Pattern, node: int):
+        ins, y = pat.ins(node), pat.outs(node)[0]
+        out = pat.shape(y)
+        shapes = [pat.shape(t) for t in ins[:2]]
+        if out is None or len(ins) != 2 or any(s is None for s in shapes):
+            return None
+        if sum(d != 1 for d in out) <= 4 or not pat.is_float(y):
+            return None
+        views = broadcast_view(shapes, out)  # type: ignore[arg-type]
+        if views is None:
+            return None
+        sources, absorbed = [], []
+        for t in ins[:2]:
+            source, more = reshape_source(pat, t) if not pat.is_const(t) else (t, [])
+            sources.append(source)
+            absorbed += [m for m in more if m not in absorbed]
+        final, more = reshaped_by_reader(pat, y)
+        if pat.shape(final) is None:
+            return None
+        return sources, views, final, [*absorbed, *more]
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        nodes = [ed.node_named(n) for n in match.nodes]
+        if any(n is None for n in nodes):
+            return False
+        op = nodes[0]
+        d = match.data
+        final = ed.tensor(d["final"])
+        dtype = op.outputs[0].dtype or np.float32
+        ed.detach(*nodes)
+        operands = []
+        for source, view in zip(d["sources"], d["views"], strict=False):
+            shape = ed.const("broadcast_view_shape", np.array(view, np.int64))
+            operands.append(
+                ed.op("Reshape", "broadcast_view", [ed.tensor(source), shape], view, dtype)
+            )
+        result = ed.op(op.op, f"{op.name}_4d", operands, d["views"][2], dtype)
+        back = ed.const("broadcast_back_shape", np.array(d["final_shape"], np.int64))
+        ed.node("Reshape", "broadcast_back", [result, back], [final])
+        return True

@@ -1,18 +1,26 @@
-"""einsum-to-matmul: a two-operand Einsum that is a batched matrix product, as MatMul."""
+"""einsum-to-matmul: a two-operand Einsum that is a batched matrix product, as MatMul;
+position-einsum-to-matmul: a product by a constant table batched over one axis (decomposed
+relative positions), as 4-D views around one MatMul."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
+
+import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
+    RESHAPES,
     Editor,
     GraphRule,
     Pattern,
     TensorSpec,
     net_freed,
     probe_node,
+    probe_reshape,
+    reshape_source,
 )
 
 
@@ -145,4 +153,174 @@ class EinsumToMatmul(GraphRule):
             return True
         product = ed.op("MatMul", "einsum_matmul", [a, b], None, out.dtype)
         ed.node("Transpose", "einsum_out", [product], [out], perm=d["out_perm"])
+        return True
+
+
+@dataclass
+class PositionProduct:
+    """Einsum "…s…c,{s,k,c}->…s…k" of a run-time tensor by a constant table batched over s."""
+
+    einsum: str
+    source: str
+    table: list[int]
+    """Axes of the constant that give its [s, c, k] order."""
+    outer: int
+    size: int
+    inner: int
+    depth: int
+    cols: int
+    out: str
+    out_shape: list[int]
+    absorbed: list[str]
+
+
+def _position_plan(equation: str) -> tuple[int, list[int]] | None:
+    """(position of the batch letter in lhs, axes of rhs in [s, c, k] order) when `equation`
+    is lhs,rhs->out with lhs = rows… s rows… c, out = lhs with c replaced by k, and rhs a
+    permutation of s, k, c; else None."""
+    eq = equation.replace(" ", "")
+    if eq.count("->") != 1 or "." in eq:
+        return None
+    inputs, out = eq.split("->")
+    terms = inputs.split(",")
+    if len(terms) != 2:
+        return None
+    lhs, rhs = terms
+    if len(rhs) != 3 or len(set(lhs)) != len(lhs) or len(lhs) < 2 or len(set(rhs)) != 3:
+        return None
+    c = lhs[-1]
+    shared = [x for x in lhs[:-1] if x in rhs]
+    cols = [x for x in rhs if x not in lhs]
+    if c not in rhs or len(shared) != 1 or len(cols) != 1 or out != lhs[:-1] + cols[0]:
+        return None
+    s, k = shared[0], cols[0]
+    return lhs.index(s), [rhs.index(s), rhs.index(c), rhs.index(k)]
+
+
+@register
+class PositionEinsumToMatmul(GraphRule):
+    """Rewrite an Einsum of a run-time tensor with a constant table batched over one of its
+    axes — decomposed relative positions, "bhwc,hkc->bhwk" (SAM, ViTDet, MViTv2: each query
+    row h meets its own [k, c] table) — as 4-D ops: the tensor viewed [1, outer, s, inner·c],
+    the batch axis swapped to the front, one MatMul by the table as [1, s, c, k], and the
+    swap undone.
+
+    Every letter before and after s is a row of the product; with the table's rows put in
+    [s, c, k] order once (a constant), the product is a batched MatMul over s. No rank-5
+    tensor and no Einsum remain (rk3588 and mlsoc run neither). Exact: the same sums of the
+    same products. Only Einsums the target keeps off its MLA are matched.
+    """
+
+    name = "position-einsum-to-matmul"
+    suggest_for = frozenset({"Einsum"})
+    summary = (
+        "Einsum of a tensor with a constant table batched over one of its axes "
+        '("bhwc,hkc->bhwk", relative positions) → 4-D views, one MatMul.'
+    )
+    category = "replace"
+    example = "surgery apply position-einsum-to-matmul mvitv2_tiny.onnx -o mvit_relpos.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Einsum"):
+            site = self._site(pat, node)
+            if site is None:
+                continue
+            removed = [site.einsum, *site.absorbed]
+            found.append(
+                self.match(
+                    removed,
+                    f"Einsum {site.einsum} by a constant table over one axis → 4-D MatMul",
+                    net_freed(ctx, removed, *self._probes(ctx, pat, site)),
+                    site=dict(vars(site)),
+                )
+            )
+        return found
+
+    def _site(self, pat: Pattern, node: int) -> PositionProduct | None:
+        ins = pat.ins(node)
+        plan = _position_plan(str(pat.attrs(node).get("equation", "")))
+        if plan is None or len(ins) != 2 or not pat.is_const(ins[1]) or pat.is_const(ins[0]):
+            return None
+        at, table = plan
+        shape, weight, out = pat.shape(ins[0]), pat.shape(ins[1]), pat.shape(pat.outs(node)[0])
+        if shape is None or weight is None or out is None or not pat.is_float(ins[0]):
+            return None
+        source, absorbed = reshape_source(pat, ins[0])
+        final, y = pat.outs(node)[0], pat.sole_consumer(pat.outs(node)[0], *RESHAPES)
+        if y is not None and pat.shape(pat.outs(y)[0]) is not None:
+            final, absorbed = pat.outs(y)[0], [*absorbed, pat.name(y)]
+        return PositionProduct(
+            pat.name(node),
+            source,
+            table,
+            prod(shape[:at]),
+            shape[at],
+            prod(shape[at + 1 : -1]),
+            shape[-1],
+            weight[table[2]],
+            final,
+            list(pat.shape(final)),  # type: ignore[arg-type]
+            absorbed,
+        )
+
+    @staticmethod
+    def _steps(site: PositionProduct) -> list[tuple[str, tuple, tuple]]:
+        """(op, input shape, output shape) of each emitted node, in order."""
+        a, s, r, c, k = site.outer, site.size, site.inner, site.depth, site.cols
+        return [
+            ("Reshape", (), (1, a, s, r * c)),
+            ("Transpose", (1, a, s, r * c), (1, s, a, r * c)),
+            ("Reshape", (1, s, a, r * c), (1, s, a * r, c)),
+            ("MatMul", (1, s, a * r, c), (1, s, a * r, k)),
+            ("Reshape", (1, s, a * r, k), (1, s, a, r * k)),
+            ("Transpose", (1, s, a, r * k), (1, a, s, r * k)),
+            ("Reshape", (1, a, s, r * k), tuple(site.out_shape)),
+        ]
+
+    def _probes(self, ctx: RuleContext, pat: Pattern, site: PositionProduct) -> tuple[list, list]:
+        main, helpers = [], []
+        source = pat.spec(site.source)
+        for op, src, dst in self._steps(site):
+            first = TensorSpec(src) if src else source
+            if op == "MatMul":
+                table = TensorSpec((1, site.size, site.depth, site.cols), constant=True)
+                main.append(probe_node(ctx, "MatMul", [first, table], [TensorSpec(dst)]))
+            elif op == "Transpose":
+                perm = {"perm": [0, 2, 1, 3]}
+                main.append(probe_node(ctx, "Transpose", [first], [TensorSpec(dst)], perm))
+            else:
+                probe = probe_reshape(ctx, first, TensorSpec(dst))
+                edge = len(first.shape or ()) > 4 or len(dst) > 4
+                (helpers if edge else main).append(probe)
+        return main, helpers
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        site = PositionProduct(**match.data["site"])
+        nodes = [ed.node_named(n) for n in (site.einsum, *site.absorbed)]
+        if any(n is None for n in nodes):
+            return False
+        einsum = nodes[0]
+        value = ed.value(einsum.inputs[1], einsum.inputs[1].name)
+        if value is None:
+            return False
+        dtype = einsum.outputs[0].dtype or np.float32
+        out = ed.tensor(site.out)
+        ed.detach(*nodes)
+        table = np.ascontiguousarray(value.transpose(site.table))[None]
+        current = ed.tensor(site.source)
+        steps = self._steps(site)
+        for k, (op, _, dst) in enumerate(steps):
+            last = k == len(steps) - 1
+            target = out if last else ed.var(f"position_{op.lower()}", dtype, list(dst))
+            if op == "Reshape":
+                shape = ed.const("position_shape", np.array(dst, np.int64))
+                ed.node("Reshape", "position_view", [current, shape], [target])
+            elif op == "Transpose":
+                ed.node("Transpose", "position_swap", [current], [target], perm=[0, 2, 1, 3])
+            else:
+                weight = ed.const("position_table", table.astype(value.dtype))
+                ed.node("MatMul", "position_product", [current, weight], [target])
+            current = target
         return True
