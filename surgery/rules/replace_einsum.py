@@ -35,18 +35,24 @@ class ProductPlan:
     out_perm: list[int] | None
 
 
-def plan_product(equation: str) -> ProductPlan | None:
-    """The MatMul form of `equation` when it has two operands and each letter is a batch axis
-    (in all three terms, in the same order), the one row axis (lhs and out), the one column axis
-    (rhs and out) or the one contracted axis (lhs and rhs); else None."""
+def _two_operands(equation: str) -> tuple[str, str, str] | None:
+    """(lhs, rhs, out) of an explicit two-operand equation without ellipsis; else None."""
     eq = equation.replace(" ", "")
     if eq.count("->") != 1 or "." in eq:
         return None
     inputs, out = eq.split("->")
     terms = inputs.split(",")
-    if len(terms) != 2:
+    return (terms[0], terms[1], out) if len(terms) == 2 else None
+
+
+def plan_product(equation: str) -> ProductPlan | None:
+    """The MatMul form of `equation` when it has two operands and each letter is a batch axis
+    (in all three terms, in the same order), the one row axis (lhs and out), the one column axis
+    (rhs and out) or the one contracted axis (lhs and rhs); else None."""
+    terms = _two_operands(equation)
+    if terms is None:
         return None
-    lhs, rhs = terms
+    lhs, rhs, out = terms
     if not all(t.isalpha() for t in (lhs, rhs, out)) or not set(out) <= set(lhs) | set(rhs):
         return None
     if any(len(set(t)) != len(t) for t in (lhs, rhs, out)):
@@ -178,14 +184,10 @@ def _position_plan(equation: str) -> tuple[int, list[int]] | None:
     """(position of the batch letter in lhs, axes of rhs in [s, c, k] order) when `equation`
     is lhs,rhs->out with lhs = rows… s rows… c, out = lhs with c replaced by k, and rhs a
     permutation of s, k, c; else None."""
-    eq = equation.replace(" ", "")
-    if eq.count("->") != 1 or "." in eq:
+    terms = _two_operands(equation)
+    if terms is None:
         return None
-    inputs, out = eq.split("->")
-    terms = inputs.split(",")
-    if len(terms) != 2:
-        return None
-    lhs, rhs = terms
+    lhs, rhs, out = terms
     if len(rhs) != 3 or len(set(lhs)) != len(lhs) or len(lhs) < 2 or len(set(rhs)) != 3:
         return None
     c = lhs[-1]

@@ -19,6 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.graph_edit import bypass_node
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -362,12 +363,7 @@ class ExpandIntoBroadcast(GraphRule):
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         expand = ed.node_named(match.nodes[0])
         assert expand is not None
-        x, y = expand.inputs[0], expand.outputs[0]
-        for user in list(y.outputs):
-            for k, t in enumerate(user.inputs):
-                if t is y:
-                    user.inputs[k] = x
-        ed.detach(expand)
+        bypass_node(ed.graph, expand)
         return True
 
 

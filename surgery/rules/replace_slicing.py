@@ -14,6 +14,7 @@ from math import prod
 import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.graph_edit import bypass_node
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -552,12 +553,7 @@ class ScatterEverywhereToUpdates(GraphRule):
         indices = ed.value(node.inputs[1], node.inputs[1].name)
         if indices is None or not writes_every_element(indices, indices.shape[:-1]):
             return False  # find sampled the index table; the rewrite checks all of it
-        updates, y = node.inputs[2], node.outputs[0]
-        for user in list(y.outputs):
-            for k, t in enumerate(user.inputs):
-                if t is y:
-                    user.inputs[k] = updates
-        ed.detach(node)
+        bypass_node(ed.graph, node, keep_input=2)
         return True
 
 
