@@ -48,13 +48,12 @@ OTHER_TARGETS = [
 """Every family on the stricter targets: norms in fp16 on rk3588 (LayerNorm feeding LayerNorm
 or a host op), bf16 ops on modalix, host-side masks and post-processing that differ per target."""
 
-FEWEST_SEGMENTS_ON = {
-    ("two_inputs", "rk3588"): 2,
-}
-"""Per target, families with more host-only ops than on mlsoc: rk3588's MLA slices with step 1
-only, so two_inputs' step-2 Slice of one axis runs on the CPU between the padded sum and a
-Conv. (rk3588 has no LRN and no Einsum either; lrn-to-conv and einsum-to-matmul write
-GoogLeNet's LRN and einsum_attention's products with ops it runs, so both are one segment.)"""
+FEWEST_SEGMENTS_ON: dict[tuple[str, str], int] = {}
+"""Per target, families with more host-only ops than on mlsoc. None now: rk3588's MLA slices
+with step 1 only, and two_inputs' step-2 Slice of one axis becomes a window Slice, a Reshape
+and a step-1 Slice (strided-slice-to-reshape); rk3588 has no LRN and no Einsum either, and
+lrn-to-conv and einsum-to-matmul write GoogLeNet's LRN and einsum_attention's products with
+ops it runs."""
 
 
 @cache

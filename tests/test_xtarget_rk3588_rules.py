@@ -245,7 +245,7 @@ def test_padded_query_subsampling_compiles_to_one_elf_bit_exact(tmp_path) -> Non
     assert comparison.mla_stages and comparison.bit_exact
 
 
-def _interleaved_rotary(c: int = 8, tokens: int = 6) -> onnx.ModelProto:
+def _interleaved_rotary(c: int = 8, tokens: int = 6, end: int | None = None) -> onnx.ModelProto:
     """A 1×1 Conv viewed as [1, heads, tokens, hd] then split into its even and odd features
     (x[..., ::2], x[..., 1::2]) and recombined as EVA-02's rotary embedding does."""
     rng = np.random.default_rng(3)
@@ -254,7 +254,13 @@ def _interleaved_rotary(c: int = 8, tokens: int = 6) -> onnx.ModelProto:
         numpy_helper.from_array(np.array([1, 2, tokens, c // 2], np.int64), "heads"),
         *(
             numpy_helper.from_array(np.array(v, np.int64), name)
-            for name, v in (("s0", [0]), ("s1", [1]), ("end", [c]), ("ax", [3]), ("two", [2]))
+            for name, v in (
+                ("s0", [0]),
+                ("s1", [1]),
+                ("end", [end or c]),
+                ("ax", [3]),
+                ("two", [2]),
+            )
         ),
     ]
     nodes = [
@@ -278,8 +284,11 @@ def test_a_strided_slice_of_the_features_becomes_a_step_1_slice_of_a_view() -> N
     assert not steps and not result.coverage_after.blockers
 
 
-def test_a_strided_slice_of_part_of_an_axis_is_left_alone() -> None:
-    model = _interleaved_rotary()
-    (end,) = [t for t in model.graph.initializer if t.name == "end"]
-    end.CopyFrom(numpy_helper.from_array(np.array([3], np.int64), "end"))  # of hd = 4
-    assert find_matches(load_model(model), "strided-slice-to-reshape", "rk3588") == []
+def test_a_strided_slice_of_part_of_an_axis_slices_its_window_first() -> None:
+    model = _interleaved_rotary(c=12, end=3)  # hd = 6: [0:3:2] takes 0, 2; [1:3:2] takes 1
+    assert {"even", "odd"} <= {b.name for b in check_model(model, "rk3588").blockers}
+    result = apply_rule(model, "strided-slice-to-reshape", "rk3588")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert not result.coverage_after.blockers
+    windows = [m.data["window"] for m in find_matches(model, "strided-slice-to-reshape", "rk3588")]
+    assert sorted(windows) == [[0, 4], [1, 3]]

@@ -399,20 +399,24 @@ class StridedSliceToSpaceToDepth(GraphRule):
 
 @register
 class StridedSliceToReshape(GraphRule):
-    """Rewrite a Slice with step k > 1 over the whole of one axis (x[..., s::k, ...], s < k)
-    as a Reshape that splits the axis into [n/k, k·inner], a step-1 Slice of block s, and a
-    Reshape to the Slice's output.
+    """Rewrite a Slice with step k > 1 on one axis (x[..., a:b:k, ...]) as a step-1 Slice of
+    the window it spans (when that is not the whole axis), a Reshape that splits the window
+    into [m, k·inner], a step-1 Slice of one block of each row, and a Reshape to the output.
 
-    Element j of the strided slice is element s + k·j of the axis; in the view
-    [1, outer, n/k, k·inner] it sits in row j at offset s·inner + i — a contiguous block of
-    each row. Interleaved rotary embeddings (EVA-02: x[..., ::2] and x[..., 1::2]) slice the
-    head dimension so, and rk3588's MLA slices with step 1 only. Data movement only: exact.
-    Slices strided over two spatial axes are strided-slice-to-space-to-depth's.
+    The m picks a, a + k, …, a + k(m−1) lie in a window of k·m elements that starts r ≤ k − 1
+    before a (r = 0 unless the window would run past the axis); in the view
+    [1, outer, m, k·inner] of that window, pick j sits in row j at offset r·inner + i — a
+    contiguous block of each row. Interleaved rotary embeddings (EVA-02: x[..., ::2] and
+    x[..., 1::2]) and overlapping unfolds with a stride (VOLO's windows) slice so, and
+    rk3588's MLA slices with step 1 only. Data movement only: exact. Slices strided over two
+    spatial axes are strided-slice-to-space-to-depth's.
     """
 
     name = "strided-slice-to-reshape"
     suggest_for = frozenset({"Slice"})
-    summary = "Step-k Slice over a whole axis (x[..., s::k]) → Reshape, step-1 Slice, Reshape."
+    summary = (
+        "Step-k Slice of one axis (x[..., a:b:k]) → window Slice, Reshape, step-1 Slice, Reshape."
+    )
     category = "replace"
     example = "surgery apply strided-slice-to-reshape eva02_tiny.onnx --target rk3588"
 
@@ -423,10 +427,18 @@ class StridedSliceToReshape(GraphRule):
             plan = self._plan(pat, node)
             if plan is None:
                 continue
-            x, view, start, stop, out = plan
+            x, axis, window, view, start, stop, out = plan
+            source = pat.spec(x)
+            probes = []
+            if window is not None:
+                shape = list(source.shape or ())
+                shape[axis] = window[1] - window[0]
+                windowed = TensorSpec(tuple(shape))
+                probes.append(probe_slice(ctx, source, windowed, [window[0]], [window[1]], [axis]))
+                source = windowed
             part = TensorSpec((*view[:3], stop - start))
-            probes = [
-                probe_reshape(ctx, pat.spec(x), TensorSpec(tuple(view))),
+            probes += [
+                probe_reshape(ctx, source, TensorSpec(tuple(view))),
                 probe_slice(ctx, TensorSpec(tuple(view)), part, [start], [stop], [3]),
                 probe_reshape(ctx, part, TensorSpec(tuple(out))),
             ]
@@ -436,6 +448,8 @@ class StridedSliceToReshape(GraphRule):
                     f"strided Slice {pat.name(node)} → view {fmt_shape(view)}, Slice "
                     f"[{start}:{stop}) of its last axis",
                     net_freed(ctx, [pat.name(node)], probes),
+                    axis=axis,
+                    window=window,
                     view=view,
                     start=start,
                     stop=stop,
@@ -445,22 +459,28 @@ class StridedSliceToReshape(GraphRule):
         return found
 
     @staticmethod
-    def _plan(pat: Pattern, node: int) -> tuple[str, list[int], int, int, list[int]] | None:
-        """(input, view, block start, block end, output shape) for a step-k Slice of a whole
-        axis; None otherwise."""
+    def _plan(pat: Pattern, node: int):
+        """(input, axis, window [w0, w1) or None for the whole axis, view, block start, block
+        end, output shape) for a step-k Slice of one axis; None otherwise."""
         site = _slice_axes(pat, node)
         out = pat.shape(pat.outs(node)[0])
         if site is None or out is None or len(site[1]) != 1:
             return None
         x, per_axis = site
-        ((axis, (start, end, step)),) = per_axis.items()
+        ((axis, (start, _, step)),) = per_axis.items()
         shape = pat.shape(x)
-        n = shape[axis]
-        if step <= 1 or n % step or not 0 <= start < step or end < n:
+        n, picks = shape[axis], out[axis]
+        if step <= 1 or picks < 1 or not 0 <= start < n:
             return None
+        span = step * picks
+        offset = next((r for r in range(step) if start - r >= 0 and start - r + span <= n), None)
+        if offset is None:
+            return None
+        first = start - offset
+        window = None if (first, span) == (0, n) else [first, first + span]
         inner = prod(shape[axis + 1 :])
-        view = [1, prod(shape[:axis]), n // step, step * inner]
-        return x, view, start * inner, (start + 1) * inner, list(out)
+        view = [1, prod(shape[:axis]), picks, step * inner]
+        return x, axis, window, view, offset * inner, (offset + 1) * inner, list(out)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         node = ed.node_named(match.nodes[0])
@@ -468,6 +488,10 @@ class StridedSliceToReshape(GraphRule):
         x, y = node.inputs[0], node.outputs[0]
         ed.detach(node)
         d = match.data
+        if d["window"] is not None:
+            windowed = ed.var("strided_window", x.dtype)
+            add_slice(ed, x, windowed, [d["window"][0]], [d["window"][1]], [d["axis"]])
+            x = windowed
         view = ed.op(
             "Reshape",
             "strided_view",
