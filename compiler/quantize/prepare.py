@@ -604,22 +604,24 @@ def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(gamma.data_type)
         shape = (-1,) + (1,) * (rank - 2)
-        scale, shift = (fresh(f"{node.name}.{what}") for what in ("scale", "shift"))
+        scale = fresh(f"{node.name}.scale")
+        model.graph.initializer.append(
+            numpy_helper.from_array(affine[0].astype(dtype).reshape(shape), scale)
+        )
+        rewritten.append(view.names[idx])
         # A zero shift (beta = mean = 0, as initialised) adds nothing; an Add of it would also
         # give the zero constant a scale unrelated to the activation it is added to.
-        shifted = bool(np.any(affine[1]))
-        for name, value in ((scale, affine[0]), (shift, affine[1]))[: 2 if shifted else 1]:
-            model.graph.initializer.append(
-                numpy_helper.from_array(value.astype(dtype).reshape(shape), name)
-            )
-        if not shifted:
+        if not np.any(affine[1]):
             nodes.append(
                 onnx.helper.make_node(
                     "Mul", [node.input[0], scale], [node.output[0]], name=node.name
                 )
             )
-            rewritten.append(view.names[idx])
             continue
+        shift = fresh(f"{node.name}.shift")
+        model.graph.initializer.append(
+            numpy_helper.from_array(affine[1].astype(dtype).reshape(shape), shift)
+        )
         scaled = fresh(f"{node.name}_scaled")
         nodes.append(
             onnx.helper.make_node(
@@ -629,7 +631,6 @@ def _batchnorms_as_affine(model: onnx.ModelProto) -> list[str]:
         nodes.append(
             onnx.helper.make_node("Add", [scaled, shift], [node.output[0]], name=node.name)
         )
-        rewritten.append(view.names[idx])
     if rewritten:
         del model.graph.node[:]
         model.graph.node.extend(nodes)

@@ -22,6 +22,7 @@ from math import prod
 import numpy as np
 
 from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.rank4_layout import broadcast_blocks
 from surgery.rules.registry import register
 from surgery.rules.replace_common import (
     Editor,
@@ -218,28 +219,15 @@ BROADCAST_OPS = ("Add", "Sub", "Mul", "Div")
 
 def broadcast_view(shapes: list[tuple[int, ...]], out: tuple[int, ...]) -> list[list[int]] | None:
     """4-D views of `shapes` (operands of a broadcasting op) and `out` (the last entry) that
-    merge runs of adjacent axes where every operand is either whole or broadcast alike; None
-    when more than four such runs remain."""
-    rank = len(out)
-    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
-    runs: list[list[int]] = []
-    previous = None
-    for axis in range(rank):
-        if out[axis] == 1:
-            continue
-        pattern = tuple(s[axis] == out[axis] for s in padded)
-        if pattern == previous:
-            runs[-1].append(axis)
-        else:
-            runs.append([axis])
-            previous = pattern
-    if len(runs) > 4:
+    merge runs of adjacent non-unit axes where every operand is either whole or broadcast
+    alike (the lift's `broadcast_blocks` over the axes that are not 1); None when more than
+    four such runs remain."""
+    padded = [(1,) * (len(out) - len(s)) + tuple(s) for s in shapes]
+    kept = [a for a, d in enumerate(out) if d != 1]
+    layout = broadcast_blocks([out[a] for a in kept], [[s[a] for a in kept] for s in padded])
+    if layout is None:
         return None
-    views = []
-    for s in [*padded, out]:
-        merged = [prod(s[a] for a in run) for run in runs]
-        views.append([1] * (4 - len(merged)) + merged)
-    return views
+    return [list(layout.shape4([s[a] for a in kept])) for s in [*padded, out]]
 
 
 @register

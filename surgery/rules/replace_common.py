@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -370,6 +371,14 @@ class Pattern:
         if tensor not in self._values:
             self._values[tensor] = self.view.constant_value(tensor)
         return self._values[tensor]
+
+    def stored(self, tensor: str) -> np.ndarray | None:
+        """The value of an initializer or Constant node output of any size, as stored; None
+        for anything else. Never evaluates a constant subgraph: `find` runs on every
+        `surgery check`, and fix folds such subgraphs into initializers first."""
+        if not self.is_const(tensor):
+            return None
+        return self.view.constant_value(tensor, prod(self.shape(tensor) or (0,)) or 1)
 
     def scalar(self, tensor: str) -> float | None:
         value = self.value(tensor)

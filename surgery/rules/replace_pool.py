@@ -314,9 +314,7 @@ class MaxPoolToChain(GraphRule):
                 parts.append(step + 1)
                 left -= step
             per_axis.append(parts)
-        length = max(len(parts) for parts in per_axis)
-        padded = [parts + [1] * (length - len(parts)) for parts in per_axis]
-        return [list(pair) for pair in zip(*padded, strict=True)]
+        return _chain_steps(per_axis)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         node = ed.node_named(match.nodes[0])
@@ -423,11 +421,9 @@ class AvgPoolToChain(GraphRule):
                 parts.append(factor)
                 k //= factor
             per_axis.append(parts)
-        length = max(len(parts) for parts in per_axis)
-        if length < 2:
+        if max(len(parts) for parts in per_axis) < 2:
             return None  # the kernel itself is accepted: not this rule's case
-        padded = [parts + [1] * (length - len(parts)) for parts in per_axis]
-        return [list(pair) for pair in zip(*padded, strict=True)]
+        return _chain_steps(per_axis)
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
         node = ed.node_named(match.nodes[0])
@@ -443,6 +439,13 @@ class AvgPoolToChain(GraphRule):
             else:
                 current = ed.op("AveragePool", "avgpool_step", [current], None, x.dtype, **attrs)
         return True
+
+
+def _chain_steps(per_axis: list[list[int]]) -> list[list[int]]:
+    """Per-axis kernel chains as steps of one 2-D kernel each (1 where an axis is done)."""
+    length = max(len(parts) for parts in per_axis)
+    padded = [parts + [1] * (length - len(parts)) for parts in per_axis]
+    return [list(pair) for pair in zip(*padded, strict=True)]
 
 
 def _same(kernel: Sequence[int]) -> dict:

@@ -127,11 +127,7 @@ class RelativeGatherToSlices(GraphRule):
 
     def _site(self, pat: Pattern, node: int) -> Skew | None:
         data, index = pat.ins(node)[:2]
-        # The index as stored (an initializer or Constant); a constant subgraph that computes
-        # it is fold-constants' to evaluate first (`fix` folds before it rewrites), as
-        # evaluating it here on every `surgery check` would cost more than the check.
-        shape = pat.shape(data)
-        table = pat.view.constant_value(index, prod(pat.shape(index) or (0,)) or 1)
+        shape, table = pat.shape(data), pat.stored(index)
         if shape is None or table is None or len(shape) < 2 or not pat.is_float(data):
             return None
         if int(pat.attrs(node).get("axis", 0)) % len(shape) != len(shape) - 1:

@@ -22,7 +22,6 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
-    constant_array,
     fmt_shape,
     model_opset,
     net_freed,
@@ -561,7 +560,7 @@ class ScatterEverywhereToUpdates(GraphRule):
                 continue
             if pat.attrs(node).get("reduction", "none") != "none":
                 continue
-            table = constant_array(ctx, indices)
+            table = pat.stored(indices)
             if table is None or not writes_every_element(table, shape, sample=SCATTER_SAMPLE):
                 continue
             name = pat.name(node)

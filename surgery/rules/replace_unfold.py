@@ -151,25 +151,13 @@ class Col2ImToTranspose(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in pat.blocked("Col2Im"):
-            data, image, block = pat.ins(node)[:3]
-            shape, out = pat.shape(data), pat.shape(pat.outs(node)[0])
-            size, kernel = pat.value(image), pat.value(block)
-            if shape is None or out is None or size is None or kernel is None:
+            fold = _fold(pat, node)
+            if fold is None or fold.strides != fold.kernel or any(fold.pads):
                 continue
-            kernel_dims = [int(k) for k in kernel.reshape(-1)]
-            attrs = pat.attrs(node)
-            if len(kernel_dims) != 2 or len(out) != 4 or len(shape) != 3:
+            (kh, kw), (h, w), n, c = fold.kernel, fold.image, fold.n, fold.c
+            if h % kh or w % kw:
                 continue
-            if list(attrs.get("strides", [1, 1])) != kernel_dims:
-                continue
-            if any(attrs.get("pads", [0, 0, 0, 0])) or any(
-                d != 1 for d in attrs.get("dilations", [1, 1])
-            ):
-                continue
-            kh, kw = kernel_dims
-            n, c, h, w = out
-            if h % kh or w % kw or shape != (n, c * kh * kw, (h // kh) * (w // kw)):
-                continue
+            out = (n, c, h, w)
             steps = block_swaps((n, c, kh, kw, h // kh, w // kw), _FOLD)
             if steps is None:
                 continue
@@ -327,19 +315,17 @@ class Fold:
 
 
 def _fold(pat: Pattern, node: int) -> Fold | None:
-    """The geometry of a Col2Im of a run-time float tensor with constant image and block
-    shapes and unit dilations; None otherwise."""
+    """The geometry of a 2-D Col2Im with a static input, constant image and block shapes and
+    unit dilations; None otherwise."""
     data, image, block = pat.ins(node)[:3]
     shape, size, kernel = pat.shape(data), pat.value(image), pat.value(block)
     if shape is None or size is None or kernel is None or len(shape) != 3:
         return None
-    if pat.is_const(data) or not pat.is_float(data):
-        return None
-    kh, kw = (int(k) for k in kernel.reshape(-1)[:2])
-    h, w = (int(v) for v in size.reshape(-1)[:2])
     attrs = pat.attrs(node)
-    if kernel.size != 2 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+    if kernel.size != 2 or size.size != 2 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
         return None
+    kh, kw = (int(k) for k in kernel.reshape(-1))
+    h, w = (int(v) for v in size.reshape(-1))
     sh, sw = (int(s) for s in attrs.get("strides", [1, 1]))
     pads = tuple(int(p) for p in attrs.get("pads", [0, 0, 0, 0]))
     oh, ow = (h + pads[0] + pads[2] - kh) // sh + 1, (w + pads[1] + pads[3] - kw) // sw + 1
@@ -375,6 +361,9 @@ class Col2ImToConvTranspose(GraphRule):
         pat = Pattern(ctx)
         found = []
         for node in pat.blocked("Col2Im"):
+            data = pat.ins(node)[0]
+            if pat.is_const(data) or not pat.is_float(data):
+                continue
             fold = _fold(pat, node)
             if fold is None or (fold.strides == fold.kernel and not any(fold.pads)):
                 continue
