@@ -2,7 +2,7 @@
 fix → quantize → compile → emulator. `fix` brings each family to the fewest MLA segments its
 host-only ops allow, the archive holds as many `.elf` files as `check` counts for the fixed
 model, and every MLA stage equals the integer reference bit for bit; outputs behind float host
-stages (the CRNN's LSTM) may differ only there. Every family also goes through the pipeline for
+stages may differ only there. Every family also goes through the pipeline for
 rk3588 (fp16 norms, step-1 Slices, no LRN) and modalix (bf16 ops)."""
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ MODULES = (
     "replace_pad",
     "replace_patch_conv",
     "replace_pool",
+    "replace_recurrent",
     "replace_relative_gather",
     "replace_reduce",
     "replace_resize",
