@@ -1,4 +1,4 @@
-"""pad-to-slices and expand-to-concat: a reflect/edge Pad of H/W and an Expand, which the MLA
+"""pad-to-slices and expand-to-concat: a reflect/edge Pad and an Expand, which the MLA
 rejects, become Slices and Concats it runs as data movement, exactly."""
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def _conv_pad_conv(mode: str, pads: list[int], value: float | None = None) -> on
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(
+            rng.normal(0, 0.5, (4, 4 + pads[1] + pads[5], 1, 1)).astype(np.float32), "w2"
+        ),
         numpy_helper.from_array(np.array(pads, np.int64), "pads"),
     ]
     pad_inputs = ["a", "pads"]
@@ -92,9 +94,18 @@ def test_a_pad_the_mla_runs_is_left_alone() -> None:
         apply_rule(_conv_pad_conv("constant", ASYMMETRIC_PADS["HW"], 0.0), "pad-to-slices")
 
 
-def test_a_pad_of_the_channel_axis_is_not_matched() -> None:
-    with pytest.raises(RuleNotApplicableError):
-        apply_rule(_conv_pad_conv("reflect", [0, 1, 0, 0, 0, 1, 0, 0]), "pad-to-slices")
+@pytest.mark.parametrize(
+    ("mode", "pads"),
+    [("reflect", [0, 1, 0, 0, 0, 2, 0, 0]), ("edge", [1, 0, 0, 0, 1, 0, 0, 0])],
+    ids=["channels", "batch"],
+)
+def test_a_pad_of_the_batch_or_channel_axis_is_padded_on_a_view(mode, pads) -> None:
+    """The MLA concatenates along neither: the axis becomes H of [1, outer, n, inner]."""
+    model = _conv_pad_conv(mode, pads)
+    step = apply_rule(model, "pad-to-slices", "mlsoc")
+    assert step.verification.passed and step.verification.mode == "exact"
+    assert "Pad" not in _ops(step.model) and _ops(step.model).count("Reshape") == 2
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
 
 
 def test_a_reflect_pad_as_wide_as_the_axis_is_not_matched() -> None:

@@ -47,9 +47,17 @@ Concat input, so wider pads cost more movement than the host round trip they sav
 MAX_COPIES = 32
 """Most copies an Expand may make along one axis (one Concat input each)."""
 
-SPATIAL = (3, 2)
-"""The axes a Pad is rewritten along, W then H as numpy.pad goes (the result is the same in
-either order: reflect and edge padding index each axis independently)."""
+AXES = (3, 2, 1, 0)
+"""The axes a Pad is rewritten along, W, H, then C and N (the result is the same in any order:
+reflect and edge padding index each axis independently)."""
+
+
+def _view(shape: Sequence[int], axis: int) -> tuple[int, ...]:
+    """The 4-D view [1, outer, n, inner] that pads `axis` (N or C, which the MLA does not
+    concatenate along) as its H; W and H are padded in place."""
+    if axis >= 2:
+        return tuple(shape)
+    return (1, math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
 
 
 def _border(mode: str, size: int, before: int, after: int) -> tuple[list[int], list[int]]:
@@ -67,13 +75,15 @@ def _with(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
 
 @register
 class PadToSlices(GraphRule):
-    """Rewrite a reflect or edge Pad of the spatial axes of a 4-D tensor as, per padded axis
-    (W, then H), a Concat of one-row/column step-1 Slices of the input around the input itself.
+    """Rewrite a reflect or edge Pad of a 4-D tensor as, per padded axis (W, H, C, N), a
+    Concat of one-row/column step-1 Slices of the input around the input itself.
 
     Reflect padding by (b, a) on an axis of size n is x[b], …, x[1], x, x[n−2], …, x[n−1−a];
-    edge padding repeats x[0] b times and x[n−1] a times (one Slice, read b times). Applied to
-    constant pads of at most 8 per side, never on the batch or channel axis, and for reflect
-    only when the pads are smaller than the axis (ONNX's own limit). Only Pads the target keeps
+    edge padding repeats x[0] b times and x[n−1] a times (one Slice, read b times). The batch
+    and channel axes are padded on the view [1, outer, n, inner] between two Reshapes (a
+    time-major sequence [T, 1, 1, C] after an unrolled LSTM pads its T). Applied to constant
+    pads of at most 8 per side, and for reflect only when the pads are smaller than the axis
+    (ONNX's own limit). Only Pads the target keeps
     off its MLA are matched; a match frees the Pad only when every Slice and Concat runs there.
     """
 
@@ -122,10 +132,10 @@ class PadToSlices(GraphRule):
         mode, pads = read
         if mode not in ("reflect", "edge") or any(p < 0 or p > MAX_PAD for p in pads):
             return None
-        if any(pads[a] or pads[a + 4] for a in (0, 1)) or not any(pads):
+        if not any(pads):
             return None
         steps = []
-        for axis in SPATIAL:
+        for axis in AXES:
             before, after, size = pads[axis], pads[axis + 4], shape[axis]
             if not (before or after):
                 continue
@@ -145,14 +155,23 @@ class PadToSlices(GraphRule):
         probes: list[Reason | None] = []
         current = shape
         for axis, before, after in steps:
-            source = TensorSpec(current, elem_type)
-            line = TensorSpec(_with(current, axis, 1), elem_type)
-            for index in sorted({*before, *after}):
-                probes.append(probe_slice(ctx, source, line, [index], [index + 1], [axis]))
+            view, on = _view(current, axis), max(axis, 2)
             padded = _with(current, axis, current[axis] + len(before) + len(after))
+            padded_view = _with(view, on, view[on] + len(before) + len(after))
+            source = TensorSpec(view, elem_type)
+            line = TensorSpec(_with(view, on, 1), elem_type)
+            if axis < 2:
+                probes.append(probe_reshape(ctx, TensorSpec(current, elem_type), source))
+                probes.append(
+                    probe_reshape(
+                        ctx, TensorSpec(padded_view, elem_type), TensorSpec(padded, elem_type)
+                    )
+                )
+            for index in sorted({*before, *after}):
+                probes.append(probe_slice(ctx, source, line, [index], [index + 1], [on]))
             parts = [line] * len(before) + [source] + [line] * len(after)
             probes.append(
-                probe_node(ctx, "Concat", parts, [TensorSpec(padded, elem_type)], {"axis": axis})
+                probe_node(ctx, "Concat", parts, [TensorSpec(padded_view, elem_type)], {"axis": on})
             )
             current = padded
         return probes
@@ -165,15 +184,27 @@ class PadToSlices(GraphRule):
         steps, shape = match.data["steps"], match.data["shape"]
         current = x
         for k, (axis, before, after) in enumerate(steps):
+            view, on = _view(shape, axis), max(axis, 2)
+            source = current
+            if axis < 2:
+                target = ed.const(f"{pad.name}_view", np.array(view, np.int64))
+                source = ed.op("Reshape", f"{pad.name}_view", [current, target], view, x.dtype)
             lines: dict[int, gs.Variable] = {}
             for index in sorted({*before, *after}):
-                lines[index] = ed.var(f"{pad.name}_line", x.dtype, _with(shape, axis, 1))
-                add_slice(ed, current, lines[index], [index], [index + 1], [axis])
+                lines[index] = ed.var(f"{pad.name}_line", x.dtype, _with(view, on, 1))
+                add_slice(ed, source, lines[index], [index], [index + 1], [on])
             size = shape[axis] + len(before) + len(after)
             shape = list(_with(shape, axis, size))
             out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
-            parts = [lines[i] for i in before] + [current] + [lines[i] for i in after]
-            ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
+            parts = [lines[i] for i in before] + [source] + [lines[i] for i in after]
+            if axis < 2:
+                joined = ed.op(
+                    "Concat", f"{pad.name}_concat", parts, _with(view, on, size), x.dtype, axis=on
+                )
+                back = ed.const(f"{pad.name}_shape", np.array(shape, np.int64))
+                ed.node("Reshape", f"{pad.name}_unview", [joined, back], [out])
+            else:
+                ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
             current = out
         return True
 
