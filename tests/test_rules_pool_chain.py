@@ -76,7 +76,7 @@ def test_maxpool_the_mla_runs_is_left_alone() -> None:
         apply_rule(_spp([5, 5]), "maxpool-to-chain", "rk3588")
 
 
-def _token_pool(kernel: list[int]) -> onnx.ModelProto:
+def _token_pool(kernel: list[int], op: str = "AveragePool") -> onnx.ModelProto:
     """Conv → AveragePool(kernel, strides = kernel) over a [1, 8, 1, 64] token row → Conv, as
     NextViT's E-MHSA reduces its keys (AvgPool1d of kernel 16, lifted to 4-D)."""
     rng = np.random.default_rng(1)
@@ -84,9 +84,7 @@ def _token_pool(kernel: list[int]) -> onnx.ModelProto:
         numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32), name)
         for name in ("w1", "w2")
     ]
-    pool = helper.make_node(
-        "AveragePool", ["a"], ["p"], name="p", kernel_shape=kernel, strides=kernel
-    )
+    pool = helper.make_node(op, ["a"], ["p"], name="p", kernel_shape=kernel, strides=kernel)
     graph = helper.make_graph(
         [
             helper.make_node("Conv", ["x", "w1"], ["a"]),
@@ -115,3 +113,13 @@ def test_a_prime_kernel_past_the_limit_has_no_chain() -> None:
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 66
     with pytest.raises(RuleNotApplicableError):
         apply_rule(load_model(model), "avgpool-to-chain", "rk3588")
+
+
+def test_a_tiling_max_pool_past_the_limit_becomes_a_chain_of_accepted_kernels() -> None:
+    """A CRNN collapses its map's height with MaxPool [8, 1]; here along the tokens."""
+    model = _token_pool([1, 8], "MaxPool")
+    assert "p" in {b.name for b in check_model(model, "rk3588").blockers}
+    result = apply_rule(model, "tiling-maxpool-to-chain", "rk3588")
+    assert result.verification.passed and result.verification.mode == "exact"
+    assert _kernels(result.model) == [[1, 4], [1, 2]]
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers

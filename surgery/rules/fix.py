@@ -93,8 +93,9 @@ def _judge(rule: Rule, before: CoverageReport, after: CoverageReport) -> str:
     blockers), look ahead at it (it makes coverage worse, maybe on the way to better) or
     reject it: "keep", "look ahead" or "reject".
 
-    A cleanup that makes coverage worse, or a rewrite that removes blockers but splits a
-    segment, is worth fixing on from: lifting a transformer to 4-D can clear most blockers
+    A cleanup that makes coverage worse, or a rewrite that removes blockers (or moves MACs to
+    the MLA for as many blockers: an unrolled LSTM whose rank-3 input is still a blocker) but
+    splits a segment, is worth fixing on from: lifting a transformer to 4-D can clear most blockers
     and leave a tanh-GELU's Pow(x, 3) between three segments, which pow2-to-mul then joins
     into one. A cleanup is looked ahead at once (folding comes first);
     such a rewrite only when no step improves coverage directly (`fix_model`'s detours), so a
@@ -106,7 +107,12 @@ def _judge(rule: Rule, before: CoverageReport, after: CoverageReport) -> str:
         return "look ahead"
     if _score(after) < _score(before):
         return "keep"
-    return "look ahead" if len(after.blockers) < len(before.blockers) else "reject"
+    fewer = len(after.blockers) < len(before.blockers)
+    more_macs = (
+        len(after.blockers) == len(before.blockers)
+        and after.mla_mac_fraction > before.mla_mac_fraction
+    )
+    return "look ahead" if fewer or more_macs else "reject"
 
 
 def _unfolded(cov: CoverageReport) -> bool:
@@ -215,12 +221,9 @@ def fix_model(
             applied = True
             break
         if not applied:
-            for step in detours:
-                branch = _fix_onwards(step, tgt, max_steps - len(result.steps) - 1, options)
-                if branch is not None and _outcome(branch[0].coverage_after) < _outcome(
-                    ctx.coverage
-                ):
-                    return _adopt(result, ctx.coverage, step, *branch, on_step, on_rewrite)
+            best = _best_detour(detours, tgt, max_steps - len(result.steps) - 1, options)
+            if best is not None and _outcome(best[1].coverage_after) < _outcome(ctx.coverage):
+                return _adopt(result, ctx.coverage, *best, on_step, on_rewrite)
             break
     if (
         ctx.coverage.mla_segments > 1
@@ -260,6 +263,23 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
             f"fix verifies every rewrite against the model's own outputs, but {reason}",
             hint="repair the export (re-export, or a newer opset) so that ONNX Runtime runs it",
         ) from None
+
+
+def _best_detour(
+    detours: list[RewriteResult], target: Target, max_steps: int, options: _FixOptions
+) -> tuple[RewriteResult, FixResult, list[RewriteResult]] | None:
+    """The detour whose fix onwards ends best (`_outcome`), with that branch. Every detour is
+    followed, not the first that ends better than the model: the CRNN's BiLSTM reaches one
+    segment with its host tail pinned (after a 4-D lift) or with the LSTMs unrolled onto the
+    MLA (after recurrent-to-cells), and only the second puts the recurrence on the MLA."""
+    best = None
+    for step in detours:
+        branch = _fix_onwards(step, target, max_steps, options)
+        if branch is not None and (
+            best is None or _outcome(branch[0].coverage_after) < _outcome(best[1].coverage_after)
+        ):
+            best = (step, *branch)
+    return best
 
 
 def _fix_onwards(

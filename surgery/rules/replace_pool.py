@@ -350,11 +350,14 @@ class AvgPoolToChain(GraphRule):
     )
     category = "replace"
     example = "surgery apply avgpool-to-chain nextvit_small.onnx --target rk3588"
+    op = "AveragePool"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         pat = Pattern(ctx)
         found = []
-        for node in pat.blocked("AveragePool"):
+        for node in pat.blocked(self.op):
+            if not pat.unused_extra_outputs(node):
+                continue  # MaxPool's Indices
             x = pat.ins(node)[0]
             shape, kernel = pat.shape(x), self._tiling_kernel(pat, node)
             if shape is None or kernel is None or len(shape) != 4:
@@ -369,15 +372,13 @@ class AvgPoolToChain(GraphRule):
                 smaller = (*current[:2], current[2] // step[0], current[3] // step[1])
                 attrs = {"kernel_shape": list(step), "strides": list(step)}
                 probes.append(
-                    probe_node(
-                        ctx, "AveragePool", [TensorSpec(current)], [TensorSpec(smaller)], attrs
-                    )
+                    probe_node(ctx, self.op, [TensorSpec(current)], [TensorSpec(smaller)], attrs)
                 )
                 current = smaller
             found.append(
                 self.match(
                     [pat.name(node)],
-                    f"AveragePool {pat.name(node)} {kernel} → {' → '.join(map(str, chain))}",
+                    f"{self.op} {pat.name(node)} {kernel} → {' → '.join(map(str, chain))}",
                     net_freed(ctx, [pat.name(node)], probes),
                     chain=chain,
                 )
@@ -386,7 +387,7 @@ class AvgPoolToChain(GraphRule):
 
     @staticmethod
     def _tiling_kernel(pat: Pattern, node: int) -> list[int] | None:
-        """The kernel of a 2-D AveragePool with strides equal to it, no padding, no dilation,
+        """The kernel of a 2-D pool with strides equal to it, no padding, no dilation,
         floor mode; else None."""
         attrs = pat.attrs(node)
         if attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0):
@@ -399,15 +400,16 @@ class AvgPoolToChain(GraphRule):
             return None
         return kernel
 
-    @staticmethod
-    def _chain(ctx: RuleContext, spec: TensorSpec, kernel: list[int]) -> list[list[int]] | None:
+    def _chain(
+        self, ctx: RuleContext, spec: TensorSpec, kernel: list[int]
+    ) -> list[list[int]] | None:
         """Per step (kh, kw): each axis's kernel as a product of the largest factors the target
         accepts on that axis (1 where an axis is done); None if some factor is never accepted."""
 
         def accepted(axis: int, k: int) -> bool:
             window = [k, 1] if axis == 0 else [1, k]
             attrs = {"kernel_shape": window, "strides": window}
-            return probe_node(ctx, "AveragePool", [spec], [spec], attrs) is None
+            return probe_node(ctx, self.op, [spec], [spec], attrs) is None
 
         per_axis = []
         for axis, k in enumerate(kernel):
@@ -434,11 +436,30 @@ class AvgPoolToChain(GraphRule):
         current = x
         for k, step in enumerate(chain):
             attrs = {"kernel_shape": list(step), "strides": list(step)}
+            base = f"{self.op.lower()}_step"
             if k == len(chain) - 1:
-                ed.node("AveragePool", "avgpool_step", [current], [y], **attrs)
+                ed.node(self.op, base, [current], [y], **attrs)
             else:
-                current = ed.op("AveragePool", "avgpool_step", [current], None, x.dtype, **attrs)
+                current = ed.op(self.op, base, [current], None, x.dtype, **attrs)
         return True
+
+
+@register
+class TilingMaxPoolToChain(AvgPoolToChain):
+    """Split a MaxPool whose windows tile the input (kernel = strides, no padding, every axis
+    divisible) and whose kernel the MLA rejects into a chain of MaxPools whose kernels multiply
+    to it.
+
+    The max of k1·k2 consecutive elements is the max over k2 consecutive maxes of k1. A CRNN
+    collapses its feature map's height with one MaxPool of kernel [8, 1] (rk3588's limit is 7);
+    4 then 2 is the same max. Exact. Stride-1 "same" MaxPools are maxpool-to-chain's.
+    """
+
+    name = "tiling-maxpool-to-chain"
+    suggest_for = frozenset({"MaxPool"})
+    summary = "Tiling MaxPool with a kernel the MLA rejects → a chain whose kernels multiply to it."
+    example = "surgery apply tiling-maxpool-to-chain crnn.onnx --target rk3588"
+    op = "MaxPool"
 
 
 def _chain_steps(per_axis: list[list[int]]) -> list[list[int]]:

@@ -1,5 +1,6 @@
-"""Indexing as slices: split-to-slices, gather-to-slice, and strided slices the MLA cannot
-take as they are (strided-slice-to-space-to-depth, strided-slice-to-reshape).
+"""Indexing as slices: split-to-slices, gather-to-slice, and strided or reversed slices the MLA
+cannot take as they are (strided-slice-to-space-to-depth, strided-slice-to-reshape,
+negative-step-slice-to-concat).
 
 Slice is the MLA's general "take a window" op; Split and a constant-index Gather are windows
 too. Writing them as Slices lets them run where the original was rejected (a Split whose sizes
@@ -506,6 +507,113 @@ class StridedSliceToReshape(GraphRule):
             [part, ed.const("strided_back_shape", np.array(d["out"]))],
             [y],
         )
+        return True
+
+
+MAX_PICKS = 64
+"""Most elements a negative-step Slice may pick along its axis: each is one Slice and one Concat
+input, so a longer reversal costs more movement than the host round trip it saves."""
+
+
+def negative_step_picks(pat: Pattern, node: int) -> tuple[str, int, list[int]] | None:
+    """(input, axis, the indices picked in order) of a Slice with a negative step on one axis of
+    a static float tensor; None otherwise. ONNX clamps as Python slicing does."""
+    ins = pat.ins(node)
+    if len(ins) < 5 or pat.is_const(ins[0]) or not pat.is_float(ins[0]):
+        return None
+    shape = pat.shape(ins[0])
+    values = [pat.value(t) for t in ins[1:5]]
+    if shape is None or not 1 <= len(shape) <= 4 or any(v is None for v in values):
+        return None
+    starts, ends, axes, steps = ([int(e) for e in np.asarray(v).reshape(-1)] for v in values)
+    if len(starts) != 1 or steps[0] >= 0:
+        return None
+    axis = axes[0] % len(shape)
+    picks = list(range(shape[axis]))[slice(starts[0], ends[0], steps[0])]
+    if not 1 <= len(picks) <= MAX_PICKS:
+        return None
+    return ins[0], axis, picks
+
+
+def pick_view(shape: Sequence[int], axis: int) -> tuple[list[int], int]:
+    """The 4-D tensor to pick along and its axis: the tensor itself for H or W of a 4-D one,
+    else the view [1, outer, n, inner] (its axis 2)."""
+    if len(shape) == 4 and axis >= 2:
+        return list(shape), axis
+    return [1, prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])], 2
+
+
+@register
+class NegativeStepSliceToConcat(GraphRule):
+    """Rewrite a Slice with a negative step on one axis (torch.flip, x[::-1], a BiLSTM's
+    time-reversed sequence) as a Concat of the single-element step-1 Slices it picks, in its
+    order, taken along H or W of the tensor or of the 4-D view [1, outer, n, inner] between two
+    Reshapes. The MLA slices with positive steps only. At most 64 picks. Data movement only:
+    exact.
+    """
+
+    name = "negative-step-slice-to-concat"
+    suggest_for = frozenset({"Slice"})
+    summary = "Slice with a negative step (x[::-1]) → Concat of single-element Slices."
+    category = "replace"
+    example = "surgery apply negative-step-slice-to-concat crnn.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("Slice"):
+            read = negative_step_picks(pat, node)
+            out = pat.shape(pat.outs(node)[0])
+            if read is None or out is None:
+                continue
+            x, axis, picks = read
+            shape = pat.shape(x) or ()
+            view, on = pick_view(shape, axis)
+            source = TensorSpec(tuple(view), pat.elem_type(x))
+            line = TensorSpec(tuple(view[:on] + [1] + view[on + 1 :]), source.elem_type)
+            joined = TensorSpec(tuple(view[:on] + [len(picks)] + view[on + 1 :]), line.elem_type)
+            probes = [
+                probe_slice(ctx, source, line, [picks[0]], [picks[0] + 1], [on]),
+                probe_node(ctx, "Concat", [line] * len(picks), [joined], {"axis": on}),
+            ]
+            if view != list(shape):
+                probes.append(probe_reshape(ctx, pat.spec(x), source))
+                probes.append(probe_reshape(ctx, joined, TensorSpec(out, line.elem_type)))
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"Slice {pat.name(node)} (step < 0, {len(picks)} picks of axis {axis}) → "
+                    "Concat of single-element Slices",
+                    net_freed(ctx, [pat.name(node)], probes),
+                    axis=axis,
+                    picks=picks,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        picks = match.data["picks"]
+        view, on = pick_view(x.shape, match.data["axis"])
+        source = x
+        if view != list(x.shape):
+            target = ed.const("flip_view_shape", np.array(view, np.int64))
+            source = ed.op("Reshape", "flip_view", [x, target], view, x.dtype)
+        lines = {}
+        for index in sorted(set(picks)):
+            lines[index] = ed.var("flip_line", x.dtype, view[:on] + [1] + view[on + 1 :])
+            add_slice(ed, source, lines[index], [index], [index + 1], [on])
+        parts = [lines[i] for i in picks]
+        if source is x:
+            ed.node("Concat", "flip", parts, [y], axis=on)
+            return True
+        joined_shape = view[:on] + [len(picks)] + view[on + 1 :]
+        joined = ed.op("Concat", "flip", parts, joined_shape, x.dtype, axis=on)
+        back = ed.const("flip_shape", np.array(y.shape, np.int64))
+        ed.node("Reshape", "flip_back", [joined, back], [y])
         return True
 
 
