@@ -450,6 +450,15 @@ def reshaped_by_reader(pat: Pattern, tensor: str) -> tuple[str, list[str]]:
     return out, [pat.name(user)]
 
 
+def axis_view(shape: Sequence[int], axis: int) -> tuple[list[int], int]:
+    """The 4-D tensor to slice or concatenate along `axis` and that axis in it: the tensor itself
+    for H or W of a 4-D one, else the view [1, outer, n, inner] (its axis 2), since the MLA
+    concatenates along neither N nor C and takes 4-D tensors only."""
+    if len(shape) == 4 and axis >= 2:
+        return list(shape), axis
+    return [1, prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])], 2
+
+
 def reduce_axes(pat: Pattern, node: int, rank: int) -> list[int] | None:
     """The normalised axes of a Reduce* node (attribute before opset 18, input from 18)."""
     ins = pat.ins(node)

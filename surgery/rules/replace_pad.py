@@ -29,6 +29,7 @@ from surgery.rules.replace_common import (
     add_slice,
     add_zero_pad,
     all_on_mla,
+    axis_view,
     fmt_shape,
     model_opset,
     net_freed,
@@ -50,14 +51,6 @@ MAX_COPIES = 32
 AXES = (3, 2, 1, 0)
 """The axes a Pad is rewritten along, W, H, then C and N (the result is the same in any order:
 reflect and edge padding index each axis independently)."""
-
-
-def _view(shape: Sequence[int], axis: int) -> tuple[int, ...]:
-    """The 4-D view [1, outer, n, inner] that pads `axis` (N or C, which the MLA does not
-    concatenate along) as its H; W and H are padded in place."""
-    if axis >= 2:
-        return tuple(shape)
-    return (1, math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
 
 
 def _border(mode: str, size: int, before: int, after: int) -> tuple[list[int], list[int]]:
@@ -155,7 +148,8 @@ class PadToSlices(GraphRule):
         probes: list[Reason | None] = []
         current = shape
         for axis, before, after in steps:
-            view, on = _view(current, axis), max(axis, 2)
+            view, on = axis_view(current, axis)
+            view = tuple(view)
             padded = _with(current, axis, current[axis] + len(before) + len(after))
             padded_view = _with(view, on, view[on] + len(before) + len(after))
             source = TensorSpec(view, elem_type)
@@ -184,7 +178,7 @@ class PadToSlices(GraphRule):
         steps, shape = match.data["steps"], match.data["shape"]
         current = x
         for k, (axis, before, after) in enumerate(steps):
-            view, on = _view(shape, axis), max(axis, 2)
+            view, on = axis_view(shape, axis)
             source = current
             if axis < 2:
                 target = ed.const(f"{pad.name}_view", np.array(view, np.int64))

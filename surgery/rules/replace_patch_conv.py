@@ -32,6 +32,27 @@ def space_to_depth_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight.transpose(0, 2, 3, 1).reshape(m, b * b * c, 1, 1))
 
 
+def plain_conv(pat: Pattern, node: int) -> tuple[tuple, tuple, list[int]] | None:
+    """(input shape, weight shape, strides) of a 2-D Conv of a float run-time input by constant
+    weights, one group, no padding or dilation: the Convs a space-to-depth move can take."""
+    ins = pat.ins(node)
+    shape, weight = pat.shape(ins[0]), pat.shape(ins[1])
+    if shape is None or weight is None or len(shape) != 4 or len(weight) != 4:
+        return None
+    if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
+        return None
+    if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
+        return None
+    attrs = pat.attrs(node)
+    if int(attrs.get("group", 1)) != 1 or any(attrs.get("pads", [0] * 4)):
+        return None
+    if any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        return None
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    return shape, weight, (list(attrs.get("strides", [1, 1])) + [1, 1])[:2]
+
+
 @register
 class PatchConvToSpaceToDepth(GraphRule):
     """Rewrite a Conv with kernel = stride (square, no padding or dilation, one group) as
@@ -78,24 +99,12 @@ class PatchConvToSpaceToDepth(GraphRule):
     @staticmethod
     def _block(pat: Pattern, node: int) -> int | None:
         """The patch size of a patchify Conv, or None when the node is not one."""
-        ins = pat.ins(node)
-        shape = pat.shape(ins[0])
-        weight = pat.shape(ins[1])
-        if shape is None or weight is None or len(shape) != 4 or len(weight) != 4:
+        plain = plain_conv(pat, node)
+        if plain is None:
             return None
-        if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
-            return None
-        if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
-            return None
-        attrs = pat.attrs(node)
+        shape, weight, strides = plain
         block = weight[2]
-        if weight[3] != block or block < 2 or list(attrs.get("strides", [1, 1])) != [block] * 2:
-            return None
-        if int(attrs.get("group", 1)) != 1 or any(attrs.get("pads", [0] * 4)):
-            return None
-        if any(d != 1 for d in attrs.get("dilations", [1, 1])):
-            return None
-        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        if weight[3] != block or block < 2 or strides != [block] * 2:
             return None
         if shape[2] % block or shape[3] % block:
             return None
@@ -197,22 +206,10 @@ class StridedConvToSpaceToDepth(GraphRule):
     @staticmethod
     def _geometry(pat: Pattern, node: int) -> tuple[int, bool] | None:
         """(stride, square) of a Conv this rule rewrites, or None."""
-        ins = pat.ins(node)
-        shape, weight = pat.shape(ins[0]), pat.shape(ins[1])
-        if shape is None or weight is None or len(shape) != 4 or len(weight) != 4:
+        plain = plain_conv(pat, node)
+        if plain is None:
             return None
-        if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
-            return None
-        if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
-            return None
-        attrs = pat.attrs(node)
-        sh, sw = (list(attrs.get("strides", [1, 1])) + [1, 1])[:2]
-        if int(attrs.get("group", 1)) != 1 or any(attrs.get("pads", [0] * 4)):
-            return None
-        if any(d != 1 for d in attrs.get("dilations", [1, 1])):
-            return None
-        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return None
+        shape, weight, (sh, sw) = plain
         _, _, kh, kw = weight
         if sh == sw >= 2 and (kh, kw) != (sh, sw):
             square = True

@@ -23,6 +23,7 @@ from surgery.rules.replace_common import (
     Pattern,
     TensorSpec,
     add_slice,
+    axis_view,
     fmt_shape,
     model_opset,
     net_freed,
@@ -535,14 +536,6 @@ def negative_step_picks(pat: Pattern, node: int) -> tuple[str, int, list[int]] |
     return ins[0], axis, picks
 
 
-def pick_view(shape: Sequence[int], axis: int) -> tuple[list[int], int]:
-    """The 4-D tensor to pick along and its axis: the tensor itself for H or W of a 4-D one,
-    else the view [1, outer, n, inner] (its axis 2)."""
-    if len(shape) == 4 and axis >= 2:
-        return list(shape), axis
-    return [1, prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])], 2
-
-
 @register
 class NegativeStepSliceToConcat(GraphRule):
     """Rewrite a Slice with a negative step on one axis (torch.flip, x[::-1], a BiLSTM's
@@ -568,7 +561,7 @@ class NegativeStepSliceToConcat(GraphRule):
                 continue
             x, axis, picks = read
             shape = pat.shape(x) or ()
-            view, on = pick_view(shape, axis)
+            view, on = axis_view(shape, axis)
             source = TensorSpec(tuple(view), pat.elem_type(x))
             line = TensorSpec(tuple(view[:on] + [1] + view[on + 1 :]), source.elem_type)
             joined = TensorSpec(tuple(view[:on] + [len(picks)] + view[on + 1 :]), line.elem_type)
@@ -597,7 +590,7 @@ class NegativeStepSliceToConcat(GraphRule):
         x, y = node.inputs[0], node.outputs[0]
         ed.detach(node)
         picks = match.data["picks"]
-        view, on = pick_view(x.shape, match.data["axis"])
+        view, on = axis_view(x.shape, match.data["axis"])
         source = x
         if view != list(x.shape):
             target = ed.const("flip_view_shape", np.array(view, np.int64))
