@@ -26,7 +26,7 @@ from surgery.rules import (
 )
 from surgery.rules.base import Match, RuleContext, RuleParams
 from surgery.rules.fix import fix_model
-from surgery.rules.graph_edit import nodes_by_name
+from surgery.rules.graph_edit import export_graph, import_graph, nodes_by_name
 from surgery.rules.registry import UnknownRuleError
 from surgery.workspace import Workspace
 
@@ -256,3 +256,19 @@ def test_rule_priority_does_not_depend_on_which_rule_module_was_imported_first()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True)
     assert out.stdout.decode().split() == [cls.name for cls in all_rules()]
     assert [cls.name for cls in all_rules()][0] == "fold-constants"
+
+
+def test_export_sorts_a_dependency_chain_longer_than_the_recursion_limit():
+    """An unrolled recurrence is a chain of thousands of nodes; exporting must not recurse."""
+    length = sys.getrecursionlimit() + 500
+    names = [f"t{i}" for i in range(length + 1)]
+    nodes = [helper.make_node("Relu", [names[i]], [names[i + 1]]) for i in range(length)]
+    graph = helper.make_graph(
+        list(reversed(nodes)),
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(names[-1], TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    exported = export_graph(import_graph(model), model)
+    assert [node.output[0] for node in exported.graph.node] == names[1:]

@@ -12,7 +12,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView, shape_from_type
-from surgery.model import load_model, raise_ir_version
+from surgery.model import load_model, raise_ir_version, toposort_nodes
 from surgery.ort_logging import quiet_ort_logging
 
 G_LOGGER.severity = G_LOGGER.ERROR  # graphsurgeon logs to stdout; stdout belongs to --json and MCP
@@ -157,10 +157,15 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
 
 
 def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
-    """Export, keeping the model-level fields graphsurgeon does not carry (IR, metadata, …)."""
+    """Export, keeping the model-level fields graphsurgeon does not carry (IR, metadata, …).
+
+    Sorted by `toposort_nodes`, not graphsurgeon's toposort, which recurses once per node of a
+    dependency chain and overflows Python's stack on the chains of an unrolled recurrence
+    (three GRU layers of 50 steps)."""
     with quiet_graphsurgeon():
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        graph.cleanup(remove_unused_graph_inputs=False)
         model = gs.export_onnx(graph, do_type_check=False)
+    toposort_nodes(model)
     model.ir_version = like.ir_version
     model.producer_name = like.producer_name
     model.producer_version = like.producer_version
