@@ -282,7 +282,7 @@ def requantize_clamp(
 _INT64_MAX = 2**63 - 1
 
 ExactTables = tuple[np.ndarray, ...]
-"""(lower, upper, scale, offset, total_shift, lower32, upper32) of a `FusedOutputStage`."""
+"""(lower, upper, scale, offset, total_shift) of a `FusedOutputStage`."""
 
 
 def laid_out_like(like: np.ndarray, empty: Callable[[tuple[int, ...]], np.ndarray]) -> np.ndarray:
@@ -299,13 +299,13 @@ def laid_out_like(like: np.ndarray, empty: Callable[[tuple[int, ...]], np.ndarra
 
 @dataclass(frozen=True)
 class FusedOutputStage:
-    """`requantize_clamp(acc + addend, M, n, "sima", zero_point, low, high)` in four passes.
+    """`requantize_clamp(acc + addend, M, n, "sima", zero_point, low, high)` in three passes.
 
     The definition takes about ten int64 passes per element (saturate, product, rounding half,
     shift, zero point, clamp, each a fresh temporary), and an emulator runs it on every element
     of every feature map. This computes the same codes, written straight into the destination
-    array, in four passes (max, min, multiply, add-and-store) and a cheap one on the 8- or
-    16-bit result. Why that is the same:
+    array, in three passes (multiply, add, clip-and-store) and a cheap one on the 8- or 16-bit
+    result. Why that is the same:
 
     With S = 31 + n and O = 2**(S - 1) + zero_point * 2**S, the stage is clip(f(sat32(v)),
     low, high) for v = acc + addend and f(v) = floor((v * M + O) / 2**S), the "sima" rounding
@@ -324,16 +324,16 @@ class FusedOutputStage:
           code + K == trunc(x * M * 2**-S + (addend * M + O + K * 2**S) * 2**-S),
           x = clip(acc, A - addend, B - addend).
 
-    Float path (`exact_float`): the sum above is carried in float64. x * M and
-    W = x * M + addend * M + O + K * 2**S are integers; when |x * M| <= 2**53 and |W| <= 2**53
-    (checked per channel from the bounds) both are float64 numbers, and scaling by the power of
-    two 2**-S is exact, so every float operation rounds an exact value to itself. The clip is
-    exact too: A - addend and B - addend are float64 integers, and conversion to float64 is
-    monotonic. Int path (where the float path is not provably exact): the same sum in int64,
-    W >> S, when |x * M| + |addend * M + O + K * 2**S| < 2**63. Float32 accumulators (what
-    exact float32 matrix products give) are clipped in float32 when both bounds are float32
-    numbers (`lower32`, `upper32`; else these are empty): the max and min of float32 numbers
-    are exact, and half the bytes.
+    Float path (`exact_float`): the sum above is carried in float64, and the clip comes last,
+    on the codes. For x in [A - addend, B - addend], x * M and W = x * M + addend * M + O +
+    K * 2**S are integers; when |x * M| <= 2**53 and |W| <= 2**53 (checked per channel from
+    the bounds) both are float64 numbers, and scaling by the power of two 2**-S is exact, so
+    every float operation rounds an exact value to itself. Outside that interval the float sum
+    may round, but rounding to nearest is monotonic: an acc below A - addend gives a sum at
+    most that of A - addend, whose truncation is low + K, and one above B - addend a sum at
+    least high + K; clipping the sum to [low + K, high + K] then gives the same codes as
+    clipping acc first. Int path (where the float path is not provably exact): the same sum
+    in int64 on the clipped acc, W >> S, when |x * M| + |addend * M + O + K * 2**S| < 2**63.
 
     This is the "sima" mode only. `prepare` returns None (callers then use the definition) for
     a shift outside [-30, 31], a negative multiplier, a multiplier above 1 that skips the low
@@ -347,8 +347,8 @@ class FusedOutputStage:
     total_shift: np.ndarray
     excess: int
     code_dtype: np.dtype
-    lower32: np.ndarray
-    upper32: np.ndarray
+    code_low: float
+    code_high: float
 
     @classmethod
     def prepare(
@@ -403,7 +403,8 @@ class FusedOutputStage:
                 np.zeros(shape, dtype=np.int64),
                 excess,
                 _code_dtype(dtype),
-                *_float32_bounds(lower, upper, shape),
+                float(low + excess),
+                float(high + excess),
             )
         if _all_at_most(product + abs(constant), _INT64_MAX):
             return cls(
@@ -414,7 +415,8 @@ class FusedOutputStage:
                 (n + MULTIPLIER_BITS).astype(np.int64).reshape(shape),
                 excess,
                 _code_dtype(dtype),
-                *_float32_bounds(lower, upper, shape),
+                float(low + excess),
+                float(high + excess),
             )
         return None
 
@@ -434,8 +436,6 @@ class FusedOutputStage:
             self.scale,
             self.offset,
             self.total_shift,
-            self.lower32,
-            self.upper32,
         )
 
     def apply(
@@ -444,8 +444,6 @@ class FusedOutputStage:
         out: np.ndarray,
         tables: ExactTables | None = None,
         scratch: np.ndarray | None = None,
-        *,
-        overwrite: bool = False,
     ) -> np.ndarray:
         """Write the stage's codes for the integers `acc` (any integer dtype, or integers held
         exactly in a float dtype) into `out`, an array of the `dtype` given to `prepare` and
@@ -453,17 +451,16 @@ class FusedOutputStage:
 
         `tables` replaces `tables()` by parts of them that broadcast to acc (a block of the
         whole result). `scratch`, a flat 8-byte-item buffer of at least acc.size elements,
-        holds the intermediate values instead of a fresh array. `overwrite=True` lets a
-        float32 acc be clipped in place.
+        holds the intermediate values instead of a fresh array.
         """
         if out.shape != acc.shape or out.dtype.itemsize != self.code_dtype.itemsize:
             raise ValueError(f"cannot write a {acc.shape} stage into {out.dtype} {out.shape}")
         x, codes = self._work(out, scratch)
-        self._run(acc, x, codes, self.tables() if tables is None else tables, overwrite)
+        self._run(acc, x, codes, self.tables() if tables is None else tables)
         return out
 
     def bind(
-        self, out: np.ndarray, scratch: np.ndarray | None = None, *, overwrite: bool = False
+        self, out: np.ndarray, scratch: np.ndarray | None = None
     ) -> Callable[[np.ndarray], None]:
         """`apply` into `out` with these tables and this scratch, its views made once: a
         function of acc (of out's shape) for a caller that applies the stage on every run."""
@@ -471,7 +468,7 @@ class FusedOutputStage:
             raise ValueError(f"cannot write the stage into {out.dtype} {out.shape}")
         x, codes = self._work(out, scratch)
         tables = self.tables()
-        return lambda acc: self._run(acc, x, codes, tables, overwrite)
+        return lambda acc: self._run(acc, x, codes, tables)
 
     def _work(self, out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The intermediate array (in `scratch` if given), laid out in out's memory order (so
@@ -484,31 +481,17 @@ class FusedOutputStage:
             x = laid_out_like(out, lambda shape: scratch[: out.size].view(carrier).reshape(shape))
         return x, out.view(self.code_dtype)
 
-    def _run(
-        self,
-        acc: np.ndarray,
-        x: np.ndarray,
-        codes: np.ndarray,
-        tables: ExactTables,
-        overwrite: bool,
-    ) -> None:
-        """The stage's passes: acc -> x (the clipped, scaled sum) -> codes."""
-        lower, upper, scale, offset, total_shift, lower32, upper32 = tables
-        if overwrite and acc.dtype == np.float32 and lower32.size:
-            np.maximum(acc, lower32, out=acc)
-            np.minimum(acc, upper32, out=acc)
-            if self.exact_float:
-                np.multiply(acc, scale, out=x)
-            else:
-                np.copyto(x, acc, casting="unsafe")
-                np.multiply(x, scale, out=x)
+    def _run(self, acc: np.ndarray, x: np.ndarray, codes: np.ndarray, tables: ExactTables) -> None:
+        """The stage's passes: acc -> x (the scaled sum) -> codes."""
+        lower, upper, scale, offset, total_shift = tables
+        if self.exact_float:
+            np.multiply(acc, scale, out=x)
+            np.add(x, offset, out=x)
+            np.clip(x, self.code_low, self.code_high, out=codes, casting="unsafe")
         else:
             np.maximum(acc, lower, out=x, casting="unsafe")
             np.minimum(x, upper, out=x)
             np.multiply(x, scale, out=x)
-        if self.exact_float:
-            np.add(x, offset, out=codes, casting="unsafe")
-        else:
             np.add(x, offset, out=x)
             np.right_shift(x, total_shift, out=codes, casting="unsafe")
         if self.excess:
@@ -523,16 +506,6 @@ def _all_at_most(values: np.ndarray, limit: int) -> bool:
 def _float64(values: np.ndarray) -> np.ndarray:
     """An object array of Python integers (each exactly representable) as float64."""
     return values.astype(np.float64)
-
-
-def _float32_bounds(
-    lower: np.ndarray, upper: np.ndarray, shape: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The bounds as float32 if every one is a float32 number, else two empty arrays."""
-    low, high = (_float64(b).astype(np.float32) for b in (lower, upper))
-    if np.array_equal(low.astype(object), lower) and np.array_equal(high.astype(object), upper):
-        return low.reshape(shape), high.reshape(shape)
-    return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.float32)
 
 
 def _code_dtype(dtype: np.dtype) -> np.dtype:

@@ -684,13 +684,11 @@ class _OutputStage:
         *,
         out: np.ndarray | None = None,
         scratch: np.ndarray | None = None,
-        overwrite: bool = False,
     ) -> np.ndarray:
         """The stage on `acc` (integers, in any integer dtype or exactly in a float one),
         written into `out` (a new array of `out_dtype` if None), which is returned. `block`
         says which part of the result acc is, to pick the table entries; `scratch` is a flat
-        8-byte-item buffer of at least acc.size elements for the intermediate values;
-        `overwrite=True` allows the stage to use acc as scratch too."""
+        8-byte-item buffer of at least acc.size elements for the intermediate values."""
         fused = self.fused
         if fused is not None and (block is not None or self.blockwise(acc.shape)):
             if out is None:
@@ -701,7 +699,7 @@ class _OutputStage:
                 tables = self.parts.get(key)
                 if tables is None:
                     tables = self.parts[key] = tuple(_block_of(t, block) for t in fused.tables())
-            return fused.apply(acc, out, tables, scratch, overwrite=overwrite)
+            return fused.apply(acc, out, tables, scratch)
         result = self._definition(acc, block)
         if out is None:
             return result
@@ -1507,10 +1505,10 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             _pitched_stage(stage, acc, block, out, pitch)
         elif acc.strides[1] < acc.strides[-1]:
             codes = laid_out_like(acc, lambda dims: _scratch("channel-last-codes", dims, out.dtype))
-            stage(acc, block, out=codes, scratch=scratch, overwrite=True)
+            stage(acc, block, out=codes, scratch=scratch)
             np.copyto(out, codes)
         else:
-            stage(acc, block, out=out, scratch=scratch, overwrite=True)
+            stage(acc, block, out=out, scratch=scratch)
 
     if stage.blockwise(shape) and stage.out_dtype == instruction.output.dtype.numpy:
         # Every block reads only the centred copy `x`, made before the first block runs, so
@@ -1526,7 +1524,7 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         acc = accumulate((everything,) * 4)
         if acc.ndim == 3:
             acc = _pitched(acc, ho, pitch, wo)
-        result = stage(acc, overwrite=True)
+        result = stage(acc)
     memory.write(instruction.output, result)
 
 
@@ -1542,7 +1540,7 @@ def _pitched_stage(
     codes are the same."""
     codes = _scratch("pitched-codes", acc.shape, out.dtype)
     work = _scratch("pitched-stage", (acc.size,), np.int64)
-    stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work, overwrite=True)
+    stage(acc[:, :, None], block, out=codes[:, :, None], scratch=work)
     np.copyto(out, _pitched(codes, out.shape[2], pitch, out.shape[3]))
 
 

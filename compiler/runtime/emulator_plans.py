@@ -190,7 +190,7 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
         return None
     stage = conv_stage(memory, instruction)
     target = memory.place(instruction.output, writable=True)
-    apply = _stage_into(stage, target, overwrite=True)
+    apply = _stage_into(stage, target)
     if apply is None:
         return None
     weights = conv_weights(memory, instruction)
@@ -211,7 +211,7 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
             weights.astype(dtype).reshape(channels, kh, kw),
         )
         last = np.empty((batch, *geometry.out_hw, channels), target.dtype).transpose(0, 3, 1, 2)
-        apply_last = _stage_into(stage, last, overwrite=True)
+        apply_last = _stage_into(stage, last)
         if apply_last is None:
             return None
         rows, everything = range(geometry.out_hw[0]), slice(None)
@@ -290,16 +290,14 @@ def _im2col_accumulator(
 # --- output stages and lookups --------------------------------------------------------------------
 
 
-def _stage_into(
-    stage: _OutputStage, out: np.ndarray, *, overwrite: bool = False
-) -> Callable[[np.ndarray], object] | None:
+def _stage_into(stage: _OutputStage, out: np.ndarray) -> Callable[[np.ndarray], object] | None:
     """stage(acc) written into `out` (a place in the image) as the fused stage of one whole
     block, as `output_stage` computes it; None where the stage is not fused or its codes are
     not of out's dtype (a range-checked write is needed)."""
     fused = stage.fused
     if fused is None or stage.out_dtype != out.dtype or not stage.blockwise(out.shape):
         return None
-    return fused.bind(out, np.empty(max(1, out.size), np.int64), overwrite=overwrite)
+    return fused.bind(out, np.empty(max(1, out.size), np.int64))
 
 
 def _lookup(table: np.ndarray, codes: np.ndarray, out: np.ndarray) -> Step | None:
