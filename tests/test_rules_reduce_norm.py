@@ -162,3 +162,69 @@ def test_a_fixed_global_response_norm_compiles_to_one_elf_bit_exact(tmp_path) ->
     feed = {"x": np.random.default_rng(5).normal(0, 1, (1, 3, 8, 8)).astype(np.float32)}
     comparison = run_and_compare(result, qdq, feed)
     assert comparison.mla_stages and comparison.bit_exact
+
+
+def _channels_last_norm(op: str = "ReduceL2", keepdims: int = 1) -> onnx.ModelProto:
+    """Hugging Face's ConvNeXt V2 GRN after the lift to 4-D: the map is channels-last
+    [1, H, W, C] and the norm runs over axes [1, 2]."""
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (C, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (C, C, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([1, 1, 1, C], np.int64), "kept"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["a"], ["a_last"], perm=[0, 2, 3, 1]),
+        helper.make_node(op, ["a_last"], ["g"], axes=[1, 2], keepdims=keepdims),
+    ]
+    scale = "g"
+    if not keepdims:
+        nodes.append(helper.make_node("Reshape", ["g", "kept"], ["g_kept"]))
+        scale = "g_kept"
+    nodes += [
+        helper.make_node("Mul", ["a_last", scale], ["m"]),
+        helper.make_node("Transpose", ["m"], ["m_first"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["m_first", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "channels_last_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceSumSquare"])
+def test_a_channels_last_norm_is_summed_over_h_and_w_of_its_transpose(op) -> None:
+    model = _channels_last_norm(op)
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    step = apply_rule(model, "reducel2-to-sum", "mlsoc")
+    assert step.verification.passed
+    ops = _ops(step.model)
+    assert op not in ops and ("Sqrt" in ops) == (op == "ReduceL2")
+    assert ops.count("Transpose") == 4
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
+def test_a_channels_last_norm_without_keepdims_is_reshaped_to_its_shape() -> None:
+    """keepdims=0: the sum over H, W of [1, C, 1, 1] is reshaped to [1, C] (which the model
+    then reshapes back to 4-D; fix merges the two Reshapes)."""
+    model = _channels_last_norm(keepdims=0)
+    step = apply_rule(model, "reducel2-to-sum", "mlsoc")
+    assert step.verification.passed
+    assert "ReduceL2" not in _ops(step.model)
+    assert fix_model(model, "mlsoc").coverage_after.mla_segments == 1
+
+
+def test_a_fixed_channels_last_norm_compiles_to_one_elf_bit_exact(tmp_path) -> None:
+    result = fix_model(_channels_last_norm(), "mlsoc")
+    assert result.coverage_after.mla_segments == 1
+    qdq = quantize_on(result.model, "mlsoc")
+    compiled = compile_model(qdq, tmp_path, target="mlsoc", model_name="grn_last")
+    assert len(compiled.elf_files) == 1, compiled.notes
+    feed = {"x": np.random.default_rng(6).normal(0, 1, (1, 3, 6, 5)).astype(np.float32)}
+    comparison = run_and_compare(compiled, qdq, feed)
+    assert comparison.mla_stages and comparison.bit_exact

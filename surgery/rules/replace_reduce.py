@@ -243,8 +243,10 @@ class ReduceL2ToSum(GraphRule):
     a Sqrt table): ConvNeXt V2's Global Response Norm takes the L2 norm of every channel over
     H and W; torch's F.normalize over the last axis (EdgeNeXt's cross-covariance attention)
     takes it over the tokens, which the sum then reduces as a spatial reduction when the MLA
-    rejects the long last axis on its own (see reduce-to-spatial). Same sums in the same
-    order, so the result is ONNX Runtime's up to rounding.
+    rejects the long last axis on its own (see reduce-to-spatial); a norm over axes [1, 2] of
+    a channels-last map (Hugging Face's ConvNeXt V2 lifted to 4-D) is summed over H and W of
+    its Transpose (see channels-last-reduce-to-spatial). Same sums in the same order, so the
+    result is ONNX Runtime's up to rounding.
     Only nodes the target keeps off its MLA are matched.
     """
 
@@ -277,20 +279,28 @@ class ReduceL2ToSum(GraphRule):
             ]
             if root:
                 direct.append(probe_node(ctx, "Sqrt", [pat.spec(y)], [pat.spec(y)]))
-            view = None
+            view = move = None
+            how = ""
             if not all_on_mla(direct) and (view := spatial_view(shape, axes)) is not None:
                 direct = probe_spatial(ctx, "ReduceSum", shape, view, out_shape, root)
+                how = f" summed over H,W of {fmt_shape(view)}"
+            elif not all_on_mla(direct) and (move := channels_last_move(site, keep)):
+                direct = probe_channels_last(
+                    ctx, "ReduceSum", pat.spec(x), pat.spec(y), move, then_sqrt=root
+                )
+                how = f" summed over H,W of its Transpose {move.perm}"
             found.append(
                 self.match(
                     [pat.name(node)],
                     f"{pat.op(node)} {pat.name(node)} over axes {axes} → "
                     + ("Sqrt(ReduceSum(x·x))" if root else "ReduceSum(x·x)")
-                    + (f" summed over H,W of {fmt_shape(view)}" if view else ""),
+                    + how,
                     net_freed(ctx, [pat.name(node)], [square, *direct]),
                     axes=axes,
                     keep=keep,
                     root=root,
                     view=list(view) if view else None,
+                    move=move.as_data() if move else None,
                     out_shape=list(out_shape),
                 )
             )
@@ -303,6 +313,10 @@ class ReduceL2ToSum(GraphRule):
         ed.detach(node)
         axes, keep, root = match.data["axes"], match.data["keep"], match.data["root"]
         squared = ed.op("Mul", "square", [x, x], x.shape, x.dtype)
+        if match.data["move"]:
+            move = ChannelsLastMove(**match.data["move"])
+            emit_channels_last(ed, "ReduceSum", squared, y, move, "Sqrt" if root else None)
+            return True
         if match.data["view"]:
             then = "Sqrt" if root else None
             emit_spatial(
@@ -555,51 +569,18 @@ class ChannelsLastReduceToSpatial(GraphRule):
         found = []
         for node in pat.blocked("ReduceMean", "ReduceSum", "ReduceMax"):
             site = float_reduction(pat, node)
-            if site is None or len(site.shape) != 4 or site.axes not in ([1, 2], [1, 3]):
+            move = channels_last_move(site, int(pat.attrs(node).get("keepdims", 1)))
+            if site is None or move is None:
                 continue
-            x, y, shape, out_shape, axes = site.x, site.y, site.shape, site.out_shape, site.axes
-            kept = [a for a in (1, 2, 3) if a not in axes]
-            perm = [0, *kept, *axes]
-            moved = tuple(shape[a] for a in perm)
-            reduced = (*moved[:2], 1, 1)
-            keep = int(pat.attrs(node).get("keepdims", 1))
-            back = [perm.index(a) for a in range(4)]
             op = pat.op(node)
-            axes_in, axes_attr = _reduce_axes_operand(ctx, op, [2, 3])
-            elem = pat.elem_type(x)
-            probes = [
-                probe_node(
-                    ctx, "Transpose", [pat.spec(x)], [TensorSpec(moved, elem)], {"perm": perm}
-                ),
-                probe_node(
-                    ctx,
-                    op,
-                    [TensorSpec(moved, elem), *axes_in],
-                    [TensorSpec(reduced, elem)],
-                    {"keepdims": 1, **axes_attr},
-                ),
-                probe_node(
-                    ctx, "Transpose", [TensorSpec(reduced, elem)], [pat.spec(y)], {"perm": back}
-                )
-                if keep
-                else probe_node(
-                    ctx,
-                    "Reshape",
-                    [TensorSpec(reduced, elem), TensorSpec.const(np.array(out_shape, np.int64))],
-                    [pat.spec(y)],
-                ),
-            ]
+            probes = probe_channels_last(ctx, op, pat.spec(site.x), pat.spec(site.y), move)
             found.append(
                 self.match(
                     [pat.name(node)],
-                    f"{op} {pat.name(node)} over axes {axes} of {fmt_shape(shape)} → over H,W "
-                    f"of its Transpose {perm}",
+                    f"{op} {pat.name(node)} over axes {site.axes} of {fmt_shape(site.shape)} → "
+                    f"over H,W of its Transpose {move.perm}",
                     net_freed(ctx, [pat.name(node)], probes),
-                    perm=perm,
-                    back=back if keep else None,
-                    moved=list(moved),
-                    reduced=list(reduced),
-                    out_shape=list(out_shape),
+                    move=move.as_data(),
                 )
             )
         return found
@@ -610,16 +591,81 @@ class ChannelsLastReduceToSpatial(GraphRule):
         x, y = node.inputs[0], node.outputs[0]
         op = node.op
         ed.detach(node)
-        d = match.data
-        moved = ed.op("Transpose", "to_spatial", [x], d["moved"], x.dtype, perm=d["perm"])
-        axes_in, axes_attr = _reduce_axes_operand(ed.ctx, op, [2, 3])
-        inputs = [moved, *(ed.const("spatial_axes", np.asarray(a.value)) for a in axes_in)]
-        reduced = ed.op(
-            op, "spatial_reduce", inputs, d["reduced"], x.dtype, keepdims=1, **axes_attr
-        )
-        if d["back"] is not None:
-            ed.node("Transpose", "from_spatial", [reduced], [y], perm=d["back"])
-        else:
-            shape = ed.const("reduced_shape", np.array(d["out_shape"], np.int64))
-            ed.node("Reshape", "reduced_view", [reduced, shape], [y])
+        emit_channels_last(ed, op, x, y, ChannelsLastMove(**match.data["move"]))
         return True
+
+
+@dataclass(frozen=True)
+class ChannelsLastMove:
+    """A reduction over the channels and one spatial axis of a 4-D map (axes [1, 2] or [1, 3]:
+    NHWC pooling) done over H and W: Transpose `perm`, reduce to `reduced`, then Transpose
+    `back` (keepdims) or Reshape to `out_shape`."""
+
+    perm: list[int]
+    moved: list[int]
+    reduced: list[int]
+    back: list[int] | None
+    out_shape: list[int]
+
+    def as_data(self) -> dict:
+        return {
+            "perm": self.perm,
+            "moved": self.moved,
+            "reduced": self.reduced,
+            "back": self.back,
+            "out_shape": self.out_shape,
+        }
+
+
+def channels_last_move(site: Reduction | None, keep: int) -> ChannelsLastMove | None:
+    """The move for a reduction over axes [1, 2] or [1, 3] of a 4-D tensor, else None."""
+    if site is None or len(site.shape) != 4 or site.axes not in ([1, 2], [1, 3]):
+        return None
+    kept = [a for a in (1, 2, 3) if a not in site.axes]
+    perm = [0, *kept, *site.axes]
+    moved = [int(site.shape[a]) for a in perm]
+    back = [perm.index(a) for a in range(4)] if keep else None
+    return ChannelsLastMove(perm, moved, [*moved[:2], 1, 1], back, list(site.out_shape))
+
+
+def probe_channels_last(
+    ctx: RuleContext,
+    op: str,
+    x: TensorSpec,
+    y: TensorSpec,
+    move: ChannelsLastMove,
+    then_sqrt: bool = False,
+) -> list:
+    """Placements of `emit_channels_last`'s nodes."""
+    moved = TensorSpec(tuple(move.moved), x.elem_type)
+    reduced = TensorSpec(tuple(move.reduced), x.elem_type)
+    axes_in, axes_attr = _reduce_axes_operand(ctx, op, [2, 3])
+    probes = [
+        probe_node(ctx, "Transpose", [x], [moved], {"perm": move.perm}),
+        probe_node(ctx, op, [moved, *axes_in], [reduced], {"keepdims": 1, **axes_attr}),
+    ]
+    if then_sqrt:
+        probes.append(probe_node(ctx, "Sqrt", [reduced], [reduced]))
+    if move.back is not None:
+        probes.append(probe_node(ctx, "Transpose", [reduced], [y], {"perm": move.back}))
+    else:
+        target = TensorSpec.const(np.array(move.out_shape, np.int64))
+        probes.append(probe_node(ctx, "Reshape", [reduced, target], [y]))
+    return probes
+
+
+def emit_channels_last(
+    ed: Editor, op: str, x: gs.Tensor, y: gs.Tensor, move: ChannelsLastMove, then: str | None = None
+) -> None:
+    """y = back(then(op(Transpose(x, perm), axes=[2, 3], keepdims=1)))."""
+    moved = ed.op("Transpose", "to_spatial", [x], move.moved, x.dtype, perm=move.perm)
+    axes_in, axes_attr = _reduce_axes_operand(ed.ctx, op, [2, 3])
+    inputs = [moved, *(ed.const("spatial_axes", np.asarray(a.value)) for a in axes_in)]
+    reduced = ed.op(op, "spatial_reduce", inputs, move.reduced, x.dtype, keepdims=1, **axes_attr)
+    if then:
+        reduced = ed.op(then, f"spatial_{then.lower()}", [reduced], move.reduced, x.dtype)
+    if move.back is not None:
+        ed.node("Transpose", "from_spatial", [reduced], [y], perm=move.back)
+    else:
+        shape = ed.const("reduced_shape", np.array(move.out_shape, np.int64))
+        ed.node("Reshape", "reduced_view", [reduced, shape], [y])
