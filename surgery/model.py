@@ -129,6 +129,43 @@ def _worth_hiding_weights(
     return Path(source).stat().st_size >= _HIDE_WEIGHTS_FROM_BYTES
 
 
+def outputs_as_inferred(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A shape-inferred copy of `model` whose graph outputs take the inferred shape where it
+    contradicts the declared one (another rank, or another fixed size), and the names of those
+    outputs. Exporters can declare a wrong output shape (a CRNN whose [T, 1, classes] logits
+    are declared [1, seqlen]) that ONNX Runtime ignores and that only surfaces once folding
+    lets inference reach the output; the full checker then rejects the model."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    declared = {o.name: onnx.TypeProto() for o in copy.graph.output}
+    for out in copy.graph.output:
+        declared[out.name].CopyFrom(out.type)
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    inferred = load_model(copy)
+    repaired = []
+    for out in inferred.graph.output:
+        before = declared[out.name]
+        if _shapes_contradict(before, out.type):
+            repaired.append(out.name)
+        else:
+            out.type.CopyFrom(before)
+    return inferred, repaired
+
+
+def _shapes_contradict(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
+    """Whether both types have a shape and the shapes differ in rank or in a fixed size."""
+    a, b = declared.tensor_type, inferred.tensor_type
+    if not (a.HasField("shape") and b.HasField("shape")):
+        return False
+    if len(a.shape.dim) != len(b.shape.dim):
+        return True
+    return any(
+        x.HasField("dim_value") and y.HasField("dim_value") and x.dim_value != y.dim_value
+        for x, y in zip(a.shape.dim, b.shape.dim, strict=True)
+    )
+
+
 def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     """Raise a typed error for unknown domains, dangling tensors or cycles in the top graph."""
     declared = {o.domain for o in model.opset_import}

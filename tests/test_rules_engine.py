@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from server.cli import app
-from surgery.model import load_model
+from surgery.model import load_model, outputs_as_inferred
 from surgery.rules import (
     Rule,
     RuleFailedError,
@@ -272,3 +272,50 @@ def test_export_sorts_a_dependency_chain_longer_than_the_recursion_limit():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     exported = export_graph(import_graph(model), model)
     assert [node.output[0] for node in exported.graph.node] == names[1:]
+
+
+def _reshape_by_its_own_shape(declared: list) -> onnx.ModelProto:
+    """x [1, 2, 3, 4] reshaped to [x.shape[0], -1] by a Shape → Gather → Unsqueeze → Concat
+    chain, with the graph output declared as `declared`."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node(
+            "Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0, np.int64))
+        ),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "rest"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reshape_by_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)],
+        [
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+            numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_wrongly_declared_output_shape_takes_the_inferred_one_after_a_rewrite():
+    """Exporters can declare an output shape ONNX Runtime ignores ([1, seqlen] for [1, 24]);
+    once folding lets inference reach it, the rewrite must not fail the full checker."""
+    step = apply_rule(_reshape_by_its_own_shape([1, "seqlen", 5]), "fold-constants")
+    assert step.verification.passed
+    (out,) = step.model.graph.output
+    assert [d.dim_value for d in out.type.tensor_type.shape.dim] == [1, 24]
+
+
+def test_outputs_as_inferred_keeps_a_declared_shape_inference_agrees_with():
+    model, renamed = outputs_as_inferred(_reshape_by_its_own_shape([1, "features"]))
+    (out,) = model.graph.output
+    assert renamed == []
+    assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == [1, "features"]
+
+
+def test_outputs_as_inferred_names_the_output_it_corrects():
+    _, renamed = outputs_as_inferred(_reshape_by_its_own_shape([1, "seqlen", 5]))
+    assert renamed == ["y"]

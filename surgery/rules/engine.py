@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError
-from surgery.model import load_model
+from surgery.model import load_model, outputs_as_inferred
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import export_graph, import_graph, with_unique_node_names
 from surgery.rules.registry import get_rule
@@ -218,17 +218,34 @@ def apply_rule(
 
 
 def _finalise(model: onnx.ModelProto, rule: Rule) -> onnx.ModelProto:
-    """Re-infer shapes and run the full checker; any failure is the rule's fault."""
+    """Re-infer shapes and run the full checker; any failure is the rule's fault, unless it
+    is a graph output's declared shape that inference now contradicts (an exporter's
+    mistake the rewrite only brought to light): such outputs take the inferred shape."""
     try:
-        inferred = load_model(model)
-        onnx.checker.check_model(inferred, full_check=True)
-    except SurgeryError as exc:
+        return _checked(model)
+    except _INVALID as exc:
+        error = exc
+    try:
+        repaired, renamed = outputs_as_inferred(model)
+        if renamed:
+            return _checked(repaired)
+    except _INVALID:
+        pass
+    if isinstance(error, SurgeryError):
         raise RuleFailedError(
-            f"rule {rule.name!r} produced an invalid model: {exc.message}"
+            f"rule {rule.name!r} produced an invalid model: {error.message}"
         ) from None
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first = str(exc).strip().splitlines()[0][:300]
-        raise RuleFailedError(f"rule {rule.name!r} produced an invalid model: {first}") from None
+    first = str(error).strip().splitlines()[0][:300]
+    raise RuleFailedError(f"rule {rule.name!r} produced an invalid model: {first}") from None
+
+
+_INVALID = (SurgeryError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+
+
+def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The shape-inferred model, after the full checker accepts it."""
+    inferred = load_model(model)
+    onnx.checker.check_model(inferred, full_check=True)
     return inferred
 
 
