@@ -422,6 +422,16 @@ def analyze_coverage(
     return report
 
 
+def attach_suggestions(
+    model: onnx.ModelProto, target: str | Target, report: CoverageReport, view: GraphView
+) -> None:
+    """The rules' suggestions for the blockers of a report made with `suggest=False` (for a
+    caller that first decides whether to keep that report)."""
+    if SUGGESTERS and report.blockers:
+        constants = frozenset(constant_tensors(view)[0])
+        _attach_suggestions(model, resolve_target(target), report, view, constants)
+
+
 def _attach_suggestions(
     model: onnx.ModelProto,
     target: Target,

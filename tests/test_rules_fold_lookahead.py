@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from surgery.check import check_model
+from surgery.coverage import analyze_coverage
 from surgery.graph import GraphView
 from surgery.model import load_model
 from surgery.rules.engine import apply_rule
@@ -218,13 +219,19 @@ def _unknown_until_folded() -> onnx.ModelProto:
 
 def test_fix_keeps_a_fold_that_makes_the_shapes_known_even_with_more_segments() -> None:
     model = load_model(_unknown_until_folded())
-    before = check_model(model, "mlsoc", suggest=False)
+    before = analyze_coverage(model, "mlsoc", suggest=False)
     assert before.mla_segments == 1 and before.macs_unknown_nodes == 2
     result = fix_model(model, "mlsoc")
     assert "fold-constants" in [s["rule"] for s in result.steps]
     after = result.coverage_after
     assert after.macs_unknown_nodes == 0
     assert after.mla_segments == 2  # the Cos between the Convs is a host op on mlsoc
+
+
+def test_check_counts_the_segments_of_the_folded_model() -> None:
+    """The quantizer folds before compiling, so check does too where shapes wait for it."""
+    report = check_model(load_model(_unknown_until_folded()), "mlsoc", suggest=False)
+    assert report.mla_segments == 2 and report.macs_unknown_nodes == 0
 
 
 def _resize_to_computed_size() -> onnx.ModelProto:

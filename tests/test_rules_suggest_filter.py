@@ -16,7 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from surgery import examples
-from surgery.check import check_model
+from surgery.check import check_model, shapes_wait_for_folding
+from surgery.coverage import analyze_coverage
+from surgery.fold import folded_copy
 from surgery.model import open_model
 from surgery.rules.base import RuleContext
 from surgery.rules.registry import all_rules
@@ -35,8 +37,13 @@ def _model(name: str) -> tuple[onnx.ModelProto | str, dict | None]:
 
 def _unfiltered_suggestions(source, target: str, shapes, report) -> dict[str, list[str]]:
     """Blocker → rules, asking every rule without a focus (what `check` suggested before the
-    pre-check); `report` is check's own, whose blockers the context must see too."""
+    pre-check); `report` is check's own, whose blockers the context must see too (on the
+    folded model where check folds)."""
     model, view = open_model(source, shapes)
+    if shapes_wait_for_folding(analyze_coverage(model, target, view=view, suggest=False)):
+        folded = folded_copy(model, view.names)  # the model check analyses then
+        if folded is not None:
+            model, view = open_model(folded)
     ctx = RuleContext.build(model, target, view)
     assert [b.name for b in ctx.coverage.blockers] == [b.name for b in report.blockers]
     found: dict[str, list[str]] = {}
