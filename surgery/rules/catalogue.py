@@ -19,6 +19,7 @@ MODULES = (
     "replace_conv_taps",
     "replace_conv",
     "replace_einsum",
+    "replace_flatten",
     "replace_gelu",
     "replace_linear",
     "replace_lrn",
