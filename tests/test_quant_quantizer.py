@@ -278,9 +278,10 @@ def test_calibration_data_errors() -> None:
         )
 
 
-def test_already_quantized_models_are_rejected(default_result) -> None:
-    with pytest.raises(QuantizationError, match="already quantized"):
+def test_already_quantized_models_are_rejected_with_what_to_do(default_result) -> None:
+    with pytest.raises(QuantizationError, match="already quantized") as refused:
         quantize_model(default_result.model, random_samples(1), default_quantization)
+    assert "float model" in refused.value.hint and "surgery compile" in refused.value.hint
 
 
 # --------------------------------------------------------------------------- CLE and bias correction

@@ -173,7 +173,11 @@ def _reject_quantized(model: Any) -> None:
         found = sorted({n.op_type for n in model.graph.node if n.op_type in _QDQ_OPS})
         if found:
             raise QuantizationError(
-                f"the model is already quantized (it contains {', '.join(found)})"
+                f"the model is already quantized (it contains {', '.join(found)})",
+                hint=(
+                    "quantize the float model it was made from; a QDQ model made by "
+                    "`surgery quantize` compiles as it is with `surgery compile`"
+                ),
             )
 
 
