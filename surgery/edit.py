@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from surgery.errors import NodeNotFoundError, SurgeryError
 from surgery.graph import GraphView
 from surgery.model import (
-    PROTOBUF_LIMIT,
+    check_model_fully,
     load_model,
-    model_nbytes,
     read_model,
-    save_model,
     toposort_nodes,
 )
 from surgery.rules.graph_edit import with_unique_node_names
@@ -168,14 +165,9 @@ def finish(
 
 
 def full_check(model: onnx.ModelProto, what: str, error: type[SurgeryError] = EditError) -> None:
-    """`onnx.checker.check_model(full_check=True)`, by path for models over protobuf's limit."""
+    """`check_model_fully`, its failure as `error` naming `what`."""
     try:
-        if model_nbytes(model) < PROTOBUF_LIMIT - 64 * 2**20:
-            onnx.checker.check_model(model, full_check=True)
-            return
-        with tempfile.TemporaryDirectory(prefix="surgery-check-") as tmp:
-            path = save_model(model, Path(tmp) / "model.onnx", external_data=True)
-            onnx.checker.check_model(str(path), full_check=True)
+        check_model_fully(model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         first = str(exc).strip().splitlines()[0][:300]
         raise error(f"{what}: the result fails the ONNX checker: {first}") from None

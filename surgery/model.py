@@ -562,6 +562,34 @@ def model_nbytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def check_model_fully(model: onnx.ModelProto) -> None:
+    """onnx's full checker (strict shape inference included), also above the 2 GB protobuf
+    limit, where the checker cannot serialise the model: the weights that do not fit are
+    checked as graph inputs of their type and shape instead (which is all the checker reads
+    of them besides their bytes)."""
+    if model_nbytes(model) < PROTOBUF_LIMIT - _CHECK_MARGIN:
+        onnx.checker.check_model(model, full_check=True)
+        return
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    source, graph = model.graph, light.graph
+    graph.name = source.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(source, field))
+    declared = {i.name for i in source.input}
+    for t in source.initializer:
+        if not _is_large_weight(t):
+            graph.initializer.append(t)
+        elif t.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    onnx.checker.check_model(light, full_check=True)
+
+
+_CHECK_MARGIN = 2**26
+"""Room under the protobuf limit for what `model_nbytes` does not count (names, value infos)."""
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,

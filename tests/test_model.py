@@ -18,7 +18,13 @@ from surgery.errors import (
     UnknownDomainError,
 )
 from surgery.graph import GraphView
-from surgery.model import load_model, parse_input_shapes, read_model, save_model
+from surgery.model import (
+    check_model_fully,
+    load_model,
+    parse_input_shapes,
+    read_model,
+    save_model,
+)
 from surgery.summary import summarize
 from tests.conftest import shared_model
 
@@ -210,3 +216,37 @@ def test_legacy_ir_with_initializers_as_inputs_loads():
     s = summarize(loaded)
     assert s.legacy_initializer_inputs > 0
     assert [i["name"] for i in s.inputs] == ["gpu_0/data_0"]
+
+
+def _matmul_by_weight(rows: int) -> onnx.ModelProto:
+    """x [1, 64] @ w [rows, 32] (a 64-row weight is consistent; others are not)."""
+    weight = np.ones((rows, 32), np.float32)  # 8 KB+: a weight the light check moves out
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_full_check_of_a_model_over_the_protobuf_limit_passes_a_valid_one(monkeypatch):
+    monkeypatch.setattr(model_mod, "PROTOBUF_LIMIT", 2**26 + 1000)
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", _refuse_the_whole_model)
+    check_model_fully(_matmul_by_weight(64))
+
+
+def test_the_full_check_of_a_model_over_the_protobuf_limit_still_sees_weight_shapes(
+    monkeypatch,
+):
+    monkeypatch.setattr(model_mod, "PROTOBUF_LIMIT", 2**26 + 1000)
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        check_model_fully(_matmul_by_weight(48))
+
+
+def _refuse_the_whole_model(self: onnx.ModelProto) -> bytes:
+    """SerializeToString that fails, as protobuf does above 2 GB, while the weight is in."""
+    if any(t.name == "w" for t in self.graph.initializer):
+        raise ValueError("Failed to serialize proto")
+    return onnx.ModelProto.SerializePartialToString(self)

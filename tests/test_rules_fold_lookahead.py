@@ -331,3 +331,71 @@ def test_a_look_ahead_branch_looks_ahead_again() -> None:
     assert result.coverage_after.mla_segments == 1
     applied = [step["rule"] for step in result.steps]
     assert applied[:2] == ["fold-constants", "drop-softmax-nan-guard"]
+
+
+def _shared_weight_through_identities(uses: int = 3) -> onnx.ModelProto:
+    """One weight read by `uses` MatMuls, each through an Identity of it (how torch exports a
+    parameter shared across layers, as ALBERT's are)."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).normal(0, 0.1, (16, 16)).astype(np.float32), "shared"
+    )
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["zero"], value=numpy_helper.from_array(np.zeros(1, np.float32))
+        )
+    ]
+    current = "x"
+    for k in range(uses):
+        nodes += [
+            helper.make_node("Identity", ["shared"], [f"w{k}"]),
+            helper.make_node("MatMul", [current, f"w{k}"], [f"h{k}"]),
+        ]
+        current = f"h{k}"
+    nodes.append(helper.make_node("Add", [current, "zero"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fold_constants_keeps_one_copy_of_a_weight_shared_through_identities() -> None:
+    step = apply_rule(load_model(_shared_weight_through_identities()), "fold-constants")
+    weights = [t for t in step.model.graph.initializer if list(t.dims) == [16, 16]]
+    assert len(weights) == 1
+    assert [n.input[1] for n in step.model.graph.node if n.op_type == "MatMul"] == [
+        weights[0].name
+    ] * 3
+
+
+def _tokens_through_a_shared_linear(uses: int = 3) -> onnx.ModelProto:
+    """Tokens [1, 8, 512] through `uses` MatMuls by one shared [512, 512] weight (1 MB),
+    each with a Relu after it: ALBERT's shared layers in miniature."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(1).normal(0, 0.05, (512, 512)).astype(np.float32), "shared"
+    )
+    nodes, current = [], "x"
+    for k in range(uses):
+        nodes += [
+            helper.make_node("MatMul", [current, "shared"], [f"m{k}"]),
+            helper.make_node("Relu", [f"m{k}"], [f"h{k}"]),
+        ]
+        current = f"h{k}"
+    graph = helper.make_graph(
+        nodes,
+        "shared_linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 512])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, None)],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_weight_shared_by_several_layers_stays_one_weight_through_fix() -> None:
+    result = fix_model(load_model(_tokens_through_a_shared_linear()), "mlsoc")
+    assert result.coverage_after.mla_segments == 1
+    big = [t for t in result.model.graph.initializer if np.prod(t.dims) == 512 * 512]
+    assert len(big) == 1

@@ -30,7 +30,7 @@ from server.models import (
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.errors import SurgeryError
-from surgery.model import load_model
+from surgery.model import check_model_fully, load_model
 from surgery.query import find_nodes as core_find_nodes
 from surgery.query import inspect_node as core_inspect_node
 from surgery.query import neighbourhood
@@ -183,7 +183,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             problems.append(ValidationProblem(code=exc.code, message=exc.message, hint=exc.hint))
             return ValidateOut(valid=False, source=label, problems=problems)
         try:
-            onnx.checker.check_model(loaded, full_check=True)
+            check_model_fully(loaded)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             first = str(exc).strip().splitlines()[0][:500]
             problems.append(ValidationProblem(code="checker", message=first))

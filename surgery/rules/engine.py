@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError
-from surgery.model import load_model, outputs_as_inferred
+from surgery.model import check_model_fully, load_model, outputs_as_inferred
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import export_graph, import_graph, with_unique_node_names
 from surgery.rules.registry import get_rule
@@ -245,7 +245,7 @@ _INVALID = (SurgeryError, onnx.checker.ValidationError, onnx.shape_inference.Inf
 def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
     """The shape-inferred model, after the full checker accepts it."""
     inferred = load_model(model)
-    onnx.checker.check_model(inferred, full_check=True)
+    check_model_fully(inferred)
     return inferred
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -41,14 +42,32 @@ def fold_graph_constants(graph: gs.Graph) -> None:
     Those nodes become a plain `Shape` and a `Slice` first, which fold correctly (or stay,
     meaning the same, when the dims are dynamic). A `CastLike` whose target type is known
     becomes a `Cast`, so a constant it converts (ONNX function bodies cast their scalars
-    "like" a run-time tensor) folds too.
+    "like" a run-time tensor) folds too. An Identity of a weight is bypassed, not folded:
+    folding would copy the weight once per Identity (torch exports a shared weight, as in
+    ALBERT's shared layers, through one Identity per use).
     """
     _split_shape_ranges(graph)
     _cast_like_to_cast(graph)
+    _bypass_constant_identities(graph)
     with quiet_graphsurgeon():
         quiet_ort_logging()  # onnx-graphsurgeon folds in sessions without options
         graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
         graph.cleanup()
+
+
+def _bypass_constant_identities(graph: gs.Graph) -> None:
+    """Readers of Identity(weight) read the weight itself (graph outputs keep their Identity)."""
+    outputs = set(map(id, graph.outputs))
+    for node in graph.nodes:
+        if node.op != "Identity" or not isinstance(node.inputs[0], gs.Constant):
+            continue
+        out = node.outputs[0]
+        if id(out) in outputs:
+            continue
+        for reader in list(out.outputs):
+            for k, tensor in enumerate(reader.inputs):
+                if tensor is out:
+                    reader.inputs[k] = node.inputs[0]
 
 
 def _split_shape_ranges(graph: gs.Graph) -> None:
@@ -156,12 +175,50 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
         return gs.import_onnx(model)
 
 
+_MERGE_BYTES = 1 << 20
+"""Constants made in memory from this size on are compared for duplicates at export."""
+
+
+def _merge_equal_derived_constants(graph: gs.Graph) -> None:
+    """Readers of equal large constants a rewrite made in memory read one of them.
+
+    Rules derive a weight per use (a 1×1 Conv's [M, K, 1, 1] from a MatMul's [K, M]); a weight
+    that several layers share (ALBERT's) would be copied once per use, quadrupling a 785 MB
+    model. Constants still lazy (as imported) are left alone: reading them would copy every
+    weight of the model on every export."""
+    groups: dict[tuple, list[gs.Constant]] = {}
+    for tensor in graph.tensors().values():
+        values = getattr(tensor, "_values", None)
+        if isinstance(values, np.ndarray) and values.nbytes >= _MERGE_BYTES:
+            groups.setdefault(_fingerprint(values), []).append(tensor)
+    for same in groups.values():
+        for other in same[1:]:
+            if not np.array_equal(other.values, same[0].values):
+                continue
+            for reader in list(other.outputs):
+                for k, tensor in enumerate(reader.inputs):
+                    if tensor is other:
+                        reader.inputs[k] = same[0]
+
+
+def _fingerprint(values: np.ndarray) -> tuple:
+    """Dtype, shape and a hash of an evenly spaced sample: equal arrays agree on all three."""
+    flat = values.reshape(-1)
+    sample = np.ascontiguousarray(flat[:: max(1, flat.size // 4096)])
+    return (
+        values.dtype.str,
+        values.shape,
+        hashlib.blake2b(sample.tobytes(), digest_size=16).digest(),
+    )
+
+
 def export_graph(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
     """Export, keeping the model-level fields graphsurgeon does not carry (IR, metadata, …).
 
     Sorted by `toposort_nodes`, not graphsurgeon's toposort, which recurses once per node of a
     dependency chain and overflows Python's stack on the chains of an unrolled recurrence
     (three GRU layers of 50 steps)."""
+    _merge_equal_derived_constants(graph)
     with quiet_graphsurgeon():
         graph.cleanup(remove_unused_graph_inputs=False)
         model = gs.export_onnx(graph, do_type_check=False)
