@@ -560,11 +560,22 @@ NORMALISED_BITS = 16
 """Fractional bits of the normalised value `normalise` returns (Q16)."""
 
 
+EPSILON_TERM_MAX = 2**60
+"""The largest epsilon term: V = N * s2 - s1**2 + term stays below 2**62 for the moments of
+8-bit codes over up to 2**20 elements."""
+
+
 def normalisation_epsilon(epsilon: float, count: int, input_scale: float) -> int:
     """eps as an integer term of V = N * s2 - s1**2 (which is N**2 * variance / s_in**2):
-    max(1, round_half_up(eps * N**2 / s_in**2)), at least 1 so that V > 0 for constant data.
-    Computed at build time, so the program and the reference hold the same integer."""
-    return max(1, int(round_half_up(epsilon * count**2 / input_scale**2)))
+    round_half_up(eps * N**2 / s_in**2) in [1, EPSILON_TERM_MAX]; at least 1 so that V > 0
+    for constant data. Computed at build time, so the program and the reference hold the same
+    integer. An input scale so fine that eps dwarfs every variance the codes can express (a
+    norm of near-zero activations) takes the largest term: the normalised codes are then
+    within a few Q16 steps of the exact zero."""
+    term = epsilon * count**2 / input_scale / input_scale if input_scale > 0 else math.inf
+    if not term < EPSILON_TERM_MAX:
+        return EPSILON_TERM_MAX
+    return max(1, int(round_half_up(term)))
 
 
 def normalise(x: npt.ArrayLike, axes: tuple[int, ...], epsilon_term: int) -> np.ndarray:

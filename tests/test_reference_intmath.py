@@ -277,3 +277,21 @@ def test_per_channel_tables_look_each_position_up_in_its_own_table(shape, axis) 
 def test_per_channel_tables_must_match_the_axis() -> None:
     with pytest.raises(ValueError, match="3 tables along axis 1"):
         intmath.apply_lut(np.zeros((3, 256), np.int8), np.zeros((1, 4, 2), np.int8), np.int8)
+
+
+def test_the_normalisation_epsilon_term_is_eps_in_squared_code_units() -> None:
+    assert intmath.normalisation_epsilon(1e-5, 64, 0.02) == round(1e-5 * 64**2 / 0.02**2)
+    assert intmath.normalisation_epsilon(1e-12, 4, 1.0) == 1  # at least 1: V > 0
+
+
+@pytest.mark.parametrize("input_scale", [1e-30, 1e-200, 0.0])
+def test_an_input_scale_too_fine_for_the_epsilon_term_takes_the_largest_term(
+    input_scale: float,
+) -> None:
+    """A norm of near-zero activations (random-init SAM's neck): eps * N**2 / s**2 is past
+    int64 (or infinite); the term is capped, not a cast of inf."""
+    term = intmath.normalisation_epsilon(1e-6, 256, input_scale)
+    assert term == intmath.EPSILON_TERM_MAX
+    x = np.array([[3, -2, 5, 0]], dtype=np.int64)
+    z = intmath.normalise(x, (1,), term)
+    assert np.all(np.abs(z) <= 4)

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.compile import compile_model
 from surgery.check import check_model
 from surgery.coverage import analyze_coverage
 from surgery.model import load_model
@@ -18,6 +19,7 @@ from surgery.rules import rank4_layout as L
 from surgery.rules.engine import RewriteResult
 from surgery.rules.fix import fix_model
 from tests.conftest import RUN_INPUTS, shared_model
+from tests.lower_support import quantize_on, run_and_compare
 
 RULES = ("reshape-to-4d", "classifier-to-conv", "transformer-to-4d")
 
@@ -447,6 +449,35 @@ def test_constant_matrix_times_a_flattened_map_becomes_a_1x1_conv(weight_rank):
     result = lift(model, "reshape-to-4d")
     assert "MatMul" not in {node.op_type for node in result.model.graph.node}
     assert result.coverage_after.single_elf
+
+
+def _constant_queries_attention() -> onnx.ModelProto:
+    """DETR's first decoder layer: its queries are learned constants, so the cross-attention
+    scores are a constant [heads, queries, d] times run-time keys [heads, d, tokens]."""
+    n = Net()
+    x = n.conv("x", 3, 8)
+    keys = n.reshape(x, [2, 4, 24])  # heads × d × tokens
+    queries = n.rand(2, 5, 4)
+    scores = n.one("Softmax", [n.one("MatMul", [queries, keys])], axis=-1)
+    y = n.reshape(scores, [1, 10, 4, 6])
+    return n.model({"x": [1, 3, 4, 6]}, {"y": n.conv(y, 10, 4)})
+
+
+def test_constant_batch_times_a_run_time_batch_is_one_4d_matmul():
+    result = lift(_constant_queries_attention(), "reshape-to-4d")
+    (matmul,) = [p for p in result.coverage_after.placements if p.op_type == "MatMul"]
+    assert matmul.processor == "MLA"
+    assert result.coverage_after.single_elf
+
+
+def test_a_constant_batch_product_compiles_to_one_bit_exact_elf(tmp_path):
+    fixed = fix_model(_constant_queries_attention(), "mlsoc").model
+    qdq = quantize_on(fixed, "mlsoc")
+    compiled = compile_model(qdq, tmp_path, target="mlsoc", model_name="constant_queries")
+    assert len(compiled.elf_files) == 1, compiled.notes
+    feed = {"x": np.random.default_rng(4).normal(0, 1, (1, 3, 4, 6)).astype(np.float32)}
+    comparison = run_and_compare(compiled, qdq, feed)
+    assert comparison.mla_stages and comparison.bit_exact
 
 
 # ---------------------------------------------------------------------- classifier-to-conv

@@ -643,7 +643,7 @@ def _accept_matmul(info: NodeInfo) -> bool:
     if not _single_output(info) or not a or not b:
         return False
     if a in info.constants:
-        return _accept_constant_left(info)
+        return _accept_constant_left(info) or _accept_constant_batch(info)
     sa = info.shape(a)
     if sa is None or len(sa) < 2:
         return False
@@ -665,12 +665,26 @@ def _accept_constant_left(info: NodeInfo) -> bool:
     return 2 <= len(sa) <= len(sb) and all(d == 1 for d in sa[:-2]) and _basic(info, [b])
 
 
+def _accept_constant_batch(info: NodeInfo) -> bool:
+    """A constant batch of matrices times a run-time one of the same batch shape (DETR's first
+    decoder layer: its queries are learned constants, so the cross-attention scores are a
+    constant [heads, queries, d] times the keys [heads, d, tokens]): one 4-D MatMul."""
+    a, b = info.input(0), info.input(1)
+    sa, sb = info.shape(a), info.shape(b)
+    if not info.has_value(a) or sa is None or sb is None or b in info.constants:
+        return False
+    return len(sa) == len(sb) >= 3 and sa[:-2] == sb[:-2] and _basic(info, [b])
+
+
 @supports("MatMul", accept=_accept_matmul)
 def lift_matmul(lf: Lifter, node: gs.Node) -> None:
     a, b = node.inputs
     left = lf.const(a)
-    if left is not None:
+    if left is not None and all(d == 1 for d in left.shape[:-2]):
         _linear(lf, node, b, left.reshape(left.shape[-2:]), None, axis=-2)
+        return
+    if left is not None:
+        _batched_product(lf, node, lf.value(a), lf.value(b), None)
         return
     weight = lf.const(b)
     if weight is not None:
