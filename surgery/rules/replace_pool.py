@@ -561,3 +561,58 @@ class AvgPoolCountIncludePad(GraphRule):
         factor = ed.const(f"{node.name}_correction", correction.astype(x.dtype or np.float32))
         ed.node("Mul", f"{node.name}_exclude_pad", [pooled, factor], [y])
         return True
+
+
+@register
+class WholeMapPoolToGlobal(GraphRule):
+    """Rewrite an AveragePool / MaxPool whose one window covers the whole map (kernel at least
+    the map, no padding, a 1×1 result) as GlobalAveragePool / GlobalMaxPool.
+
+    Hugging Face's EfficientNet pools with `nn.AvgPool2d(hidden_dim, ceil_mode=True)`: a kernel
+    of 1280–2560 over a 7×7 map, past every MLA's kernel limit, that averages the 49 values as
+    a global pool does (ONNX Runtime divides a ceil-mode overhang by the values inside).
+    Only nodes the target keeps off its MLA are matched.
+    """
+
+    name = "whole-map-pool-to-global"
+    suggest_for = frozenset({"AveragePool", "MaxPool"})
+    summary = "Pool whose one window covers the whole map → GlobalAveragePool / GlobalMaxPool."
+    category = "replace"
+    example = "surgery apply whole-map-pool-to-global efficientnet.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for node in pat.blocked("AveragePool", "MaxPool"):
+            x, y = pat.ins(node)[0], pat.outs(node)[0]
+            xs, ys = pat.shape(x), pat.shape(y)
+            attrs = pat.attrs(node)
+            if xs is None or ys is None or len(xs) < 3 or any(d != 1 for d in ys[2:]):
+                continue
+            if not pat.unused_extra_outputs(node) or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+                continue
+            kernel, _, dilations, pads = _window_attrs(attrs, len(xs) - 2)
+            if any(pads) or any(d != 1 for d in dilations):
+                continue
+            if any(k < size for k, size in zip(kernel, xs[2:], strict=True)):
+                continue
+            op = "Global" + pat.op(node)
+            probe = probe_node(ctx, op, [pat.spec(x)], [pat.spec(y)])
+            found.append(
+                self.match(
+                    [pat.name(node)],
+                    f"{pat.op(node)} {pat.name(node)} kernel {list(kernel)} over "
+                    f"{list(xs[2:])} → {op}",
+                    net_freed(ctx, [pat.name(node)], [probe]),
+                    op=op,
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        node = ed.node_named(match.nodes[0])
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        ed.detach(node)
+        ed.node(match.data["op"], "global_pool", [x], [y])
+        return True
