@@ -80,9 +80,11 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     if _uses_external_data(model):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise ModelFormatError(
-                f"{path}: external data cannot be loaded: {first_line(exc)}"
+                f"{path}: external data cannot be loaded: {first_line(exc)}",
+                hint="keep the model's data file(s) beside it as regular files: onnx reads "
+                "no missing file and no symbolic link",
             ) from None
     return model
 

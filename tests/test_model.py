@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -147,6 +148,29 @@ def test_external_data_round_trip(plain_cnn, tmp_path):
     original = {t.name: numpy_helper.to_array(t) for t in plain_cnn.graph.initializer}
     for t in loaded.graph.initializer:
         np.testing.assert_array_equal(numpy_helper.to_array(t), original[t.name])
+
+
+def _external_model(plain_cnn, folder) -> Path:
+    """plain_cnn saved with its weights in `ext.onnx.data`, the data moved to `elsewhere/`."""
+    path = save_model(plain_cnn, folder / "ext.onnx", external_data=True)
+    (folder / "elsewhere").mkdir()
+    data = folder / "ext.onnx.data"
+    data.rename(folder / "elsewhere" / data.name)
+    return path
+
+
+def test_a_missing_external_data_file_is_a_clear_error(plain_cnn, tmp_path):
+    path = _external_model(plain_cnn, tmp_path)
+    with pytest.raises(ModelFormatError, match="external data cannot be loaded") as refused:
+        read_model(path)
+    assert "ext.onnx.data" in refused.value.message and refused.value.hint
+
+
+def test_external_data_behind_a_symbolic_link_is_a_clear_error(plain_cnn, tmp_path):
+    path = _external_model(plain_cnn, tmp_path)
+    (tmp_path / "ext.onnx.data").symlink_to(tmp_path / "elsewhere" / "ext.onnx.data")
+    with pytest.raises(ModelFormatError, match="symbolic link"):
+        read_model(path)
 
 
 def test_models_near_the_protobuf_limit_are_saved_with_external_data(
