@@ -606,6 +606,16 @@ class Editor:
             n.inputs.clear()
             n.outputs.clear()
 
+    def replace_op(self, name: str, op: str, base: str, **attrs: Any) -> bool:
+        """The node `name` (one data input, one output) replaced by `op` on the same tensors:
+        the edit of every rule that swaps one op for an equivalent one."""
+        node = self.node_named(name)
+        assert node is not None
+        x, y = node.inputs[0], node.outputs[0]
+        self.detach(node)
+        self.node(op, base, [x], [y], **attrs)
+        return True
+
 
 def slice_inputs(starts: Sequence[int], ends: Sequence[int], axes: Sequence[int]) -> list:
     """Constant Slice operands (opset ≥ 10), as probe specs."""

@@ -69,9 +69,4 @@ class ReshapeToFlatten(GraphRule):
         return found
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
-        node = ed.node_named(match.nodes[0])
-        assert node is not None
-        x, y = node.inputs[0], node.outputs[0]
-        ed.detach(node)
-        ed.node("Flatten", "flatten", [x], [y], axis=match.data["axis"])
-        return True
+        return ed.replace_op(match.nodes[0], "Flatten", "flatten", axis=match.data["axis"])

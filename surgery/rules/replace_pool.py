@@ -610,9 +610,4 @@ class WholeMapPoolToGlobal(GraphRule):
         return found
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
-        node = ed.node_named(match.nodes[0])
-        assert node is not None
-        x, y = node.inputs[0], node.outputs[0]
-        ed.detach(node)
-        ed.node(match.data["op"], "global_pool", [x], [y])
-        return True
+        return ed.replace_op(match.nodes[0], match.data["op"], "global_pool")
