@@ -88,3 +88,18 @@ def test_near_focus_is_every_node_within_reach_of_a_focus_blocker() -> None:
     assert focused.near_focus(0) == {2}
     assert focused.near_focus(1) == {1, 2, 3}
     assert focused.near_focus(10) == set(range(6))
+
+
+def test_a_rule_that_refuses_without_parameters_is_no_warning(caplog):
+    """fix-input-shapes cannot fix a dynamic height by itself and says so; check's suggestion
+    pass skips it quietly (a warning with a traceback is for a rule's bug)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "dynamic_height",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "height", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with caplog.at_level("WARNING", logger="surgery.rules.suggest"):
+        report = check_model(model, "mlsoc")
+    assert report.blockers and not caplog.records

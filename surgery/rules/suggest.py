@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import onnx
 
 from surgery.coverage import SUGGESTERS, CoverageReport
+from surgery.errors import SurgeryError
 from surgery.graph import GraphView
 from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
@@ -22,12 +23,17 @@ def rule_matches(
     """Every rule (in registry order) that applies to the model in `ctx`, with its matches.
 
     The one loop behind suggestions, `surgery fix`'s choice and the MCP `suggest_rules` tool.
-    A rule that cannot analyse a model (it raises while pattern-matching) simply does not apply.
+    A rule that cannot analyse a model (it raises while pattern-matching) simply does not apply;
+    one that refuses with a SurgeryError (fix-input-shapes without shapes for a dynamic
+    height) does not apply either, without the warning a bug gets.
     """
     found = []
     for rule in rules if rules is not None else [cls() for cls in all_rules()]:
         try:
             matches = rule.find(ctx, rule.Params())
+        except SurgeryError as refusal:  # the rule's own word that it needs parameters
+            log.debug("rule %s does not apply: %s", rule.name, refusal)
+            continue
         except Exception:  # noqa: BLE001 - one rule's bug must not break check or fix
             log.warning("rule %s could not analyse the model", rule.name, exc_info=True)
             continue
