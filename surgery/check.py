@@ -10,13 +10,8 @@ from contextlib import contextmanager
 import onnx
 
 import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
-from surgery.coverage import (
-    CoverageReport,
-    NodePlacement,
-    analyze_coverage,
-    attach_suggestions,
-)
-from surgery.fold import folded_copy
+from surgery.coverage import CoverageReport, analyze_coverage, attach_suggestions
+from surgery.fold import coverage_as_compiled
 from surgery.model import open_model
 from surgery.qdq import float_view, is_qdq, quantized_for
 from surgery.targets import Target, resolve_target
@@ -60,44 +55,12 @@ def _analyse(
         loaded, view = open_model(float_view(loaded))
     target = target or resolve_target(DEFAULT_TARGET)
     report = analyze_coverage(loaded, target, op_target=op_target, view=view, suggest=False)
-    if shapes_wait_for_folding(report) and (folded := folded_copy(loaded, view.names)) is not None:
-        after = analyze_coverage(folded, target, op_target=op_target, suggest=suggest)
-        return _with_folded_nodes(report, after)
-    if suggest:
+    compiled = coverage_as_compiled(
+        loaded, report, target, view.names, op_target=op_target, suggest=suggest
+    )
+    if compiled is report and suggest:
         attach_suggestions(loaded, target, report, view)
-    return report
-
-
-_UNKNOWN_SHAPE = frozenset({"rank_unknown", "dynamic_shape"})
-
-
-def shapes_wait_for_folding(report: CoverageReport) -> bool:
-    """Whether shapes stay unknown past nodes that compute constants, with static inputs.
-
-    ONNX's data propagation gives up on some shape arithmetic (the product of two gathered
-    dims in `x.view(b, c * h, w)`), leaving every shape after such a Reshape unknown; the
-    quantizer folds those subgraphs before compiling, and would then count other segments
-    than this analysis of the unfolded model."""
-    if report.dynamic_inputs:
-        return False
-    if not any(p.foldable and p.op_type != "Constant" for p in report.placements):
-        return False
-    return any(r.code in _UNKNOWN_SHAPE for b in report.blockers for r in b.reasons)
-
-
-def _with_folded_nodes(before: CoverageReport, after: CoverageReport) -> CoverageReport:
-    """`after` (the folded model's analysis) over every node of the model as given: a node
-    folding removed is a foldable APU node, as `before` reports constant nodes."""
-    placed = {p.name: p for p in after.placements}
-    placements = []
-    for p in before.placements:
-        kept = placed.get(p.name)
-        if kept is None:
-            placements.append(NodePlacement(p.index, p.name, p.op_type, "APU", (), True))
-        else:
-            kept.index = p.index
-            placements.append(kept)
-    return CoverageReport(after.target, placements, after.segments, before.dynamic_inputs)
+    return compiled
 
 
 @contextmanager

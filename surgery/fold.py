@@ -8,23 +8,31 @@ sees."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from surgery.coverage import NON_FOLDABLE_OPS
+from surgery.coverage import (
+    NON_FOLDABLE_OPS,
+    CoverageReport,
+    NodePlacement,
+    analyze_coverage,
+)
 from surgery.errors import SurgeryError
 from surgery.model import infer_model_shapes
+from surgery.targets import Target
 from surgery.verify import quiet_session_options
 
 __all__ = [
     "constant_node_tensor",
     "constants_to_initializers",
+    "coverage_as_compiled",
     "fold_shapes_and_constants",
     "folded_copy",
+    "shapes_wait_for_folding",
 ]
 
 _FOLD_LIMIT_BYTES = 256 * 2**20
@@ -223,3 +231,56 @@ def _evaluate(
     except Exception:  # ORT's own exception types; unfoldable constants are left to ORT at run time
         return None
     return {name: np.asarray(v) for name, v in zip(outputs, results, strict=True)}
+
+
+def coverage_as_compiled(
+    model: onnx.ModelProto,
+    report: CoverageReport,
+    target: str | Target,
+    names: Sequence[str],
+    *,
+    op_target: Mapping[str, str] | None = None,
+    suggest: bool = False,
+) -> CoverageReport:
+    """`report` (the analysis of `model`, whose nodes coverage labels `names`) as the compiler
+    will see the model: where shapes wait for folding, the analysis of the folded model over
+    every node given (`report` itself otherwise)."""
+    if not shapes_wait_for_folding(report):
+        return report
+    folded = folded_copy(model, names)
+    if folded is None:
+        return report
+    after = analyze_coverage(folded, target, op_target=op_target, suggest=suggest)
+    return _with_folded_nodes(report, after)
+
+
+_UNKNOWN_SHAPE = frozenset({"rank_unknown", "dynamic_shape"})
+
+
+def shapes_wait_for_folding(report: CoverageReport) -> bool:
+    """Whether shapes stay unknown past nodes that compute constants, with static inputs.
+
+    ONNX's data propagation gives up on some shape arithmetic (the product of two gathered
+    dims in `x.view(b, c * h, w)`), leaving every shape after such a Reshape unknown; the
+    quantizer folds those subgraphs before compiling, and would then count other segments
+    than this analysis of the unfolded model."""
+    if report.dynamic_inputs:
+        return False
+    if not any(p.foldable and p.op_type != "Constant" for p in report.placements):
+        return False
+    return any(r.code in _UNKNOWN_SHAPE for b in report.blockers for r in b.reasons)
+
+
+def _with_folded_nodes(before: CoverageReport, after: CoverageReport) -> CoverageReport:
+    """`after` (the folded model's analysis) over every node of the model as given: a node
+    folding removed is a foldable APU node, as `before` reports constant nodes."""
+    placed = {p.name: p for p in after.placements}
+    placements = []
+    for p in before.placements:
+        kept = placed.get(p.name)
+        if kept is None:
+            placements.append(NodePlacement(p.index, p.name, p.op_type, "APU", (), True))
+        else:
+            kept.index = p.index
+            placements.append(kept)
+    return CoverageReport(after.target, placements, after.segments, before.dynamic_inputs)

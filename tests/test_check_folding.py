@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.compile import compile_model
 from surgery.check import check_model
+from surgery.rules.fix import fix_model
 from tests.lower_support import quantize_on
 
 C, H, W = 4, 3, 5
@@ -76,3 +77,10 @@ def test_the_compile_writes_as_many_elf_files_as_check_counts(tmp_path):
     qdq = quantize_on(model, "mlsoc")
     result = compile_model(qdq, tmp_path, target="mlsoc", model_name="computed_view")
     assert len(result.elf_files) == check_model(model, "mlsoc").mla_segments == 2
+
+
+def test_fix_reports_the_segments_check_counts_before_and_after():
+    model = _view_by_computed_shape()
+    result = fix_model(model, "mlsoc")
+    assert result.coverage_before.mla_segments == check_model(model, "mlsoc").mla_segments == 2
+    assert result.coverage_after.mla_segments == check_model(result.model, "mlsoc").mla_segments

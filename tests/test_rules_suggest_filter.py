@@ -16,9 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from surgery import examples
-from surgery.check import check_model, shapes_wait_for_folding
+from surgery.check import check_model
 from surgery.coverage import analyze_coverage
-from surgery.fold import folded_copy
+from surgery.fold import folded_copy, shapes_wait_for_folding
 from surgery.model import open_model
 from surgery.rules.base import RuleContext
 from surgery.rules.registry import all_rules

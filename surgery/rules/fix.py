@@ -17,6 +17,7 @@ import onnx
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError, VerifyError
+from surgery.fold import coverage_as_compiled, shapes_wait_for_folding
 from surgery.model import load_model
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
@@ -163,6 +164,36 @@ def fix_model(
     folding can be the step before a canonical form that is worse by itself too (a Softmax
     NaN guard whose mask only folding made constant).
     """
+    result = _fix(
+        model, target, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
+    )
+    tgt = resolve_target(target)
+    result.coverage_before = _as_compiled(result.coverage_before, model, tgt)
+    result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
+    return result
+
+
+def _as_compiled(report: CoverageReport, model: onnx.ModelProto, target: Target) -> CoverageReport:
+    """The report as `surgery check` gives it: where shapes wait for folding, the coverage of
+    the folded model, which is what a compile of this model would count."""
+    if not shapes_wait_for_folding(report):
+        return report
+    named = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
+    return coverage_as_compiled(named, report, target, [n.name for n in named.graph.node])
+
+
+def _fix(
+    model: onnx.ModelProto,
+    target: str | Target,
+    max_steps: int,
+    allow_approximate: bool,
+    skip: Sequence[str],
+    on_step: StepCallback | None,
+    on_rewrite: Callable[[RewriteResult], None] | None,
+    inputs: Mapping[str, Any] | None,
+    look_ahead: bool | int,
+) -> FixResult:
+    """`fix_model`'s loop, its coverage that of the model as it is (unfolded)."""
     depth = LOOK_AHEAD_DEPTH if look_ahead is True else int(look_ahead)
     options = _FixOptions(allow_approximate, tuple(skip), inputs, depth - 1)
     tgt = resolve_target(target)
