@@ -87,7 +87,7 @@ target was Concat(Gather(Shape(…))) gets a static output, whose Shape then fol
 def fold_shapes_and_constants(model: onnx.ModelProto) -> int:
     """Fold Shapes of static tensors and constant subgraphs, re-inferring shapes after each
     round until nothing more folds (as onnxsim does)."""
-    folded = 0
+    folded = _bypass_weight_identities(model)
     for _ in range(_FOLD_ROUNDS):
         count = _static_shapes_to_initializers(model) + _fold_constant_subgraphs(model)
         if not count:
@@ -96,6 +96,38 @@ def fold_shapes_and_constants(model: onnx.ModelProto) -> int:
         del model.graph.value_info[:]  # stale symbolic dims would shadow the new static ones
         infer_model_shapes(model)
     return folded
+
+
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _bypass_weight_identities(model: onnx.ModelProto) -> int:
+    """Readers of Identity(initializer) read the initializer; the Identities go (those that
+    give a graph output stay). Evaluating them would copy the weight once per Identity: torch
+    exports a weight shared across layers (ALBERT's) through one Identity per use."""
+    g = model.graph
+    if any(a.type in _GRAPH_ATTRIBUTES for n in g.node for a in n.attribute):
+        return 0  # a subgraph may read an Identity's output by name
+    weights = {t.name for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    alias = {
+        node.output[0]: node.input[0]
+        for node in g.node
+        if node.op_type == "Identity"
+        and node.domain in ("", "ai.onnx")
+        and node.input[0] in weights
+        and node.output[0] not in outputs
+    }
+    if not alias:
+        return 0
+    keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for node in keep:
+        for k, name in enumerate(node.input):
+            if name in alias:
+                node.input[k] = alias[name]
+    del g.node[:]
+    g.node.extend(keep)
+    return len(alias)
 
 
 def folded_copy(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto | None:

@@ -105,3 +105,32 @@ def _reshape_chain() -> onnx.ModelProto:
 def test_shapes_that_become_static_after_a_fold_fold_in_the_next_round() -> None:
     prepared = prepare_model(_reshape_chain()).model
     assert [n.op_type for n in prepared.graph.node] == ["Conv", "Reshape", "Reshape", "Conv"]
+
+
+def _shared_weight_through_identities(uses: int = 3) -> onnx.ModelProto:
+    """x through `uses` MatMuls by one weight, each read through an Identity of it."""
+    weight = np.random.default_rng(0).normal(0, 0.1, (16, 16)).astype(np.float32)
+    nodes, current = [], "x"
+    for k in range(uses):
+        nodes += [
+            helper.make_node("Identity", ["shared"], [f"w{k}"]),
+            helper.make_node("MatMul", [current, f"w{k}"], [f"h{k}"]),
+        ]
+        current = f"h{k}"
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 16])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "shared")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_prepare_keeps_one_copy_of_a_weight_shared_through_identities() -> None:
+    """torch exports a weight shared across layers (ALBERT's) through one Identity per use;
+    folding those Identities one by one copied the weight per use (785 MB → 3.2 GB)."""
+    prepared = prepare_model(_shared_weight_through_identities(3))
+    weights = [t for t in prepared.model.graph.initializer if list(t.dims) == [16, 16]]
+    assert len(weights) == 1
+    assert "Identity" not in [n.op_type for n in prepared.model.graph.node]
