@@ -40,6 +40,7 @@ _FOLD_LIMIT_BYTES = 256 * 2**20
 
 
 def constant_node_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The value of a Constant node as a tensor (any of its value attributes), or None."""
     for a in node.attribute:
         if a.name == "value":
             t = onnx.TensorProto()
@@ -57,6 +58,7 @@ def constant_node_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Constant nodes (except those giving a graph output) become initializers; the count."""
     g = model.graph
     outputs = {o.name for o in g.output}
     keep: list[onnx.NodeProto] = []
