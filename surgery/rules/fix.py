@@ -17,7 +17,7 @@ import onnx
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError, VerifyError
-from surgery.fold import coverage_as_compiled, shapes_wait_for_folding
+from surgery.fold import coverage_as_compiled
 from surgery.model import load_model
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
@@ -164,27 +164,28 @@ def fix_model(
     folding can be the step before a canonical form that is worse by itself too (a Softmax
     NaN guard whose mask only folding made constant).
     """
-    result = _fix(
-        model, target, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
-    )
     tgt = resolve_target(target)
-    result.coverage_before = _as_compiled(result.coverage_before, model, tgt)
+    for name in skip:
+        get_rule(name)  # unknown names are an error, not silently ignored
+    start = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
+    result = _fix(
+        start, tgt, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
+    )
+    result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
     return result
 
 
 def _as_compiled(report: CoverageReport, model: onnx.ModelProto, target: Target) -> CoverageReport:
     """The report as `surgery check` gives it: where shapes wait for folding, the coverage of
-    the folded model, which is what a compile of this model would count."""
-    if not shapes_wait_for_folding(report):
-        return report
-    named = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
-    return coverage_as_compiled(named, report, target, [n.name for n in named.graph.node])
+    the folded model, which is what a compile of this model would count. `model`'s nodes
+    carry their coverage labels as names (fix works on such a model throughout)."""
+    return coverage_as_compiled(model, report, target, [n.name for n in model.graph.node])
 
 
 def _fix(
-    model: onnx.ModelProto,
-    target: str | Target,
+    start: onnx.ModelProto,
+    tgt: Target,
     max_steps: int,
     allow_approximate: bool,
     skip: Sequence[str],
@@ -193,18 +194,16 @@ def _fix(
     inputs: Mapping[str, Any] | None,
     look_ahead: bool | int,
 ) -> FixResult:
-    """`fix_model`'s loop, its coverage that of the model as it is (unfolded)."""
+    """`fix_model`'s loop on `start` (loaded, nodes named), its coverage that of the model as
+    it is (unfolded)."""
     depth = LOOK_AHEAD_DEPTH if look_ahead is True else int(look_ahead)
     options = _FixOptions(allow_approximate, tuple(skip), inputs, depth - 1)
-    tgt = resolve_target(target)
-    for name in skip:
-        get_rule(name)  # unknown names are an error, not silently ignored
     rules = [
         cls()
         for cls in all_rules()
         if cls.auto and cls.name not in skip and (allow_approximate or cls.exactness == "exact")
     ]
-    current = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
+    current = start
     ctx = RuleContext.build(current, tgt)
     result = FixResult(current, tgt.name, ctx.coverage, ctx.coverage)
     reference: Reference | None = None  # computed on first use: nothing to run if nothing applies

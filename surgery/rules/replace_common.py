@@ -664,6 +664,23 @@ def add_slice(
     return ed.node("Slice", "slice", [x, *consts], [out])
 
 
+def conv_by_constant_weights(
+    pat: Pattern, node: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(input shape, weight shape) of a 2-D Conv of a float run-time input by constant weights
+    (and a constant bias, if any); None for any other Conv. The reads that rules reshaping a
+    Conv's weights start from."""
+    ins = pat.ins(node)
+    shape, weight = pat.shape(ins[0]), pat.shape(ins[1])
+    if shape is None or weight is None or len(shape) != 4 or len(weight) != 4:
+        return None
+    if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
+        return None
+    if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
+        return None
+    return shape, weight
+
+
 def probe_reshape(ctx: RuleContext, x: TensorSpec, out: TensorSpec) -> Reason | None:
     """Placement of a Reshape of `x` to `out`'s (static) shape, given as a constant."""
     assert out.shape is not None

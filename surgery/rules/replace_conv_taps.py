@@ -22,6 +22,7 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    conv_by_constant_weights,
     net_freed,
     probe_node,
 )
@@ -122,14 +123,11 @@ class ConvDropPaddingTaps(GraphRule):
 
     @staticmethod
     def _trim(pat: Pattern, node: int) -> Trim | None:
-        ins = pat.ins(node)
-        shape, weight, out = pat.shape(ins[0]), pat.shape(ins[1]), pat.shape(pat.outs(node)[0])
-        if shape is None or weight is None or out is None or len(shape) != 4 or len(weight) != 4:
+        read = conv_by_constant_weights(pat, node)
+        out = pat.shape(pat.outs(node)[0])
+        if read is None or out is None:
             return None
-        if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
-            return None
-        if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
-            return None
+        shape, weight = read
         attrs = pat.attrs(node)
         if attrs.get("auto_pad", "NOTSET") != "NOTSET":
             return None

@@ -19,6 +19,7 @@ from surgery.rules.replace_common import (
     GraphRule,
     Pattern,
     TensorSpec,
+    conv_by_constant_weights,
     net_freed,
     probe_node,
     probe_reshape,
@@ -35,14 +36,10 @@ def space_to_depth_weight(weight: np.ndarray) -> np.ndarray:
 def plain_conv(pat: Pattern, node: int) -> tuple[tuple, tuple, list[int]] | None:
     """(input shape, weight shape, strides) of a 2-D Conv of a float run-time input by constant
     weights, one group, no padding or dilation: the Convs a space-to-depth move can take."""
-    ins = pat.ins(node)
-    shape, weight = pat.shape(ins[0]), pat.shape(ins[1])
-    if shape is None or weight is None or len(shape) != 4 or len(weight) != 4:
+    read = conv_by_constant_weights(pat, node)
+    if read is None:
         return None
-    if not pat.is_float(ins[0]) or pat.is_const(ins[0]) or not pat.is_const(ins[1]):
-        return None
-    if len(ins) > 2 and ins[2] and not pat.is_const(ins[2]):
-        return None
+    shape, weight = read
     attrs = pat.attrs(node)
     if int(attrs.get("group", 1)) != 1 or any(attrs.get("pads", [0] * 4)):
         return None
