@@ -16,6 +16,7 @@ MODULES = (
     "replace_activation",
     "replace_arith",
     "replace_branches",
+    "replace_broadcast_concat",
     "replace_conv_taps",
     "replace_conv",
     "replace_einsum",

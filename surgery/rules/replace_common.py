@@ -751,5 +751,10 @@ def close(value: float, target: float, tol: float = 1e-4) -> bool:
     return abs(value - target) <= tol * max(1.0, abs(target))
 
 
+def with_axis(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
+    """`shape` with axis `axis` resized to `size`."""
+    return tuple(size if k == axis else d for k, d in enumerate(shape))
+
+
 def fmt_shape(shape: Sequence[int] | None) -> str:
     return "?" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"

@@ -37,6 +37,7 @@ from surgery.rules.replace_common import (
     probe_reshape,
     probe_slice,
     probe_zero_pad,
+    with_axis,
 )
 from surgery.rules.replace_pool import pad_mode_and_amounts
 from surgery.targets import Reason
@@ -60,10 +61,6 @@ def _border(mode: str, size: int, before: int, after: int) -> tuple[list[int], l
     if mode == "reflect":
         return list(range(before, 0, -1)), [size - 2 - k for k in range(after)]
     return [0] * before, [size - 1] * after
-
-
-def _with(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
-    return tuple(size if k == axis else d for k, d in enumerate(shape))
 
 
 @register
@@ -150,10 +147,10 @@ class PadToSlices(GraphRule):
         for axis, before, after in steps:
             view, on = axis_view(current, axis)
             view = tuple(view)
-            padded = _with(current, axis, current[axis] + len(before) + len(after))
-            padded_view = _with(view, on, view[on] + len(before) + len(after))
+            padded = with_axis(current, axis, current[axis] + len(before) + len(after))
+            padded_view = with_axis(view, on, view[on] + len(before) + len(after))
             source = TensorSpec(view, elem_type)
-            line = TensorSpec(_with(view, on, 1), elem_type)
+            line = TensorSpec(with_axis(view, on, 1), elem_type)
             if axis < 2:
                 probes.append(probe_reshape(ctx, TensorSpec(current, elem_type), source))
                 probes.append(
@@ -185,15 +182,20 @@ class PadToSlices(GraphRule):
                 source = ed.op("Reshape", f"{pad.name}_view", [current, target], view, x.dtype)
             lines: dict[int, gs.Variable] = {}
             for index in sorted({*before, *after}):
-                lines[index] = ed.var(f"{pad.name}_line", x.dtype, _with(view, on, 1))
+                lines[index] = ed.var(f"{pad.name}_line", x.dtype, with_axis(view, on, 1))
                 add_slice(ed, source, lines[index], [index], [index + 1], [on])
             size = shape[axis] + len(before) + len(after)
-            shape = list(_with(shape, axis, size))
+            shape = list(with_axis(shape, axis, size))
             out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
             parts = [lines[i] for i in before] + [source] + [lines[i] for i in after]
             if axis < 2:
                 joined = ed.op(
-                    "Concat", f"{pad.name}_concat", parts, _with(view, on, size), x.dtype, axis=on
+                    "Concat",
+                    f"{pad.name}_concat",
+                    parts,
+                    with_axis(view, on, size),
+                    x.dtype,
+                    axis=on,
                 )
                 back = ed.const(f"{pad.name}_shape", np.array(shape, np.int64))
                 ed.node("Reshape", f"{pad.name}_unview", [joined, back], [out])
@@ -257,8 +259,10 @@ class PadToConcat(GraphRule):
                 parts = [TensorSpec(current, elem_type)]
                 for count in (before, after):
                     if count:
-                        parts.append(TensorSpec(_with(current, axis, count), elem_type, None, True))
-                padded = _with(current, axis, current[axis] + before + after)
+                        parts.append(
+                            TensorSpec(with_axis(current, axis, count), elem_type, None, True)
+                        )
+                padded = with_axis(current, axis, current[axis] + before + after)
                 probes.append(
                     probe_node(
                         ctx, "Concat", parts, [TensorSpec(padded, elem_type)], {"axis": axis}
@@ -292,7 +296,7 @@ class PadToConcat(GraphRule):
             blocks = {
                 side: ed.const(
                     f"{pad.name}_{side}",
-                    np.full(_with(shape, axis, count), match.data["value"], dtype),
+                    np.full(with_axis(shape, axis, count), match.data["value"], dtype),
                 )
                 for side, count in (("before", before), ("after", after))
                 if count
@@ -300,7 +304,7 @@ class PadToConcat(GraphRule):
             parts = [
                 t for t in (blocks.get("before"), current, blocks.get("after")) if t is not None
             ]
-            shape = list(_with(shape, axis, shape[axis] + before + after))
+            shape = list(with_axis(shape, axis, shape[axis] + before + after))
             out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
             ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
             current = out
@@ -480,7 +484,7 @@ class ExpandToConcat(GraphRule):
             probes: list[Reason | None] = []
             current = shape
             for axis, k in copies:
-                copied = _with(current, axis, k)
+                copied = with_axis(current, axis, k)
                 source = TensorSpec(current, elem_type)
                 probes.append(
                     probe_node(
@@ -528,7 +532,7 @@ class ExpandToConcat(GraphRule):
         copies, shape = match.data["copies"], match.data["shape"]
         current = x
         for n, (axis, k) in enumerate(copies):
-            shape = list(_with(shape, axis, k))
+            shape = list(with_axis(shape, axis, k))
             last = n == len(copies) - 1
             out = y if last else ed.var(f"{expand.name}_axis{axis}", x.dtype, shape)
             ed.node("Concat", f"{expand.name}_concat", [current] * k, [out], axis=axis)
@@ -645,7 +649,7 @@ class RepeatToConcat(GraphRule):
                 source = staged_spec
             axis = repeat.concat_axis()
             assert source.shape is not None
-            joined = TensorSpec(_with(source.shape, axis, repeat.copies), elem_type)
+            joined = TensorSpec(with_axis(source.shape, axis, repeat.copies), elem_type)
             probes.append(
                 probe_node(ctx, "Concat", [source] * repeat.copies, [joined], {"axis": axis})
             )
@@ -744,7 +748,7 @@ class RepeatToConcat(GraphRule):
         source = ed.op(
             "Reshape", "repeat_stage", [x, ed.const("shape", _int64(staged))], staged, x.dtype
         )
-        joined_shape = list(_with(staged, repeat.concat_axis(), repeat.copies))
+        joined_shape = list(with_axis(staged, repeat.concat_axis(), repeat.copies))
         joined = ed.op(
             "Concat",
             "repeat",

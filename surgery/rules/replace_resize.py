@@ -23,6 +23,7 @@ from surgery.rules.replace_common import (
     model_opset,
     opset_upgrade_error,
     probe_node,
+    with_axis,
 )
 from surgery.targets import Reason
 
@@ -322,8 +323,8 @@ class _Planner:
                     shape, axis, start, count, step
                 ):
                     return False
-                parts.append(TensorSpec(_with_axis(shape, axis, count)))
-            result = _with_axis(shape, axis, out)
+                parts.append(TensorSpec(with_axis(shape, axis, count)))
+            result = with_axis(shape, axis, out)
             if len(parts) > 1 and (
                 probe_node(self.ctx, "Concat", parts, [TensorSpec(result)], {"axis": axis})
                 is not None
@@ -335,12 +336,8 @@ class _Planner:
     def slice_ok_1d(self, shape: tuple, axis: int, start: int, count: int, step: int) -> bool:
         end = start + (count - 1) * step + 1
         specs = [TensorSpec.const(np.array([v], np.int64)) for v in (start, end, axis, step)]
-        out = TensorSpec(_with_axis(shape, axis, count))
+        out = TensorSpec(with_axis(shape, axis, count))
         return probe_node(self.ctx, "Slice", [TensorSpec(shape), *specs], [out]) is None
-
-
-def _with_axis(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
-    return tuple(size if k == axis else d for k, d in enumerate(shape))
 
 
 @register
@@ -557,7 +554,7 @@ def _build_gather(
     for axis, pieces in zip((2, 3), axes, strict=True):
         if [tuple(p) for p in pieces] == [(0, shape[axis], 1)]:
             continue
-        shape = list(_with_axis(shape, axis, sum(p[1] for p in pieces)))
+        shape = list(with_axis(shape, axis, sum(p[1] for p in pieces)))
         stages.append(("axis", list(shape), axis, pieces))
     current = x
     for k, stage in enumerate(stages):
@@ -587,7 +584,7 @@ def _build_axis_gather(
             out = (
                 y
                 if len(pieces) == 1
-                else ed.var("resize_rows", x.dtype, _with_axis(x.shape, axis, count))
+                else ed.var("resize_rows", x.dtype, with_axis(x.shape, axis, count))
             )
             end = start + (count - 1) * step + 1
             consts = [
