@@ -140,7 +140,8 @@ class MovingAverageMinMaxObserver(Observer):
 _MIN_BIN_WIDTH = 1e-36
 """Narrower bins would round to 0 in float32, where `_add` bins (a tensor of denormals, e.g.
 an untrained model's near-zero activations); such a range quantizes as all zeros anyway
-(`compiler.quantize.qparams.activation_qparams` takes scales below 1e-30 as zero)."""
+(`compiler.quantize.qparams.activation_qparams` takes scales below 1e-30 as zero and floors
+the others at `MIN_ACTIVATION_RANGE`)."""
 
 
 @dataclass

@@ -30,6 +30,13 @@ __all__ = [
 ]
 
 INT32_MAX = 2**31 - 1
+MIN_ACTIVATION_RANGE = 2.0**-15
+"""The narrowest calibrated range an activation is quantized over. At int8 its scale is
+2**-15 / 255 ≈ float32's eps, the floor torch.ao.quantization's observers put on every scale.
+
+A range of ~1e-25 (the LayerNorm of a constant row: rounding noise, normalised) would get a
+scale that no 31-bit requantization multiplier reaches from its inputs' scales, and the op would
+leave the MLA. Values that small quantize to 0 at the floor, within 2**-16 of their true value."""
 _BIAS_HEADROOM = 0.5
 """Quantized biases stay below half the int32 range, leaving room for the accumulation."""
 
@@ -83,6 +90,7 @@ def activation_qparams(rng: Range, scheme: QuantizationScheme) -> ActivationQPar
     scale = (hi - lo) / (qmax - qmin) if scheme.asymmetric else max(-lo, hi) / qmax
     if not math.isfinite(scale) or scale <= 1e-30:
         return ActivationQParams(1.0, 0, scheme, Range(lo, hi))
+    scale = max(scale, MIN_ACTIVATION_RANGE / (qmax - qmin))
     if scheme.power_of_two:
         scale = _pow2(scale)
     scale = float(_finite_steps(np.float32(scale), qmax - qmin, scheme.power_of_two))
