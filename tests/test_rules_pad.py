@@ -162,6 +162,17 @@ def test_a_zero_pad_of_the_channel_axis_becomes_a_concat() -> None:
     assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
 
 
+def test_a_zero_pad_of_the_batch_axis_is_concatenated_on_a_view() -> None:
+    """Funnel Transformer's decoder pads its tokens, which a lift has put on the batch axis:
+    the MLA concatenates along H of the view [1, 1, n, C·H·W] instead."""
+    model = _conv_pad_conv("constant", [0, 0, 0, 0, 2, 0, 0, 0], 0.0)
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    step = apply_rule(model, "pad-to-concat", "mlsoc")
+    assert step.verification.passed and step.verification.worst_max_abs == 0.0
+    assert _ops(step.model) == ["Conv", "Reshape", "Concat", "Reshape", "Conv"]
+    assert step.coverage_after.mla_segments == 1 and not step.coverage_after.blockers
+
+
 def test_pad_to_concat_leaves_cropping_and_supported_pads() -> None:
     with pytest.raises(RuleNotApplicableError):  # zeros on H/W: the MLA pads these itself
         apply_rule(_conv_pad_conv("constant", ASYMMETRIC_PADS["HW"], 0.0), "pad-to-concat")

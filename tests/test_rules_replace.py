@@ -267,6 +267,25 @@ def test_gather_to_slice_scalar_and_negative_index_keep_rank_semantics():
     _exact(result)
 
 
+def test_a_scalar_pick_of_a_unit_axis_is_one_reshape_absorbing_its_reader():
+    """Funnel Transformer's x[:, 0] of a [1, 1, 64, 16] map then viewed as [64, 16, 1, 1] by
+    a lift: one 4-D Reshape, which frees both the Gather and the rank-3 Reshape after it."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Gather", ["r", "idx"], ["picked"], name="gather", axis=1),
+        helper.make_node("Reshape", ["picked", "to4d"], ["v"], name="to4d"),
+        helper.make_node("Relu", ["v"], ["y"], name="after"),
+    ]
+    inits = {"idx": np.array(0, np.int64), "to4d": np.array([64, 16, 1, 1], np.int64)}
+    model = _model(nodes, {"x": [1, 1, 64, 16]}, {"y": None}, inits)
+    (match,) = find_matches(model, "gather-to-slice")
+    assert sorted(match.blockers) == ["gather", "to4d"]
+    result = apply_rule(model, "gather-to-slice")
+    assert _ops(result.model) == ["Relu", "Reshape", "Relu"]
+    assert result.coverage_after.mla_segments == 1 and not result.coverage_after.blockers
+    _exact(result)
+
+
 def test_gather_to_slice_skips_non_contiguous_and_computed_indices():
     assert find_matches(_gather(np.array([0, 2], np.int64)), "gather-to-slice") == []
     assert find_matches(_gather(np.array([[0, 1]], np.int64)), "gather-to-slice") == []

@@ -224,9 +224,12 @@ class PadToConcat(GraphRule):
     LiteMLA (EfficientViT) appends a row of ones to its values with `F.pad(v, (0, 1),
     value=1)` so one MatMul also yields the attention normaliser; the MLA pads with zeros
     only. A Concat with a constant operand is data movement: the result is the Pad's,
-    bit for bit. Applied when the pads are constant and non-negative (a negative pad crops)
-    and the input's shape is static; only Pads the target keeps off its MLA are matched, and a
-    match frees the Pad only when every Concat runs there.
+    bit for bit. Along an axis the MLA does not concatenate (the batch axis; any axis of a
+    tensor that is not 4-D) the Concat runs on the 4-D view [1, outer, n, inner] between two
+    Reshapes: Funnel Transformer's decoder zero-pads its tokens, which a transformer lift has
+    put on the batch axis. Applied when the pads are constant and non-negative (a negative pad
+    crops) and the input's shape is static; only Pads the target keeps off its MLA are
+    matched, and a match frees the Pad only when every Concat runs there.
     """
 
     name = "pad-to-concat"
@@ -254,21 +257,14 @@ class PadToConcat(GraphRule):
             steps = [(a, pads[a], pads[a + rank]) for a in range(rank) if pads[a] or pads[a + rank]]
             elem_type = pat.elem_type(x)
             probes: list[Reason | None] = []
+            views: list[bool] = []
             current = shape
             for axis, before, after in steps:
-                parts = [TensorSpec(current, elem_type)]
-                for count in (before, after):
-                    if count:
-                        parts.append(
-                            TensorSpec(with_axis(current, axis, count), elem_type, None, True)
-                        )
-                padded = with_axis(current, axis, current[axis] + before + after)
-                probes.append(
-                    probe_node(
-                        ctx, "Concat", parts, [TensorSpec(padded, elem_type)], {"axis": axis}
-                    )
-                )
-                current = padded
+                direct = _concat_probes(ctx, current, axis, before, after, elem_type)
+                viewed = _concat_probes(ctx, current, axis, before, after, elem_type, view=True)
+                views.append(not all_on_mla(direct) and viewed is not None)
+                probes.extend(viewed if views[-1] else direct)  # type: ignore[arg-type]
+                current = with_axis(current, axis, current[axis] + before + after)
             names = [pat.name(node)]
             sides = ", ".join(f"axis {a}: {b}+{e}" for a, b, e in steps)
             found.append(
@@ -279,6 +275,7 @@ class PadToConcat(GraphRule):
                     net_freed(ctx, names, probes),
                     shape=list(shape),
                     steps=[[a, b, e] for a, b, e in steps],
+                    views=views,
                     value=value,
                 )
             )
@@ -292,23 +289,77 @@ class PadToConcat(GraphRule):
         steps, shape = match.data["steps"], list(match.data["shape"])
         dtype = x.dtype or np.float32
         current = x
-        for k, (axis, before, after) in enumerate(steps):
+        for k, ((axis, before, after), viewed) in enumerate(
+            zip(steps, match.data["views"], strict=True)
+        ):
+            padded = list(with_axis(shape, axis, shape[axis] + before + after))
+            out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, padded)
+            view, on = axis_view(shape, axis) if viewed else (shape, axis)
+            source = current
+            if viewed:
+                target = ed.const(f"{pad.name}_view", np.array(view, np.int64))
+                source = ed.op("Reshape", f"{pad.name}_view", [current, target], view, x.dtype)
             blocks = {
                 side: ed.const(
                     f"{pad.name}_{side}",
-                    np.full(with_axis(shape, axis, count), match.data["value"], dtype),
+                    np.full(with_axis(view, on, count), match.data["value"], dtype),
                 )
                 for side, count in (("before", before), ("after", after))
                 if count
             }
             parts = [
-                t for t in (blocks.get("before"), current, blocks.get("after")) if t is not None
+                t for t in (blocks.get("before"), source, blocks.get("after")) if t is not None
             ]
-            shape = list(with_axis(shape, axis, shape[axis] + before + after))
-            out = y if k == len(steps) - 1 else ed.var(f"{pad.name}_axis{axis}", x.dtype, shape)
-            ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
+            if viewed:
+                joined_shape = with_axis(view, on, view[on] + before + after)
+                joined = ed.op(
+                    "Concat", f"{pad.name}_concat", parts, joined_shape, x.dtype, axis=on
+                )
+                back = ed.const(f"{pad.name}_shape", np.array(padded, np.int64))
+                ed.node("Reshape", f"{pad.name}_unview", [joined, back], [out])
+            else:
+                ed.node("Concat", f"{pad.name}_concat", parts, [out], axis=axis)
+            shape = padded
             current = out
         return True
+
+
+def _concat_probes(
+    ctx: RuleContext,
+    shape: Sequence[int],
+    axis: int,
+    before: int,
+    after: int,
+    elem_type: int,
+    *,
+    view: bool = False,
+) -> list[Reason | None] | None:
+    """Placement of a Concat padding `axis` of `shape` with constant blocks — on the tensor, or
+    (`view`) on its 4-D view [1, outer, n, inner] between two Reshapes, for an axis the MLA does
+    not concatenate along (the batch axis, or any axis of a tensor that is not 4-D). None when
+    the view is the tensor itself."""
+    on_view, on = axis_view(shape, axis) if view else (list(shape), axis)
+    if view and on_view == list(shape):
+        return None
+    padded_view = with_axis(on_view, on, on_view[on] + before + after)
+    parts = [TensorSpec(tuple(on_view), elem_type)]
+    parts += [
+        TensorSpec(with_axis(on_view, on, count), elem_type, None, True)
+        for count in (before, after)
+        if count
+    ]
+    probes = [probe_node(ctx, "Concat", parts, [TensorSpec(padded_view, elem_type)], {"axis": on})]
+    if view:
+        padded = with_axis(shape, axis, shape[axis] + before + after)
+        probes.append(
+            probe_reshape(
+                ctx, TensorSpec(tuple(shape), elem_type), TensorSpec(tuple(on_view), elem_type)
+            )
+        )
+        probes.append(
+            probe_reshape(ctx, TensorSpec(padded_view, elem_type), TensorSpec(padded, elem_type))
+        )
+    return probes
 
 
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"})

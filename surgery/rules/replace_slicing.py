@@ -30,6 +30,7 @@ from surgery.rules.replace_common import (
     probe_node,
     probe_reshape,
     probe_slice,
+    reshaped_by_reader,
 )
 from surgery.targets import Reason
 
@@ -131,19 +132,32 @@ class GatherToSlice(GraphRule):
                 continue
             data, out = pat.ins(node)[0], pat.outs(node)[0]
             axis, start, end, scalar = plan
+            # A scalar pick is a view of its window: the only Reshape reading it is absorbed.
+            target, absorbed = reshaped_by_reader(pat, out) if scalar else (out, [])
+            unit = pat.shape(data) is not None and pat.shape(data)[axis] == 1  # type: ignore[index]
             sliced = self._sliced_shape(pat, data, axis, end - start)
-            main = [probe_slice(ctx, pat.spec(data), TensorSpec(sliced), [start], [end], [axis])]
-            helpers = [self._squeeze_probe(ctx, pat, sliced, out)] if scalar else []
+            view = [self._squeeze_probe(ctx, pat, sliced, target)] if scalar else []
+            if unit and scalar:  # the window is the whole tensor: the Reshape is all there is
+                main, helpers = view, []
+            else:
+                main = [
+                    probe_slice(ctx, pat.spec(data), TensorSpec(sliced), [start], [end], [axis])
+                ]
+                helpers = view
+            removed = [pat.name(node), *absorbed]
             found.append(
                 self.match(
-                    [pat.name(node)],
-                    f"{pat.op(node)} {pat.name(node)} takes [{start}:{end}) of axis {axis} → Slice"
-                    + (" + Reshape" if scalar else ""),
-                    net_freed(ctx, [pat.name(node)], main, helpers),
+                    removed,
+                    f"{pat.op(node)} {pat.name(node)} takes [{start}:{end}) of axis {axis} → "
+                    + (
+                        "Reshape" if unit and scalar else "Slice" + (" + Reshape" if scalar else "")
+                    ),
+                    net_freed(ctx, removed, main, helpers),
                     axis=axis,
                     start=start,
                     end=end,
                     scalar=scalar,
+                    unit=unit,
                 )
             )
         return found
@@ -215,13 +229,18 @@ class GatherToSlice(GraphRule):
         gather = ed.node_named(match.nodes[0])
         assert gather is not None
         data, out = gather.inputs[0], gather.outputs[0]
-        ed.detach(gather)
+        readers = [r for r in (ed.node_named(n) for n in match.nodes[1:]) if r is not None]
+        if readers:  # the absorbed Reshape's output is written directly
+            out = readers[-1].outputs[0]
+        ed.detach(gather, *readers)
         d = match.data
         if not d["scalar"]:
             add_slice(ed, data, out, [d["start"]], [d["end"]], [d["axis"]])
             return True
-        window = ed.var("gather_window", data.dtype)
-        add_slice(ed, data, window, [d["start"]], [d["end"]], [d["axis"]])
+        window = data
+        if not d.get("unit"):
+            window = ed.var("gather_window", data.dtype)
+            add_slice(ed, data, window, [d["start"]], [d["end"]], [d["axis"]])
         shape = out.shape
         if shape is not None and all(isinstance(s, int) for s in shape):
             target = ed.const("gather_shape", np.array(shape, np.int64))
