@@ -10,8 +10,9 @@ from contextlib import contextmanager
 import onnx
 
 import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
-from surgery.coverage import CoverageReport, analyze_coverage, attach_suggestions
-from surgery.fold import coverage_as_compiled
+from surgery.coverage import CoverageReport, analyze_coverage, constant_tensors
+from surgery.fold import folded_coverage, waits_for_folding
+from surgery.graph import GraphView
 from surgery.model import open_model
 from surgery.qdq import float_view, is_qdq, quantized_for
 from surgery.targets import Target, resolve_target
@@ -46,21 +47,38 @@ def _analyse(
     op_target: Mapping[str, str] | None,
     suggest: bool,
 ) -> CoverageReport:
-    """Open and analyse the model. A function of its own so the model and its GraphView are
-    freed when it returns, before the collector resumes: the collection that follows then
-    only walks the report, not every object of the analysis."""
+    """Open and analyse the model as the compiler will see it (`coverage_as_compiled`). A
+    function of its own so the model and its GraphView are freed when it returns, before the
+    collector resumes: the collection that follows then only walks the report, not every
+    object of the analysis.
+
+    Where shapes wait for folding, only the folded model is analysed, folded in place: the
+    model is check's own copy. If nothing folds after all, the fold has changed the model,
+    and it is opened again for the analysis as given."""
+    loaded, view, tgt = _open(model, target, input_shapes)
+    constants = constant_tensors(view)
+    if waits_for_folding(loaded, view, tgt, constants, op_target):
+        folded = folded_coverage(loaded, view, tgt, op_target=op_target, suggest=suggest)
+        if folded is not None:
+            return folded
+        loaded, view, tgt = _open(model, target, input_shapes)
+        constants = constant_tensors(view)
+    return analyze_coverage(
+        loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=constants
+    )
+
+
+def _open(
+    model: str | os.PathLike | onnx.ModelProto,
+    target: Target | None,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+) -> tuple[onnx.ModelProto, GraphView, Target]:
+    """The model to analyse (a copy: check's own), its view and the target."""
     loaded, view = open_model(model, input_shapes)
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)
         loaded, view = open_model(float_view(loaded))
-    target = target or resolve_target(DEFAULT_TARGET)
-    report = analyze_coverage(loaded, target, op_target=op_target, view=view, suggest=False)
-    compiled = coverage_as_compiled(
-        loaded, report, target, view.names, op_target=op_target, suggest=suggest
-    )
-    if compiled is report and suggest:
-        attach_suggestions(loaded, target, report, view)
-    return compiled
+    return loaded, view, target or resolve_target(DEFAULT_TARGET)
 
 
 @contextmanager

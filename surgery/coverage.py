@@ -340,86 +340,112 @@ def analyze_coverage(
     op_target: Mapping[str, str] | None = None,
     suggest: bool = True,
     view: GraphView | None = None,
+    constants: tuple[set[str], list[bool]] | None = None,
 ) -> CoverageReport:
     """Assign every top-level node to MLA/CVU/APU with reasons, then segment the MLA nodes.
 
     `op_target` pins nodes (by name or op type) to a processor, as RKNN's option does; pins
-    stored in the model's metadata (`surgery.op_target`) are honoured too.
+    stored in the model's metadata (`surgery.op_target`) are honoured too. `constants` is
+    `constant_tensors(view)` when the caller has already computed it.
     """
     tgt = resolve_target(target)
     view = view or GraphView(model)
     order = topo_order(view)
-    constants, foldable = constant_tensors(view, order)
-    pins = _pinned_placements(model, op_target)
-    frozen_constants = frozenset(constants)
-    placements: list[NodePlacement] = []
-    names, op_types, domains = view.names, view.op_types, view.domains
-    for idx in range(len(view.nodes)):
-        name, op_type, domain = names[idx], op_types[idx], domains[idx]
-        if foldable[idx]:
-            placements.append(NodePlacement(idx, name, op_type, "APU", (), True))
-            continue
+    known, foldable = constants if constants is not None else constant_tensors(view, order)
+    frozen_constants = frozenset(known)
+    place = NodePlacer(model, tgt, view, frozen_constants, op_target)
+    placements = [
+        NodePlacement(idx, name, op_type, "APU", (), True) if folds else place(idx)
+        for idx, (name, op_type, folds) in enumerate(
+            zip(view.names, view.op_types, foldable, strict=True)
+        )
+    ]
+    segments = _segment(view, placements, frozen_constants, order)
+    report = CoverageReport(tgt.name, placements, segments, dynamic_inputs(view))
+    if suggest and SUGGESTERS and report.blockers:
+        _attach_suggestions(model, tgt, report, view, frozen_constants)
+    return report
+
+
+def dynamic_inputs(view: GraphView) -> dict[str, list | None]:
+    """Graph inputs whose shape is not static: their shape (None when the rank is unknown)."""
+    return {
+        t.name: list(t.shape) if t.shape is not None else None
+        for t in map(view.tensor, view.graph_inputs)
+        if not t.is_static
+    }
+
+
+class NodePlacer:
+    """Places one non-foldable node: `analyze_coverage` places every node with it, and a
+    caller that needs the placement of only a few nodes (fold's "do shapes wait for
+    folding?") gets exactly the same answer for them without placing the rest."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        target: Target,
+        view: GraphView,
+        constants: frozenset[str],
+        op_target: Mapping[str, str] | None,
+    ) -> None:
+        self.target = target
+        self.view = view
+        self.constants = constants
+        self.pins = _pinned_placements(model, op_target)
+
+    def __call__(self, idx: int) -> NodePlacement:
+        view = self.view
+        name, op_type, domain = view.names[idx], view.op_types[idx], view.domains[idx]
         counted = node_macs_or_unknown(view, idx)
-        macs = counted or 0
+        pins = self.pins
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
         if not placeable_domain(domain, op_type):
             reason = Reason(
                 "custom_op",
                 f"{op_type} is a custom op (domain {domain!r}); it runs on the APU",
             )
-            decision_proc, reasons, precisions = "APU", [reason], ()
+            processor, reasons, precisions = "APU", [reason], ()
         else:
-            decision = tgt.decide(
+            decision = self.target.decide(
                 op_type,
-                NodeContext(view, idx, frozen_constants),
+                NodeContext(view, idx, self.constants),
                 known_op=_is_standard_op(op_type, ""),
             )
-            decision_proc, reasons, precisions = (
+            # The decision is this node's own: its reasons list is not copied.
+            processor, reasons, precisions = (
                 decision.processor,
-                list(decision.reasons),
+                decision.reasons,
                 tuple(decision.precisions),
             )
-        if pin in PROCESSORS and pin != decision_proc:
-            if pin == "MLA":
-                reasons.append(
-                    Reason(
-                        "pinned",
-                        f"pinned to the MLA by op_target, but: {reasons[0].message if reasons else 'not allowed'}",
-                    )
-                )
-            else:
-                reasons = [
-                    Reason(
-                        "pinned",
-                        f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})",
-                        "MLA",
-                    )
-                ]
-                decision_proc = pin
-        placements.append(
-            NodePlacement(
-                idx,
-                name,
-                op_type,
-                decision_proc,
-                tuple(reasons),
-                False,
-                pin is not None,
-                macs,
-                precisions,
-                macs_unknown=counted is None,
-            )
+        if pin in PROCESSORS and pin != processor:
+            processor, reasons = _apply_pin(pin, processor, reasons)
+        return NodePlacement(
+            idx,
+            name,
+            op_type,
+            processor,
+            tuple(reasons),
+            False,
+            pin is not None,
+            counted or 0,
+            precisions,
+            macs_unknown=counted is None,
         )
-    segments = _segment(view, placements, frozen_constants, order)
-    dynamic = {
-        t.name: list(t.shape) if t.shape is not None else None
-        for t in (view.tensor(n) for n in view.graph_inputs)
-        if not t.is_static
-    }
-    report = CoverageReport(tgt.name, placements, segments, dynamic)
-    if suggest and SUGGESTERS and report.blockers:
-        _attach_suggestions(model, tgt, report, view, frozen_constants)
-    return report
+
+
+def _apply_pin(pin: str, processor: str, reasons: list[Reason]) -> tuple[str, list[Reason]]:
+    """The processor and reasons of a node pinned to `pin` where the table chose `processor`:
+    a pin to the MLA cannot override the table (it adds why); other pins move the node."""
+    if pin == "MLA":
+        why = reasons[0].message if reasons else "not allowed"
+        return processor, [
+            *reasons,
+            Reason("pinned", f"pinned to the MLA by op_target, but: {why}"),
+        ]
+    return pin, [
+        Reason("pinned", f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})", "MLA")
+    ]
 
 
 def attach_suggestions(

@@ -19,9 +19,12 @@ from surgery.coverage import (
     NON_FOLDABLE_OPS,
     CoverageReport,
     NodePlacement,
+    NodePlacer,
     analyze_coverage,
+    dynamic_inputs,
 )
 from surgery.errors import SurgeryError
+from surgery.graph import GraphView
 from surgery.model import infer_model_shapes
 from surgery.targets import Target
 from surgery.verify import quiet_session_options
@@ -31,8 +34,11 @@ __all__ = [
     "constants_to_initializers",
     "coverage_as_compiled",
     "fold_shapes_and_constants",
+    "fold_in_place",
     "folded_copy",
+    "folded_coverage",
     "shapes_wait_for_folding",
+    "waits_for_folding",
 ]
 
 _FOLD_LIMIT_BYTES = 256 * 2**20
@@ -41,11 +47,20 @@ _FOLD_LIMIT_BYTES = 256 * 2**20
 
 def constant_node_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The value of a Constant node as a tensor (any of its value attributes), or None."""
+    value = _constant_value(node)
+    if value is None:
+        return None
+    copy = onnx.TensorProto()
+    copy.CopyFrom(value)
+    return copy
+
+
+def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """`constant_node_tensor` without copying a `value` attribute's tensor (the node's own
+    tensor then: not to be changed)."""
     for a in node.attribute:
         if a.name == "value":
-            t = onnx.TensorProto()
-            t.CopyFrom(a.t)
-            return t
+            return a.t
         if a.name == "value_float":
             return numpy_helper.from_array(np.array(a.f, dtype=np.float32))
         if a.name == "value_floats":
@@ -58,27 +73,52 @@ def constant_node_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
-    """Constant nodes (except those giving a graph output) become initializers; the count."""
+    """Constant nodes (except those giving a graph output) become initializers; the count.
+
+    The tensors are appended in one `extend` (one copy each) and named there: copying each
+    into a new TensorProto first, then appending it, copied every weight twice."""
     g = model.graph
     outputs = {o.name for o in g.output}
-    keep: list[onnx.NodeProto] = []
-    moved = 0
-    for node in g.node:
-        tensor = (
-            constant_node_tensor(node)
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-            else None
-        )
-        if tensor is None or node.output[0] in outputs:
-            keep.append(node)
+    moved: list[int] = []
+    tensors: list[onnx.TensorProto] = []
+    names: list[str] = []
+    for idx, node in enumerate(g.node):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
             continue
-        tensor.name = node.output[0]
-        g.initializer.append(tensor)
-        moved += 1
+        tensor = _constant_value(node)
+        if tensor is None or node.output[0] in outputs:
+            continue
+        moved.append(idx)
+        tensors.append(tensor)
+        names.append(node.output[0])
     if moved:
-        del g.node[:]
-        g.node.extend(keep)
-    return moved
+        start = len(g.initializer)
+        g.initializer.extend(tensors)
+        for tensor, name in zip(g.initializer[start:], names, strict=True):
+            tensor.name = name
+        _remove_nodes(g, moved)
+    return len(moved)
+
+
+_REMOVE_ONE_BY_ONE = 1 << 22
+"""Up to this many (removed × graph nodes), `_remove_nodes` removes nodes one at a time."""
+
+
+def _remove_nodes(g: onnx.GraphProto, indices: list[int]) -> None:
+    """Remove the nodes at `indices` (ascending) from `g`, keeping the others in order.
+
+    One at a time from the end, each removal moves pointers only, where rebuilding the list
+    copies every kept node (the protobuf runtime copies a message it appends); on very large
+    graphs the pointer moves add up quadratically, and the list is rebuilt instead."""
+    nodes = g.node
+    if len(indices) * len(nodes) <= _REMOVE_ONE_BY_ONE:
+        for idx in reversed(indices):
+            del nodes[idx]
+        return
+    drop = set(indices)
+    keep = [n for i, n in enumerate(nodes) if i not in drop]
+    del nodes[:]
+    nodes.extend(keep)
 
 
 _FOLD_ROUNDS = 8
@@ -108,27 +148,27 @@ def _bypass_weight_identities(model: onnx.ModelProto) -> int:
     give a graph output stay). Evaluating them would copy the weight once per Identity: torch
     exports a weight shared across layers (ALBERT's) through one Identity per use."""
     g = model.graph
-    if any(a.type in _GRAPH_ATTRIBUTES for n in g.node for a in n.attribute):
-        return 0  # a subgraph may read an Identity's output by name
     weights = {t.name for t in g.initializer}
     outputs = {o.name for o in g.output}
-    alias = {
-        node.output[0]: node.input[0]
-        for node in g.node
+    identities = [
+        idx
+        for idx, node in enumerate(g.node)
         if node.op_type == "Identity"
         and node.domain in ("", "ai.onnx")
         and node.input[0] in weights
         and node.output[0] not in outputs
-    }
-    if not alias:
-        return 0
-    keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in alias)]
-    for node in keep:
+    ]
+    # Only then the scan of every attribute (most models have no such Identity).
+    if not identities or any(a.type in _GRAPH_ATTRIBUTES for n in g.node for a in n.attribute):
+        return 0  # a subgraph may read an Identity's output by name
+    alias = {g.node[idx].output[0]: g.node[idx].input[0] for idx in identities}
+    _remove_nodes(
+        g, [idx for idx, n in enumerate(g.node) if n.op_type == "Identity" and n.output[0] in alias]
+    )
+    for node in g.node:
         for k, name in enumerate(node.input):
             if name in alias:
                 node.input[k] = alias[name]
-    del g.node[:]
-    g.node.extend(keep)
     return len(alias)
 
 
@@ -138,13 +178,20 @@ def folded_copy(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto
     constant subgraph folds."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    for node, label in zip(copy.graph.node, names, strict=True):
+    return copy if fold_in_place(copy, names) else None
+
+
+def fold_in_place(model: onnx.ModelProto, names: Sequence[str]) -> bool:
+    """`folded_copy` on `model` itself (for a caller that owns it); whether anything folded.
+    When nothing folds, `model` has been changed all the same (nodes renamed, Constant
+    nodes turned into initializers)."""
+    for node, label in zip(model.graph.node, names, strict=True):
         node.name = label
-    constants_to_initializers(copy)
+    constants_to_initializers(model)
     try:
-        return copy if fold_shapes_and_constants(copy) else None
+        return fold_shapes_and_constants(model) > 0
     except SurgeryError:
-        return None
+        return False
 
 
 def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
@@ -170,23 +217,20 @@ def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
         if info.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
             shapes[info.name] = [d.dim_value for d in dims]
     outputs = {o.name for o in g.output}
-    keep: list[onnx.NodeProto] = []
-    for node in g.node:
-        shape = shapes.get(node.input[0]) if node.input else None
-        is_shape = node.op_type == "Shape" and node.domain in ("", "ai.onnx")
-        if not is_shape or shape is None or node.output[0] in outputs:
-            keep.append(node)
+    folded: list[int] = []
+    for idx, node in enumerate(g.node):
+        if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        shape = shapes.get(node.input[0])
+        if shape is None or node.output[0] in outputs:
             continue
         attrs = {a.name: a.i for a in node.attribute}
-        rank = len(shape)
-        start, end = attrs.get("start", 0), attrs.get("end", rank)
+        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
         value = np.array(shape[slice(start, end)], np.int64)
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
-    folded = len(g.node) - len(keep)
-    if folded:
-        del g.node[:]
-        g.node.extend(keep)
-    return folded
+        folded.append(idx)
+    _remove_nodes(g, folded)
+    return len(folded)
 
 
 def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
@@ -194,21 +238,22 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
     g = model.graph
     constants = {t.name for t in g.initializer}
     initializers = set(constants)
+    node_inputs = [[i for i in node.input if i] for node in g.node]
     folded: list[int] = []
     for idx, node in enumerate(g.node):
-        if node.op_type in NON_FOLDABLE_OPS or any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute
+        ins = node_inputs[idx]
+        if (
+            ins
+            and constants.issuperset(ins)
+            and node.op_type not in NON_FOLDABLE_OPS
+            and not any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
         ):
-            continue
-        ins = [i for i in node.input if i]
-        if ins and all(i in constants for i in ins):
             folded.append(idx)
             constants.update(o for o in node.output if o)
     if not folded:
         return 0
     folded_set = set(folded)
-    boundary = {i for idx, n in enumerate(g.node) if idx not in folded_set for i in n.input if i}
+    boundary = {i for idx, ins in enumerate(node_inputs) if idx not in folded_set for i in ins}
     boundary |= {o.name for o in g.output}
     needed = sorted(t for t in boundary if t in constants and t not in initializers)
     values = _evaluate(model, [g.node[i] for i in folded], needed) if needed else {}
@@ -220,11 +265,9 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
     for name, value in values.items():
         if name not in kept_outputs:
             g.initializer.append(numpy_helper.from_array(value, name))
-    nodes = [n for i, n in enumerate(g.node) if i not in folded_set or i in keep]
-    removed = len(g.node) - len(nodes)
-    del g.node[:]
-    g.node.extend(nodes)
-    return removed
+    removed = [i for i in folded if i not in keep]
+    _remove_nodes(g, removed)
+    return len(removed)
 
 
 def _ancestors(g: onnx.GraphProto, within: set[int], tensors: set[str]) -> set[int]:
@@ -285,7 +328,29 @@ def coverage_as_compiled(
     if folded is None:
         return report
     after = analyze_coverage(folded, target, op_target=op_target, suggest=suggest)
-    return _with_folded_nodes(report, after)
+    labels = [p.name for p in report.placements]
+    return _with_folded_nodes(labels, [p.op_type for p in report.placements], after)
+
+
+def folded_coverage(
+    model: onnx.ModelProto,
+    view: GraphView,
+    target: Target,
+    *,
+    op_target: Mapping[str, str] | None = None,
+    suggest: bool = False,
+) -> CoverageReport | None:
+    """The analysis of `model` (viewed by `view`) folded, over every node of `model`: what
+    `coverage_as_compiled` makes of `model`'s analysis where `waits_for_folding`, without
+    analysing the unfolded model first; None when nothing folds.
+
+    Folds `model` in place, for a caller that owns it (check, on the model it loaded): when
+    nothing folds, `model` and `view` are spent (see `fold_in_place`)."""
+    names, op_types = view.names, view.op_types
+    if not fold_in_place(model, names):
+        return None
+    after = analyze_coverage(model, target, op_target=op_target, suggest=suggest)
+    return _with_folded_nodes(names, op_types, after)
 
 
 _UNKNOWN_SHAPE = frozenset({"rank_unknown", "dynamic_shape"})
@@ -302,19 +367,66 @@ def shapes_wait_for_folding(report: CoverageReport) -> bool:
         return False
     if not any(p.foldable and p.op_type != "Constant" for p in report.placements):
         return False
-    return any(r.code in _UNKNOWN_SHAPE for b in report.blockers for r in b.reasons)
+    return any(_blocked_by_unknown_shape(b) for b in report.blockers)
 
 
-def _with_folded_nodes(before: CoverageReport, after: CoverageReport) -> CoverageReport:
-    """`after` (the folded model's analysis) over every node of the model as given: a node
-    folding removed is a foldable APU node, as `before` reports constant nodes."""
+def _blocked_by_unknown_shape(p: NodePlacement) -> bool:
+    return p.is_blocker and any(r.code in _UNKNOWN_SHAPE for r in p.reasons)
+
+
+def waits_for_folding(
+    model: onnx.ModelProto,
+    view: GraphView,
+    target: Target,
+    constants: tuple[set[str], list[bool]],
+    op_target: Mapping[str, str] | None,
+) -> bool:
+    """`shapes_wait_for_folding` of the analysis of `model` (`constants` being
+    `constant_tensors(view)`), placing only the nodes that could make it true.
+
+    The placement reasons about an unknown rank or a dynamic shape are about a node's data
+    tensors (its outputs and computed inputs) or, for a node without computed inputs, its
+    first input: a node whose data tensors are all static cannot give one otherwise. Those
+    are the tensors the analysis reads anyway, and most models have no such node (or have
+    dynamic inputs, or no foldable computation) and place nothing here."""
+    if dynamic_inputs(view):
+        return False
+    known, foldable = constants
+    if not any(f and op != "Constant" for f, op in zip(foldable, view.op_types, strict=True)):
+        return False
+    place = NodePlacer(model, target, view, frozenset(known), op_target)
+    # From the last node back: every shape after the arithmetic inference gave up on stays
+    # unknown, so such a blocker is found first near the outputs.
+    return any(
+        _blocked_by_unknown_shape(place(idx))
+        for idx in reversed(range(len(foldable)))
+        if not foldable[idx] and _suspect(view, idx, known)
+    )
+
+
+def _suspect(view: GraphView, idx: int, constants: set[str]) -> bool:
+    """Whether a data tensor of node `idx` has an unknown or dynamic shape, or it has none."""
+    tensor = view.tensor
+    data = [t for t in view.node_inputs[idx] if t and t not in constants]
+    if not data:
+        return True
+    return not all(tensor(t).is_static for t in (*data, *view.node_outputs[idx]) if t)
+
+
+def _with_folded_nodes(
+    names: Sequence[str], op_types: Sequence[str], after: CoverageReport
+) -> CoverageReport:
+    """`after` (the folded model's analysis) over every node of the model as given, whose
+    nodes coverage labels `names`: a node folding removed is a foldable APU node, as coverage
+    reports constant nodes. Shapes wait for folding only without dynamic inputs, so the
+    model as given has none."""
     placed = {p.name: p for p in after.placements}
     placements = []
-    for p in before.placements:
-        kept = placed.get(p.name)
+    for idx, (name, op_type) in enumerate(zip(names, op_types, strict=True)):
+        kept = placed.get(name)
         if kept is None:
-            placements.append(NodePlacement(p.index, p.name, p.op_type, "APU", (), True))
+            placements.append(NodePlacement(idx, name, op_type, "APU", (), True))
         else:
-            kept.index = p.index
+            kept.index = idx
             placements.append(kept)
-    return CoverageReport(after.target, placements, after.segments, before.dynamic_inputs)
+    return CoverageReport(after.target, placements, after.segments, {})

@@ -297,7 +297,8 @@ class GraphView:
         init = self.initializers.get(name)
         if init is not None:
             return TensorInfo(name, init.data_type, tuple(init.dims), True)
-        info = self._value_info_index().get(name)
+        index = self._value_infos
+        info = (index if index is not None else self._value_info_index()).get(name)
         if info is not None:
             return TensorInfo(name, *self._parsed_type(info.type.SerializeToString()))
         return TensorInfo(name, 0, None, False)
