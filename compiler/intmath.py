@@ -23,6 +23,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from compiler.native import kernels as native_kernels
+
 RequantizationMode = Literal["sima", "tflite"]
 REQUANTIZATION_MODES: tuple[RequantizationMode, ...] = ("sima", "tflite")
 
@@ -455,8 +457,12 @@ class FusedOutputStage:
         """
         if out.shape != acc.shape or out.dtype.itemsize != self.code_dtype.itemsize:
             raise ValueError(f"cannot write a {acc.shape} stage into {out.dtype} {out.shape}")
+        tables = self.tables() if tables is None else tables
+        if self._compiled(acc, out):
+            self._run_compiled(acc, out, tables)
+            return out
         x, codes = self._work(out, scratch)
-        self._run(acc, x, codes, self.tables() if tables is None else tables)
+        self._run(acc, x, codes, tables)
         return out
 
     def bind(
@@ -466,9 +472,39 @@ class FusedOutputStage:
         function of acc (of out's shape) for a caller that applies the stage on every run."""
         if out.dtype.itemsize != self.code_dtype.itemsize:
             raise ValueError(f"cannot write the stage into {out.dtype} {out.shape}")
-        x, codes = self._work(out, scratch)
         tables = self.tables()
-        return lambda acc: self._run(acc, x, codes, tables)
+        x, codes = self._work(out, scratch)
+
+        def run(acc: np.ndarray) -> None:
+            if self._compiled(acc, out):
+                self._run_compiled(acc, out, tables)
+            else:
+                self._run(acc, x, codes, tables)
+
+        return run
+
+    def _compiled(self, acc: np.ndarray, out: np.ndarray) -> bool:
+        """Whether the compiled kernel (`compiler.native`) runs this stage: it is built and
+        reads acc's dtype and writes out's."""
+        return (
+            native_kernels is not None
+            and acc.dtype in _COMPILED_ACC_DTYPES
+            and out.dtype.byteorder != ">"
+        )
+
+    def _run_compiled(self, acc: np.ndarray, out: np.ndarray, tables: ExactTables) -> None:
+        """`_run`'s passes in one compiled loop over acc, into out's codes: the same
+        operations on the same values (float64 or int64, no fused multiply-add), so the same
+        codes (tests/test_native_kernels.py)."""
+        native_kernels.output_stage(
+            acc,
+            out.view(self.code_dtype),
+            *tables,
+            self.exact_float,
+            self.code_low,
+            self.code_high,
+            self.excess,
+        )
 
     def _work(self, out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The intermediate array (in `scratch` if given), laid out in out's memory order (so
@@ -496,6 +532,12 @@ class FusedOutputStage:
             np.right_shift(x, total_shift, out=codes, casting="unsafe")
         if self.excess:
             np.bitwise_xor(codes, self.code_dtype.type(self.excess), out=codes)
+
+
+_COMPILED_ACC_DTYPES = frozenset(
+    np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.int16, np.int8)
+)
+"""Accumulator dtypes the compiled output stage reads."""
 
 
 def _all_at_most(values: np.ndarray, limit: int) -> bool:

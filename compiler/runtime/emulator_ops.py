@@ -99,6 +99,7 @@ from compiler.isa import (
     float16_value,
     float32_value,
 )
+from compiler.native import kernels as native_kernels
 from compiler.runtime.cache import LruCache
 from compiler.runtime.ops.resize import WEIGHT_ONE
 from compiler.runtime.ops.softmax import PROBABILITY_BITS, RECIPROCAL_BITS
@@ -1415,15 +1416,47 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     codes = memory.view(instruction.input)
     weights = conv_weights(memory, instruction)
     zero_point = instruction.input_zero_point
-    dtype = _exact_dtype(_largest_value(codes, zero_point, weights.mass))
-    depthwise_last = depthwise_channel_last(geometry)
-    x = _centred_as(
-        codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
-    )
+    largest = _largest_value(codes, zero_point, weights.mass)
     stage = conv_stage(memory, instruction)
+    into = _direct_destination(memory, instruction, stage, shape)
+    if into is not None and _compiled_depthwise(geometry, codes, largest):
+        _depthwise_compiled(instruction, geometry, codes, weights, stage, into)
+        return
+    dtype = _exact_dtype(largest)
+    compiled_columns = _compiled_columns(geometry, codes, dtype)
+    depthwise_last = not compiled_columns and depthwise_channel_last(geometry)
     everything = slice(None)
+    if compiled_columns:
+        # The columns are read from the codes block by block (not from a centred copy made
+        # first), so codes the destination overlaps are copied before any block is written.
+        if into is not None:
+            codes = _unaliased(codes, into, "conv-codes")
+    else:
+        x = _centred_as(
+            codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
+        )
 
-    if depthwise_last:
+    if compiled_columns:
+        weight = weights.astype(dtype).reshape(group, group_out, group_channels * kh * kw)
+        pitch = wo
+        step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+        pads = instruction.pads
+
+        def accumulate(block: Block) -> np.ndarray:
+            rows = range(ho)[block[2]]
+            cols = _scratch("im2col", (batch, channels, kh, kw, len(rows), wo), dtype)
+            native_kernels.im2col(
+                codes, zero_point, (kh, kw), pads, strides, dilations, rows.start, cols
+            )
+            out = None
+            if batch == 1:
+                out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
+            return column_product(weight, cols, out)
+
+    elif depthwise_last:
         last_taps = _ChannelLastTaps(
             _windows(x, (kh, kw), strides, dilations)[0],
             weights.astype(dtype).reshape(group, kh, kw),
@@ -1510,10 +1543,9 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
         else:
             stage(acc, block, out=out, scratch=scratch)
 
-    if stage.blockwise(shape) and stage.out_dtype == instruction.output.dtype.numpy:
+    if into is not None:
         # Every block reads only the centred copy `x`, made before the first block runs, so
         # the codes go straight into the destination, even where it overlaps the input.
-        into = memory.target(instruction.output)
         _blockwise(shape, stage.out_dtype, compute, blocks, into=into)
         return
     if stage.blockwise(shape):
@@ -1526,6 +1558,92 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             acc = _pitched(acc, ho, pitch, wo)
         result = stage(acc)
     memory.write(instruction.output, result)
+
+
+def _direct_destination(
+    memory: MemoryPort, instruction: Conv, stage: _OutputStage, shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """The destination's place, when the stage's codes can go straight into it block by block
+    (its tables broadcast to the result and its codes have the destination's dtype)."""
+    if stage.blockwise(shape) and stage.out_dtype == instruction.output.dtype.numpy:
+        return memory.target(instruction.output)
+    return None
+
+
+def _unaliased(codes: np.ndarray, into: np.ndarray, pool: str) -> np.ndarray:
+    """`codes`, or a copy of them (in the `_scratch` buffer `pool`) where they may share memory
+    with `into`: blocks that read the codes as they write `into` would otherwise read what
+    earlier blocks wrote."""
+    if not np.may_share_memory(codes, into):
+        return codes
+    copied = _scratch(pool, codes.shape, codes.dtype)
+    np.copyto(copied, codes)
+    return copied
+
+
+def _compiled_columns(geometry: ConvGeometry, codes: np.ndarray, dtype: type) -> bool:
+    """Whether the compiled kernel builds the im2col columns of this CONV (the matrix products
+    stay in BLAS): it is built, the CONV has several input channels per group, the codes are
+    8- to 32-bit integers and the products run in float32 or float64."""
+    return (
+        native_kernels is not None
+        and geometry.channels > geometry.group
+        and codes.dtype.kind in "iu"
+        and codes.dtype.itemsize <= 4
+        and dtype in (np.float32, np.float64)
+    )
+
+
+def _compiled_depthwise(geometry: ConvGeometry, codes: np.ndarray, largest: int) -> bool:
+    """Whether the compiled depthwise kernel computes this CONV: it is built, the CONV has one
+    input channel and one output per group, the codes are 8- to 32-bit integers and every
+    partial sum fits the kernel's int32 accumulators (`_largest_value`)."""
+    return (
+        native_kernels is not None
+        and geometry.channels == geometry.group == geometry.out_channels
+        and codes.dtype.kind in "iu"
+        and codes.dtype.itemsize <= 4
+        and largest <= INT32_MAX
+    )
+
+
+def _depthwise_compiled(
+    instruction: Conv,
+    geometry: ConvGeometry,
+    codes: np.ndarray,
+    weights: _Weights,
+    stage: _OutputStage,
+    into: np.ndarray,
+) -> None:
+    """A depthwise CONV in the compiled kernel (`compiler.native`), in blocks of channels whose
+    int32 accumulators go through the output stage while they are in cache. The sums are the
+    exact integers the numpy paths compute (`_compiled_depthwise` proves they fit int32)."""
+    batch, channels, ho, wo = geometry.shape
+    kh, kw = geometry.kernel
+    weight = weights.astype(np.int32).reshape(channels, kh, kw)
+    step = _step(channels, batch * ho * wo, batch * channels * ho * wo)
+    blocks = [
+        (_WHOLE, slice(c, min(channels, c + step)), _WHOLE, _WHOLE)
+        for c in range(0, channels, step)
+    ]
+    pads, strides, dilations = instruction.pads, instruction.strides, instruction.dilations
+    codes = _unaliased(codes, into, "depthwise-codes")
+
+    def compute(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
+        part = block[1]
+        acc = _scratch("depthwise-int32", out.shape, np.int32)
+        native_kernels.depthwise(
+            codes[:, part],
+            instruction.input_zero_point,
+            weight[part],
+            pads,
+            strides,
+            dilations,
+            acc,
+        )
+        stage(acc, block, out=out, scratch=scratch)
+
+    _blockwise(geometry.shape, stage.out_dtype, compute, blocks, into=into)
 
 
 def _pitched_stage(

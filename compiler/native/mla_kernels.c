@@ -1,0 +1,579 @@
+/*
+ * Compiled kernels of the MLA emulator's hot loops (compiler/native/__init__.py).
+ *
+ * Each kernel computes exactly what the numpy code it stands in for computes, bit for bit:
+ *
+ *   output_stage  compiler.intmath.FusedOutputStage._run (acc -> codes, float64 or int64 passes)
+ *   depthwise     the int32 accumulators of a depthwise CONV (one input channel and one output
+ *                 per group), padding holding the zero point
+ *   im2col        centred im2col columns (N, C, kh, kw, rows, wo) of stored codes, in float32 or
+ *                 float64, padding holding centred 0
+ *
+ * Operands are any objects with the buffer protocol (numpy arrays, strided views included);
+ * shapes and dtypes are checked here and a mismatch raises ValueError / TypeError. The GIL is
+ * released while a kernel computes, so the emulator's threads run kernels side by side.
+ *
+ * Floating point: every double operation here is exact on the values the callers pass (they
+ * prove it before choosing the float path), and the file is compiled with -ffp-contract=off so
+ * that no multiply-add is fused into an FMA, which would round differently if it ever were not.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_RANK 8
+
+typedef enum { K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64, K_F32, K_F64, K_BAD } Kind;
+
+typedef struct {
+    Py_buffer view;
+    Kind kind;
+    int held;
+} Operand;
+
+static Kind kind_of(const Py_buffer *view) {
+    const char *f = view->format ? view->format : "B";
+    while (*f == '<' || *f == '=' || *f == '@' || *f == '!' || *f == '>') {
+        if (*f == '>' || *f == '!') return K_BAD; /* big-endian data: not ours */
+        f++;
+    }
+    if (f[0] == '\0' || f[1] != '\0') return K_BAD;
+    Py_ssize_t size = view->itemsize;
+    switch (f[0]) {
+    case 'b': return K_I8;
+    case 'B': return K_U8;
+    case 'h': return K_I16;
+    case 'H': return K_U16;
+    case 'i': case 'l': case 'q':
+        return size == 4 ? K_I32 : size == 8 ? K_I64 : K_BAD;
+    case 'I': case 'L': case 'Q':
+        return size == 4 ? K_U32 : size == 8 ? K_U64 : K_BAD;
+    case 'f': return size == 4 ? K_F32 : K_BAD;
+    case 'd': return size == 8 ? K_F64 : K_BAD;
+    default: return K_BAD;
+    }
+}
+
+static int get_operand(PyObject *obj, Operand *op, int writable, const char *name) {
+    int flags = PyBUF_RECORDS_RO;
+    if (writable) flags = PyBUF_RECORDS;
+    op->held = 0;
+    if (PyObject_GetBuffer(obj, &op->view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: not a %sarray buffer", name, writable ? "writable " : "");
+        return -1;
+    }
+    op->held = 1;
+    op->kind = kind_of(&op->view);
+    if (op->kind == K_BAD) {
+        PyErr_Format(PyExc_TypeError, "%s: unsupported element type '%s'", name,
+                     op->view.format ? op->view.format : "?");
+        return -1;
+    }
+    if (op->view.ndim > MAX_RANK) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d is above %d", name, op->view.ndim, MAX_RANK);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Operand *op) {
+    if (op->held) PyBuffer_Release(&op->view);
+    op->held = 0;
+}
+
+static inline double load_f64(const char *p, Kind k) {
+    switch (k) {
+    case K_I8: return (double)*(const int8_t *)p;
+    case K_U8: return (double)*(const uint8_t *)p;
+    case K_I16: return (double)*(const int16_t *)p;
+    case K_U16: return (double)*(const uint16_t *)p;
+    case K_I32: return (double)*(const int32_t *)p;
+    case K_U32: return (double)*(const uint32_t *)p;
+    case K_I64: return (double)*(const int64_t *)p;
+    case K_U64: return (double)*(const uint64_t *)p;
+    case K_F32: return (double)*(const float *)p;
+    case K_F64: return *(const double *)p;
+    default: return 0.0;
+    }
+}
+
+/* An integer operand value (floats hold integers exactly here: numpy's unsafe cast truncates,
+ * which for an integral value is the value). */
+static inline int64_t load_i64(const char *p, Kind k) {
+    switch (k) {
+    case K_I8: return *(const int8_t *)p;
+    case K_U8: return *(const uint8_t *)p;
+    case K_I16: return *(const int16_t *)p;
+    case K_U16: return *(const uint16_t *)p;
+    case K_I32: return *(const int32_t *)p;
+    case K_U32: return *(const uint32_t *)p;
+    case K_I64: return *(const int64_t *)p;
+    case K_U64: return (int64_t)*(const uint64_t *)p;
+    case K_F32: return (int64_t)*(const float *)p;
+    case K_F64: return (int64_t)*(const double *)p;
+    default: return 0;
+    }
+}
+
+/* Store the low bits of an integer code, as numpy's unsafe cast to the code dtype does. */
+static inline void store_code(char *p, Kind k, int64_t v) {
+    switch (k) {
+    case K_I8: *(int8_t *)p = (int8_t)v; break;
+    case K_U8: *(uint8_t *)p = (uint8_t)v; break;
+    case K_I16: *(int16_t *)p = (int16_t)v; break;
+    case K_U16: *(uint16_t *)p = (uint16_t)v; break;
+    case K_I32: *(int32_t *)p = (int32_t)v; break;
+    case K_U32: *(uint32_t *)p = (uint32_t)v; break;
+    case K_I64: *(int64_t *)p = v; break;
+    case K_U64: *(uint64_t *)p = (uint64_t)v; break;
+    default: break;
+    }
+}
+
+/* numpy's unsafe cast of a float64 to the code dtype: C's conversion (truncation toward zero)
+ * for the in-range values the stage produces. */
+static inline void store_code_f64(char *p, Kind k, double v) {
+    switch (k) {
+    case K_I8: *(int8_t *)p = (int8_t)v; break;
+    case K_U8: *(uint8_t *)p = (uint8_t)v; break;
+    case K_I16: *(int16_t *)p = (int16_t)v; break;
+    case K_U16: *(uint16_t *)p = (uint16_t)v; break;
+    case K_I32: *(int32_t *)p = (int32_t)v; break;
+    case K_U32: *(uint32_t *)p = (uint32_t)v; break;
+    case K_I64: *(int64_t *)p = (int64_t)v; break;
+    case K_U64: *(uint64_t *)p = (uint64_t)v; break;
+    default: break;
+    }
+}
+
+/* Strides (in bytes) of `table` broadcast against a result of `shape` (rank `ndim`): numpy's
+ * rules, aligned on the trailing axes; -1 if it does not broadcast. */
+static int broadcast_strides(const Py_buffer *table, int ndim, const Py_ssize_t *shape,
+                             Py_ssize_t *strides) {
+    int offset = ndim - table->ndim;
+    if (offset < 0) return -1;
+    for (int d = 0; d < ndim; d++) {
+        if (d < offset) {
+            strides[d] = 0;
+            continue;
+        }
+        Py_ssize_t n = table->shape[d - offset];
+        if (n == shape[d]) {
+            strides[d] = n == 1 ? 0 : table->strides[d - offset];
+        } else if (n == 1) {
+            strides[d] = 0;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* output_stage                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int ndim;
+    Py_ssize_t shape[MAX_RANK];
+    const char *acc;
+    Py_ssize_t acc_strides[MAX_RANK];
+    Kind acc_kind;
+    char *out;
+    Py_ssize_t out_strides[MAX_RANK];
+    Kind out_kind;
+    const char *table[5]; /* lower, upper, scale, offset, total_shift */
+    Py_ssize_t table_strides[5][MAX_RANK];
+    int exact_float;
+    double code_low, code_high;
+    int64_t excess;
+} StageJob;
+
+
+typedef struct {
+    const char *codes;
+    Py_ssize_t cs[4]; /* codes strides (bytes) */
+    Kind codes_kind;
+    Py_ssize_t batch, channels, height, width;
+    int64_t zero_point;
+    const int32_t *weight; /* (channels, kh, kw) contiguous */
+    int kh, kw, sh, sw, dh, dw, top, left, bottom, right;
+    int32_t *out; /* (batch, channels, ho, wo) contiguous */
+    Py_ssize_t ho, wo;
+} DepthwiseJob;
+
+typedef struct {
+    const char *codes;
+    Py_ssize_t cs[4];
+    Kind codes_kind;
+    Py_ssize_t batch, channels, height, width;
+    int64_t zero_point;
+    int kh, kw, sh, sw, dh, dw, top, left;
+    Py_ssize_t row0, rows, wo;
+    char *out; /* (batch, channels, kh, kw, rows, wo) contiguous, float32 or float64 */
+    int doubles;
+} ColumnsJob;
+
+/* The inner loops, for the baseline instruction set and (GCC or Clang on x86-64) for AVX2. */
+#define HOT(name) name##_base
+#include "mla_hot.h"
+#undef HOT
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_AVX2 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#endif
+#define HOT(name) name##_avx2
+#include "mla_hot.h"
+#undef HOT
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+static int use_avx2 = 0; /* set when the module loads, from what the CPU supports */
+
+static void run_stage(const StageJob *job) {
+#ifdef HAVE_AVX2
+    if (use_avx2) {
+        run_stage_avx2(job);
+        return;
+    }
+#endif
+    run_stage_base(job);
+}
+
+static int run_depthwise(const DepthwiseJob *job) {
+#ifdef HAVE_AVX2
+    if (use_avx2) return run_depthwise_avx2(job);
+#endif
+    return run_depthwise_base(job);
+}
+
+static void run_im2col(const ColumnsJob *job) {
+#ifdef HAVE_AVX2
+    if (use_avx2) {
+        run_im2col_avx2(job);
+        return;
+    }
+#endif
+    run_im2col_base(job);
+}
+
+/* The dimensions of a stage job reordered so that the innermost is the one acc walks with the
+ * smallest stride (where the contiguous loops apply), unit dimensions dropped and neighbours
+ * that every operand walks as one merged (long rows instead of many short ones). */
+static void order_stage_dims(StageJob *job) {
+    int order[MAX_RANK], kept = 0;
+    for (int d = 0; d < job->ndim; d++)
+        if (job->shape[d] != 1) order[kept++] = d;
+    /* insertion sort, largest |acc stride| first, stable */
+    for (int i = 1; i < kept; i++) {
+        int d = order[i], k = i;
+        Py_ssize_t sd = job->acc_strides[d] < 0 ? -job->acc_strides[d] : job->acc_strides[d];
+        while (k > 0) {
+            int e = order[k - 1];
+            Py_ssize_t se = job->acc_strides[e] < 0 ? -job->acc_strides[e] : job->acc_strides[e];
+            if (se >= sd) break;
+            order[k] = e;
+            k--;
+        }
+        order[k] = d;
+    }
+    StageJob copy = *job;
+    if (kept == 0) { /* a single element */
+        job->ndim = 1;
+        job->shape[0] = 1;
+        return;
+    }
+    /* ... and a dimension merged into the next where every operand walks both as one */
+    int ndim = 0;
+    for (int i = 0; i < kept; i++) {
+        int d = order[i];
+        if (ndim > 0) {
+            int p = ndim - 1;
+            Py_ssize_t n = copy.shape[d];
+            int joins = job->acc_strides[p] == n * copy.acc_strides[d] &&
+                        job->out_strides[p] == n * copy.out_strides[d];
+            for (int t = 0; t < 5 && joins; t++)
+                joins = job->table_strides[t][p] == n * copy.table_strides[t][d];
+            if (joins) {
+                job->shape[p] *= n;
+                job->acc_strides[p] = copy.acc_strides[d];
+                job->out_strides[p] = copy.out_strides[d];
+                for (int t = 0; t < 5; t++) job->table_strides[t][p] = copy.table_strides[t][d];
+                continue;
+            }
+        }
+        job->shape[ndim] = copy.shape[d];
+        job->acc_strides[ndim] = copy.acc_strides[d];
+        job->out_strides[ndim] = copy.out_strides[d];
+        for (int t = 0; t < 5; t++) job->table_strides[t][ndim] = copy.table_strides[t][d];
+        ndim++;
+    }
+    job->ndim = ndim;
+}
+
+static PyObject *output_stage(PyObject *self, PyObject *args) {
+    PyObject *acc_obj, *out_obj, *table_obj[5];
+    int exact_float;
+    double code_low, code_high;
+    long long excess;
+    if (!PyArg_ParseTuple(args, "OOOOOOOpddL", &acc_obj, &out_obj, &table_obj[0], &table_obj[1],
+                          &table_obj[2], &table_obj[3], &table_obj[4], &exact_float, &code_low,
+                          &code_high, &excess))
+        return NULL;
+    Operand acc, out, tables[5];
+    memset(tables, 0, sizeof(tables));
+    acc.held = out.held = 0;
+    PyObject *result = NULL;
+    StageJob job;
+    static const char *names[5] = {"lower", "upper", "scale", "offset", "total_shift"};
+    if (get_operand(acc_obj, &acc, 0, "acc") < 0 || get_operand(out_obj, &out, 1, "out") < 0)
+        goto done;
+    for (int t = 0; t < 5; t++)
+        if (get_operand(table_obj[t], &tables[t], 0, names[t]) < 0) goto done;
+    if (acc.view.ndim != out.view.ndim || acc.view.ndim == 0) {
+        PyErr_SetString(PyExc_ValueError, "acc and out must have the same (non-zero) rank");
+        goto done;
+    }
+    for (int d = 0; d < acc.view.ndim; d++)
+        if (acc.view.shape[d] != out.view.shape[d]) {
+            PyErr_SetString(PyExc_ValueError, "acc and out must have the same shape");
+            goto done;
+        }
+    if (out.kind == K_F32 || out.kind == K_F64) {
+        PyErr_SetString(PyExc_TypeError, "out must hold integer codes");
+        goto done;
+    }
+    job.ndim = acc.view.ndim;
+    for (int d = 0; d < job.ndim; d++) {
+        job.shape[d] = acc.view.shape[d];
+        job.acc_strides[d] = acc.view.strides[d];
+        job.out_strides[d] = out.view.strides[d];
+    }
+    job.acc = acc.view.buf;
+    job.acc_kind = acc.kind;
+    job.out = out.view.buf;
+    job.out_kind = out.kind;
+    for (int t = 0; t < 5; t++) {
+        Kind want = (exact_float && (t == 2 || t == 3)) ? K_F64 : K_I64;
+        if (exact_float && t != 2 && t != 3) want = tables[t].kind; /* unused by the float path */
+        if (tables[t].kind != want) {
+            PyErr_Format(PyExc_TypeError, "%s must be %s", names[t],
+                         want == K_F64 ? "float64" : "int64");
+            goto done;
+        }
+        if (broadcast_strides(&tables[t].view, job.ndim, job.shape, job.table_strides[t]) < 0) {
+            PyErr_Format(PyExc_ValueError, "%s does not broadcast to acc", names[t]);
+            goto done;
+        }
+        job.table[t] = tables[t].view.buf;
+    }
+    job.exact_float = exact_float;
+    job.code_low = code_low;
+    job.code_high = code_high;
+    job.excess = (int64_t)excess;
+    order_stage_dims(&job);
+    Py_BEGIN_ALLOW_THREADS
+    run_stage(&job);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&acc);
+    release(&out);
+    for (int t = 0; t < 5; t++) release(&tables[t]);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* depthwise                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+
+static int check_int_codes(const Operand *op, const char *name) {
+    if (op->kind == K_F32 || op->kind == K_F64 || op->kind == K_I64 || op->kind == K_U64 ||
+        op->kind == K_U32) {
+        PyErr_Format(PyExc_TypeError, "%s must hold 8-, 16- or 32-bit integer codes", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *depthwise(PyObject *self, PyObject *args) {
+    PyObject *codes_obj, *weight_obj, *out_obj;
+    long long zero_point;
+    int top, left, bottom, right, sh, sw, dh, dw;
+    if (!PyArg_ParseTuple(args, "OLO(iiii)(ii)(ii)O", &codes_obj, &zero_point, &weight_obj, &top,
+                          &left, &bottom, &right, &sh, &sw, &dh, &dw, &out_obj))
+        return NULL;
+    Operand codes, weight, out;
+    codes.held = weight.held = out.held = 0;
+    PyObject *result = NULL;
+    DepthwiseJob job;
+    int failed = 0;
+    if (get_operand(codes_obj, &codes, 0, "codes") < 0 ||
+        get_operand(weight_obj, &weight, 0, "weight") < 0 ||
+        get_operand(out_obj, &out, 1, "out") < 0)
+        goto done;
+    if (check_int_codes(&codes, "codes") < 0) goto done;
+    if (codes.view.ndim != 4 || weight.view.ndim != 3 || out.view.ndim != 4) {
+        PyErr_SetString(PyExc_ValueError, "codes (N, C, H, W), weight (C, kh, kw), out 4-D");
+        goto done;
+    }
+    if (weight.kind != K_I32 || !PyBuffer_IsContiguous(&weight.view, 'C') || out.kind != K_I32 ||
+        !PyBuffer_IsContiguous(&out.view, 'C')) {
+        PyErr_SetString(PyExc_TypeError, "weight and out must be C-contiguous int32");
+        goto done;
+    }
+    if (sh < 1 || sw < 1 || dh < 1 || dw < 1 || top < 0 || left < 0 || bottom < 0 || right < 0) {
+        PyErr_SetString(PyExc_ValueError, "strides and dilations >= 1, pads >= 0");
+        goto done;
+    }
+    job.codes = codes.view.buf;
+    for (int d = 0; d < 4; d++) job.cs[d] = codes.view.strides[d];
+    job.codes_kind = codes.kind;
+    job.batch = codes.view.shape[0];
+    job.channels = codes.view.shape[1];
+    job.height = codes.view.shape[2];
+    job.width = codes.view.shape[3];
+    job.zero_point = zero_point;
+    job.weight = weight.view.buf;
+    job.kh = (int)weight.view.shape[1];
+    job.kw = (int)weight.view.shape[2];
+    job.sh = sh, job.sw = sw, job.dh = dh, job.dw = dw;
+    job.top = top, job.left = left, job.bottom = bottom, job.right = right;
+    job.out = out.view.buf;
+    Py_ssize_t ph = job.height + top + bottom, pw = job.width + left + right;
+    Py_ssize_t eh = (Py_ssize_t)(job.kh - 1) * dh + 1, ew = (Py_ssize_t)(job.kw - 1) * dw + 1;
+    job.ho = ph >= eh ? (ph - eh) / sh + 1 : 0;
+    job.wo = pw >= ew ? (pw - ew) / sw + 1 : 0;
+    if (weight.view.shape[0] != job.channels || out.view.shape[0] != job.batch ||
+        out.view.shape[1] != job.channels || out.view.shape[2] != job.ho ||
+        out.view.shape[3] != job.wo) {
+        PyErr_SetString(PyExc_ValueError, "depthwise: shapes of codes, weight and out disagree");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    failed = run_depthwise(&job);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&codes);
+    release(&weight);
+    release(&out);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* im2col                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+
+static PyObject *im2col(PyObject *self, PyObject *args) {
+    PyObject *codes_obj, *out_obj;
+    long long zero_point;
+    int kh, kw, top, left, bottom, right, sh, sw, dh, dw;
+    Py_ssize_t row0;
+    if (!PyArg_ParseTuple(args, "OL(ii)(iiii)(ii)(ii)nO", &codes_obj, &zero_point, &kh, &kw, &top,
+                          &left, &bottom, &right, &sh, &sw, &dh, &dw, &row0, &out_obj))
+        return NULL;
+    Operand codes, out;
+    codes.held = out.held = 0;
+    PyObject *result = NULL;
+    ColumnsJob job;
+    if (get_operand(codes_obj, &codes, 0, "codes") < 0 || get_operand(out_obj, &out, 1, "out") < 0)
+        goto done;
+    if (check_int_codes(&codes, "codes") < 0) goto done;
+    if (codes.view.ndim != 4 || out.view.ndim != 6 || !PyBuffer_IsContiguous(&out.view, 'C') ||
+        (out.kind != K_F32 && out.kind != K_F64)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "codes (N, C, H, W); out C-contiguous float (N, C, kh, kw, rows, wo)");
+        goto done;
+    }
+    if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || top < 0 || left < 0 ||
+        bottom < 0 || right < 0 || row0 < 0) {
+        PyErr_SetString(PyExc_ValueError, "im2col: bad kernel, strides, dilations or pads");
+        goto done;
+    }
+    job.codes = codes.view.buf;
+    for (int d = 0; d < 4; d++) job.cs[d] = codes.view.strides[d];
+    job.codes_kind = codes.kind;
+    job.batch = codes.view.shape[0];
+    job.channels = codes.view.shape[1];
+    job.height = codes.view.shape[2];
+    job.width = codes.view.shape[3];
+    job.zero_point = zero_point;
+    job.kh = kh, job.kw = kw, job.sh = sh, job.sw = sw, job.dh = dh, job.dw = dw;
+    job.top = top, job.left = left;
+    job.row0 = row0;
+    job.rows = out.view.shape[4];
+    job.wo = out.view.shape[5];
+    job.out = out.view.buf;
+    job.doubles = out.kind == K_F64;
+    Py_ssize_t ph = job.height + top + bottom, pw = job.width + left + right;
+    Py_ssize_t eh = (Py_ssize_t)(kh - 1) * dh + 1, ew = (Py_ssize_t)(kw - 1) * dw + 1;
+    Py_ssize_t ho = ph >= eh ? (ph - eh) / sh + 1 : 0;
+    Py_ssize_t wo = pw >= ew ? (pw - ew) / sw + 1 : 0;
+    if (out.view.shape[0] != job.batch || out.view.shape[1] != job.channels ||
+        out.view.shape[2] != kh || out.view.shape[3] != kw || job.wo != wo ||
+        row0 + job.rows > ho) {
+        PyErr_SetString(PyExc_ValueError, "im2col: out does not match the codes and geometry");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_im2col(&job);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&codes);
+    release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"output_stage", output_stage, METH_VARARGS,
+     "output_stage(acc, out, lower, upper, scale, offset, total_shift, exact_float, code_low, "
+     "code_high, excess): FusedOutputStage's passes from acc into the codes out."},
+    {"depthwise", depthwise, METH_VARARGS,
+     "depthwise(codes, zero_point, weight, pads, strides, dilations, out): int32 accumulators "
+     "of a depthwise CONV (one input channel and one output per group)."},
+    {"im2col", im2col, METH_VARARGS,
+     "im2col(codes, zero_point, kernel, pads, strides, dilations, row0, out): centred im2col "
+     "columns of output rows row0 .. row0 + rows of a CONV."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_mla_kernels",
+    "Compiled kernels of the MLA emulator (bit-identical to its numpy code).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__mla_kernels(void) {
+#ifdef HAVE_AVX2
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "instruction_set", use_avx2 ? "avx2" : "baseline") < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,345 @@
+"""The emulator's compiled kernels (compiler/native) compute what its numpy code computes.
+
+Each kernel is compared bit for bit with the numpy code it replaces, over random geometries,
+dtypes, zero points and memory layouts (hypothesis), and whole compiled programs give the same
+outputs with and without the kernels. `numpy_only` runs the emulator as if the extension were
+not built. Where no C compiler was available at install the kernels are absent and these tests
+skip, except the one that says a compiler was there and the build failed anyway.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler.intmath
+from compiler.archive import read_archive
+from compiler.compile import compile_model
+from compiler.intmath import FusedOutputStage, requantize_clamp
+from compiler.native import kernels, status
+from compiler.quantize.quantizer import quantize_model
+from compiler.runtime import emulator_ops
+from compiler.runtime.compare import compare_with_reference
+from compiler.runtime.pipeline import run_archive
+from surgery.model import load_model
+from tests.test_intmath_fastpaths import stages
+
+needs_kernels = pytest.mark.skipif(kernels is None, reason=f"compiled kernels: {status}")
+
+
+@contextmanager
+def numpy_only() -> Iterator[None]:
+    """Within the block, the emulator runs its numpy code (as without the extension)."""
+    with (
+        mock.patch.object(compiler.intmath, "native_kernels", None),
+        mock.patch.object(emulator_ops, "native_kernels", None),
+    ):
+        yield
+
+
+def test_the_kernels_are_built_where_a_c_compiler_is() -> None:
+    compiler_command = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler_command) is None:
+        pytest.skip(f"no C compiler ({compiler_command}) on this machine")
+    assert kernels is not None, status
+    assert kernels.instruction_set in ("avx2", "baseline")
+
+
+# --- output stage -----------------------------------------------------------------------------
+
+LAYOUTS = ["contiguous", "transposed", "rows of a wider array", "per-channel on axis 1 of 4-D"]
+
+
+def _laid_out(acc: np.ndarray, layout: str) -> np.ndarray:
+    """acc (channels, n) as the stage meets it in the emulator: a block of a feature map."""
+    if layout == "transposed":
+        return np.asfortranarray(acc)
+    if layout == "rows of a wider array":
+        wide = np.zeros((acc.shape[0], acc.shape[1] + 3), dtype=acc.dtype)
+        wide[:, 1 : 1 + acc.shape[1]] = acc
+        return wide[:, 1 : 1 + acc.shape[1]]
+    return acc
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None)
+@given(
+    case=stages(),
+    carrier=st.sampled_from(["float32", "float64", "int32", "int64"]),
+    layout=st.sampled_from(LAYOUTS),
+    data=st.data(),
+)
+def test_compiled_output_stage_writes_the_numpy_codes(
+    case: dict, carrier: str, layout: str, data: st.DataObject
+) -> None:
+    stage = FusedOutputStage.prepare(
+        case["multiplier"],
+        case["shift"],
+        case["zero_point"],
+        case["low"],
+        case["high"],
+        case["addend"],
+        case["dtype"],
+    )
+    assume(stage is not None)
+    limit = {"float32": 2**24, "float64": 2**53, "int32": 2**31 - 1, "int64": 2**53}[carrier]
+    channels = case["multiplier"].shape[0]
+    width = data.draw(st.integers(1, 40))
+    values = data.draw(
+        st.lists(st.integers(-limit, limit), min_size=channels * width, max_size=channels * width)
+    )
+    acc = np.array(values, dtype=np.int64).reshape(channels, width).astype(carrier)
+    acc = _laid_out(acc, layout)
+    if layout == "per-channel on axis 1 of 4-D":
+        acc = acc.reshape(1, channels, 1, width)
+        tables = tuple(t.reshape(1, channels, 1, 1) for t in stage.tables())
+    else:
+        tables = None
+    compiled = np.empty(acc.shape, dtype=case["dtype"])
+    stage.apply(acc, compiled, tables)
+    expected = np.empty(acc.shape, dtype=case["dtype"])
+    with numpy_only():
+        stage.apply(acc, expected, tables)
+    np.testing.assert_array_equal(compiled, expected)
+    exact = acc.reshape(channels, width).astype(np.int64) + case["addend"]
+    definition = requantize_clamp(
+        exact,
+        case["multiplier"],
+        case["shift"],
+        "sima",
+        case["zero_point"],
+        case["low"],
+        case["high"],
+    )
+    np.testing.assert_array_equal(compiled.reshape(channels, width), definition)
+
+
+@needs_kernels
+def test_compiled_output_stage_refuses_mismatched_operands() -> None:
+    acc = np.zeros((2, 3), np.float32)
+    table = np.zeros((2, 1))
+    shifts = np.zeros((2, 1), np.int64)
+    with pytest.raises(ValueError, match="same shape"):
+        kernels.output_stage(
+            acc, np.zeros((2, 4), np.uint8), table, table, table, table, shifts, True, 0.0, 255.0, 0
+        )
+    with pytest.raises(ValueError, match="does not broadcast"):
+        kernels.output_stage(
+            acc,
+            np.zeros((2, 3), np.uint8),
+            table,
+            table,
+            np.zeros((3, 1)),
+            table,
+            shifts,
+            True,
+            0.0,
+            255.0,
+            0,
+        )
+    with pytest.raises(TypeError, match="writable"):
+        frozen = np.zeros((2, 3), np.uint8)
+        frozen.flags.writeable = False
+        kernels.output_stage(acc, frozen, table, table, table, table, shifts, True, 0.0, 255.0, 0)
+
+
+# --- depthwise and im2col ---------------------------------------------------------------------
+
+
+@st.composite
+def conv_geometries(draw: st.DrawFn, *, depthwise: bool) -> dict:
+    """A CONV's input, kernel, strides, dilations and pads, its codes' dtype and zero point."""
+    kernel = draw(
+        st.sampled_from([(3, 3), (5, 5), (1, 1), (7, 1), (1, 7)])
+        | st.tuples(st.integers(1, 4), st.integers(1, 4))
+    )
+    geometry = {
+        "batch": draw(st.integers(1, 2)),
+        "channels": draw(st.integers(1, 6)),
+        "spatial": (draw(st.integers(1, 12)), draw(st.integers(1, 12))),
+        "kernel": kernel,
+        "strides": (draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+        "dilations": (draw(st.integers(1, 2)), draw(st.integers(1, 2))),
+        "pads": tuple(draw(st.integers(0, 3)) for _ in range(4)),
+        "dtype": draw(
+            st.sampled_from(["int8", "uint8", "int16"] if depthwise else ["int8", "uint8"])
+        ),
+        "channel_last": draw(st.booleans()),
+    }
+    for axis in range(2):
+        extent = (kernel[axis] - 1) * geometry["dilations"][axis] + 1
+        padded = geometry["spatial"][axis] + geometry["pads"][axis] + geometry["pads"][axis + 2]
+        assume(padded >= extent)
+    return geometry
+
+
+def _codes(geometry: dict, seed: int) -> tuple[np.ndarray, int]:
+    """Random codes of the geometry (channel-last in memory where it says so), a zero point."""
+    info = np.iinfo(geometry["dtype"])
+    rng = np.random.default_rng(seed)
+    shape = (geometry["batch"], geometry["channels"], *geometry["spatial"])
+    codes = rng.integers(info.min, info.max + 1, size=shape).astype(geometry["dtype"])
+    if geometry["channel_last"]:
+        codes = np.ascontiguousarray(codes.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return codes, int(rng.integers(info.min, info.max + 1))
+
+
+def _output_size(size: int, pads: int, kernel: int, stride: int, dilation: int) -> int:
+    return (size + pads - (kernel - 1) * dilation - 1) // stride + 1
+
+
+def _depthwise_reference(codes, zero_point, weight, pads, strides, dilations) -> np.ndarray:
+    """Tap by tap in int64, the padding holding the zero point (centred 0)."""
+    top, left, bottom, right = pads
+    x = np.pad(codes.astype(np.int64) - zero_point, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    (kh, kw), (sh, sw), (dh, dw) = weight.shape[1:], strides, dilations
+    ho = _output_size(codes.shape[2], top + bottom, kh, sh, dh)
+    wo = _output_size(codes.shape[3], left + right, kw, sw, dw)
+    acc = np.zeros((codes.shape[0], codes.shape[1], ho, wo), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            window = x[:, :, i * dh : i * dh + (ho - 1) * sh + 1 : sh, j * dw :: sw][..., :wo]
+            acc += weight[None, :, i, j, None, None] * window
+    return acc
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None)
+@given(geometry=conv_geometries(depthwise=True), seed=st.integers(0, 2**32 - 1))
+def test_compiled_depthwise_sums_are_the_exact_integers(geometry: dict, seed: int) -> None:
+    codes, zero_point = _codes(geometry, seed)
+    rng = np.random.default_rng(seed + 1)
+    weight = rng.integers(-128, 128, size=(geometry["channels"], *geometry["kernel"]))
+    expected = _depthwise_reference(
+        codes, zero_point, weight, geometry["pads"], geometry["strides"], geometry["dilations"]
+    )
+    assert np.abs(expected).max(initial=0) < 2**31
+    out = np.empty(expected.shape, np.int32)
+    kernels.depthwise(
+        codes,
+        zero_point,
+        weight.astype(np.int32),
+        geometry["pads"],
+        geometry["strides"],
+        geometry["dilations"],
+        out,
+    )
+    np.testing.assert_array_equal(out, expected)
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None)
+@given(
+    geometry=conv_geometries(depthwise=False),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_compiled_im2col_columns_are_the_numpy_columns(
+    geometry: dict, dtype: type, seed: int, data: st.DataObject
+) -> None:
+    codes, zero_point = _codes(geometry, seed)
+    kernel, strides, dilations = geometry["kernel"], geometry["strides"], geometry["dilations"]
+    top, left, bottom, right = geometry["pads"]
+    ho = _output_size(codes.shape[2], top + bottom, kernel[0], strides[0], dilations[0])
+    wo = _output_size(codes.shape[3], left + right, kernel[1], strides[1], dilations[1])
+    first = data.draw(st.integers(0, ho - 1))
+    rows = data.draw(st.integers(1, ho - first))
+    padded = emulator_ops._centred_as(codes, zero_point, dtype, geometry["pads"])
+    end = (first + rows - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
+    window = padded[:, :, first * strides[0] : end]
+    expected = np.array(emulator_ops._im2col(window, kernel, strides, dilations))
+    out = np.empty((codes.shape[0], codes.shape[1], *kernel, rows, wo), dtype)
+    kernels.im2col(codes, zero_point, kernel, geometry["pads"], strides, dilations, first, out)
+    np.testing.assert_array_equal(out, expected.reshape(out.shape))
+
+
+@needs_kernels
+def test_compiled_depthwise_refuses_shapes_that_disagree() -> None:
+    codes = np.zeros((1, 2, 5, 5), np.int8)
+    weight = np.zeros((2, 3, 3), np.int32)
+    with pytest.raises(ValueError, match="disagree"):
+        kernels.depthwise(
+            codes, 0, weight, (0, 0, 0, 0), (1, 1), (1, 1), np.zeros((1, 2, 4, 4), np.int32)
+        )
+    with pytest.raises(TypeError, match="int32"):
+        kernels.depthwise(
+            codes,
+            0,
+            weight.astype(np.int64),
+            (0, 0, 0, 0),
+            (1, 1),
+            (1, 1),
+            np.zeros((1, 2, 3, 3), np.int32),
+        )
+
+
+# --- whole programs ---------------------------------------------------------------------------
+
+
+def _mobile_block() -> onnx.ModelProto:
+    """A MobileNet-style block on odd sizes: stem 3x3 stride 2 (padded), 1x1 expansion,
+    depthwise 3x3 and 5x5 (strides 1 and 2), 1x1 projection, a residual Add, a grouped 3x3."""
+    rng = np.random.default_rng(7)
+
+    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array((0.2 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=24, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"]),
+        helper.make_node("Add", ["c3", "r0"], ["a3"]),
+        helper.make_node("Conv", ["a3", "w4"], ["c4"], group=8, pads=[2, 2, 2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["c4", "w5"], ["y"], group=2, pads=[1, 1, 1, 1]),
+    ]
+    initializers = [
+        weight("w0", (8, 3, 3, 3)),
+        weight("w1", (24, 8, 1, 1)),
+        weight("w2", (24, 1, 3, 3)),
+        weight("w3", (8, 24, 1, 1)),
+        weight("w4", (8, 1, 5, 5)),
+        weight("w5", (6, 4, 3, 3)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mobile_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 23, 19])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_kernels
+def test_a_compiled_program_gives_the_same_outputs_with_and_without_the_kernels(
+    tmp_path,
+) -> None:
+    model = load_model(_mobile_block())
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((1, 3, 23, 19)).astype(np.float32)} for _ in range(4)]
+    qdq = quantize_model(model, data, target="mlsoc").model
+    archive = read_archive(compile_model(qdq, tmp_path, model_name="mobile_block").archive)
+    feeds = {"x": rng.standard_normal((1, 3, 23, 19)).astype(np.float32)}
+    compiled, stats = run_archive(archive, feeds, keep_tensors=True)
+    comparison = compare_with_reference(archive.manifest, qdq, feeds, compiled, stats.tensors)
+    assert comparison.bit_exact, comparison
+    with numpy_only():
+        plain, _ = run_archive(archive, feeds)
+    assert compiled.keys() == plain.keys()
+    for name in compiled:
+        np.testing.assert_array_equal(compiled[name], plain[name])
