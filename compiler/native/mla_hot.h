@@ -360,3 +360,45 @@ static void HOT(run_im2col)(const ColumnsJob *job) {
         }
     }
 }
+
+/* ---- phase planes ------------------------------------------------------------------------ */
+
+/* The planes the int8 CONV kernels read (compiler/runtime/emulator_ops.py `_PhasePlanes`):
+ * bytes code ^ flip, zero-padded with `pad`, each channel split into its sh x sw stride phases
+ * of (rows, pitch) elements. Each phase plane is filled with the padding at once, then its
+ * rows inside the map are copied: phase column x of phase (a, b) is padded column b + sw x,
+ * i.e. map column b + sw x - left. */
+static int HOT(run_phase_planes)(const PhaseJob *job) {
+    Py_ssize_t sh = job->sh, sw = job->sw, rows = job->rows, pitch = job->pitch;
+    Py_ssize_t step = sw * job->cs[3];
+    const uint8_t flip = job->flip;
+    for (Py_ssize_t n = 0; n < job->batch; n++)
+        for (Py_ssize_t c = 0; c < job->channels; c++) {
+            const char *plane = job->codes + n * job->cs[0] + c * job->cs[1];
+            for (Py_ssize_t a = 0; a < sh; a++)
+                for (Py_ssize_t b = 0; b < sw; b++) {
+                    uint8_t *dst =
+                        job->out + (((n * job->channels + c) * sh + a) * sw + b) * rows * pitch;
+                    memset(dst, job->pad, (size_t)(rows * pitch));
+                    Py_ssize_t x0 = job->left > b ? (job->left - b + sw - 1) / sw : 0;
+                    Py_ssize_t x1 = (job->left + job->width - b + sw - 1) / sw;
+                    if (x1 > pitch) x1 = pitch;
+                    if (x1 <= x0) continue;
+                    Py_ssize_t count = x1 - x0, first = b + sw * x0 - job->left;
+                    for (Py_ssize_t y = 0; y < rows; y++) {
+                        Py_ssize_t r = a + sh * y - job->top;
+                        if (r < 0 || r >= job->height) continue;
+                        const uint8_t *restrict src =
+                            (const uint8_t *)(plane + r * job->cs[2] + first * job->cs[3]);
+                        uint8_t *restrict d = dst + y * pitch + x0;
+                        if (step == 1)
+                            for (Py_ssize_t x = 0; x < count; x++) d[x] = src[x] ^ flip;
+                        else if (step == 2)
+                            for (Py_ssize_t x = 0; x < count; x++) d[x] = src[2 * x] ^ flip;
+                        else
+                            for (Py_ssize_t x = 0; x < count; x++) d[x] = src[x * step] ^ flip;
+                    }
+                }
+        }
+    return 0;
+}

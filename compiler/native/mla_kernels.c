@@ -217,6 +217,16 @@ typedef struct {
     int doubles;
 } ColumnsJob;
 
+typedef struct {
+    const char *codes;
+    Py_ssize_t cs[4];
+    Py_ssize_t batch, channels, height, width;
+    int top, left, sh, sw;
+    uint8_t flip, pad;
+    uint8_t *out; /* (batch, channels, sh, sw, rows, pitch) */
+    Py_ssize_t rows, pitch;
+} PhaseJob;
+
 /* The inner loops, for the baseline instruction set and (GCC or Clang on x86-64) for AVX2. */
 #define HOT(name) name##_base
 #include "mla_hot.h"
@@ -257,6 +267,13 @@ static int run_depthwise(const DepthwiseJob *job) {
     if (use_avx2) return run_depthwise_avx2(job);
 #endif
     return run_depthwise_base(job);
+}
+
+static int run_phase_planes(const PhaseJob *job) {
+#ifdef HAVE_AVX2
+    if (use_avx2) return run_phase_planes_avx2(job);
+#endif
+    return run_phase_planes_base(job);
 }
 
 static void run_im2col(const ColumnsJob *job) {
@@ -547,6 +564,291 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* int8 CONV on the CPU's int8 dot products (AVX-512 VNNI): mla_vnni.h                       */
+/* ---------------------------------------------------------------------------------------- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_VNNI 1
+#include "mla_vnni.h"
+#endif
+
+static int have_vnni = 0; /* set when the module loads */
+
+/* The arguments both plane kernels share: the planes buffer and its (N, C, phases, PH, PW)
+ * shape, the taps' phases and offsets, weights and corrections, and out; checked here. */
+typedef struct {
+    Operand planes, tap_phase, tap_offset, weights, corrections, out, scale, offset;
+} PlaneOperands;
+
+static void release_planes(PlaneOperands *ops) {
+    release(&ops->scale);
+    release(&ops->offset);
+    release(&ops->planes);
+    release(&ops->tap_phase);
+    release(&ops->tap_offset);
+    release(&ops->weights);
+    release(&ops->corrections);
+    release(&ops->out);
+}
+
+static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], int flip,
+                          PyObject *stage, PlaneOperands *ops, PlaneJob *job, int weight_rank) {
+    static const char *names[6] = {"planes", "tap_phase", "tap_offset", "weights", "corrections",
+                                   "out"};
+    Operand *all[6] = {&ops->planes, &ops->tap_phase, &ops->tap_offset, &ops->weights,
+                       &ops->corrections, &ops->out};
+    for (int i = 0; i < 6; i++) all[i]->held = 0;
+    ops->scale.held = ops->offset.held = 0;
+    if (!have_vnni) {
+        PyErr_SetString(PyExc_RuntimeError, "the int8 CONV kernels need AVX-512 VNNI");
+        return -1;
+    }
+    for (int i = 0; i < 6; i++)
+        if (get_operand(objs[i], all[i], i == 5, names[i]) < 0) return -1;
+    for (int i = 0; i < 6; i++)
+        if (!PyBuffer_IsContiguous(&all[i]->view, 'C') && !(i == 5 && stage != Py_None)) {
+            PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", names[i]);
+            return -1;
+        }
+    if (ops->planes.kind != K_U8 || ops->tap_phase.kind != K_I32 || ops->tap_offset.kind != K_I64 ||
+        ops->weights.kind != K_I32 || ops->corrections.kind != K_I32) {
+        PyErr_SetString(PyExc_TypeError,
+                        "planes uint8, tap_phase int32, tap_offset int64, weights and "
+                        "corrections int32");
+        return -1;
+    }
+    for (int d = 0; d < 5; d++)
+        if (shape[d] < 1) {
+            PyErr_SetString(PyExc_ValueError, "the planes' shape must be positive");
+            return -1;
+        }
+    Py_ssize_t taps = ops->tap_phase.view.len / 4;
+    if (ops->tap_offset.view.len / 8 != taps || taps < 1 || ops->weights.view.ndim != weight_rank) {
+        PyErr_SetString(PyExc_ValueError, "one phase and one offset per tap");
+        return -1;
+    }
+    const int32_t *phase = ops->tap_phase.view.buf;
+    const Py_ssize_t *offset = ops->tap_offset.view.buf;
+    Py_ssize_t plane = shape[3] * shape[4], largest = 0;
+    for (Py_ssize_t t = 0; t < taps; t++) {
+        if (phase[t] < 0 || phase[t] >= shape[2] || offset[t] < 0 || offset[t] >= plane) {
+            PyErr_SetString(PyExc_ValueError, "a tap's phase or offset is outside its planes");
+            return -1;
+        }
+        if (offset[t] > largest) largest = offset[t];
+    }
+    if (ops->planes.view.len != shape[0] * shape[1] * shape[2] * plane) {
+        PyErr_SetString(PyExc_ValueError, "planes must hold (N, C, phases, PH, PW) bytes");
+        return -1;
+    }
+    if (flip != 0 && flip != 0x80) {
+        PyErr_SetString(PyExc_ValueError, "flip must be 0 (uint8 codes) or 128 (int8 codes)");
+        return -1;
+    }
+    job->largest_offset = largest;
+    job->flip = (uint8_t)flip;
+    job->planes = ops->planes.view.buf;
+    job->batch = shape[0], job->channels = shape[1], job->phases = shape[2];
+    job->ph = shape[3], job->pw = shape[4];
+    job->tap_phase = phase;
+    job->tap_offset = offset;
+    job->taps = taps;
+    job->weights = ops->weights.view.buf;
+    job->corrections = ops->corrections.view.buf;
+    job->out = NULL;
+    job->codes = NULL;
+    const Py_buffer *out = &ops->out.view;
+    job->out_channels = out->ndim >= 2 ? out->shape[1] : 0;
+    if (stage == Py_None) {
+        if (ops->out.kind != K_I32 || out->ndim != 3 || out->shape[2] < 1) {
+            PyErr_SetString(PyExc_TypeError,
+                            "out must be (N, M, positions) int32 accumulators without a stage");
+            return -1;
+        }
+        job->out = out->buf;
+        job->positions = out->shape[2];
+        return 0;
+    }
+    if (out->ndim != 4 || out->strides[3] != out->itemsize || out->shape[2] < 1 ||
+        out->shape[3] < 1 || out->shape[3] > job->pw) {
+        PyErr_SetString(PyExc_ValueError,
+                        "out must be the (N, M, rows, width) codes, rows contiguous, with a stage");
+        return -1;
+    }
+    for (int d = 0; d < 3; d++) job->code_strides[d] = out->strides[d];
+    job->code_width = out->shape[3];
+    job->positions = (out->shape[2] - 1) * job->pw + out->shape[3];
+    /* the fused stage: (scale, offset, code_low, code_high, excess), out of the codes' dtype */
+    PyObject *scale_obj, *offset_obj;
+    long excess;
+    if (!PyArg_ParseTuple(stage, "OOddl", &scale_obj, &offset_obj, &job->code_low,
+                          &job->code_high, &excess))
+        return -1;
+    if (ops->out.kind != K_U8 && ops->out.kind != K_U16) {
+        PyErr_SetString(PyExc_TypeError, "out must hold uint8 or uint16 codes with a stage");
+        return -1;
+    }
+    if (get_operand(scale_obj, &ops->scale, 0, "scale") < 0 ||
+        get_operand(offset_obj, &ops->offset, 0, "offset") < 0)
+        return -1;
+    Py_ssize_t channels = ops->out.view.shape[1];
+    if (ops->scale.kind != K_F64 || ops->offset.kind != K_F64 ||
+        !PyBuffer_IsContiguous(&ops->scale.view, 'C') ||
+        !PyBuffer_IsContiguous(&ops->offset.view, 'C') || ops->scale.view.ndim != 1 ||
+        ops->offset.view.ndim != 1 || ops->scale.view.shape[0] != ops->offset.view.shape[0] ||
+        ops->scale.view.shape[0] < channels) {
+        PyErr_SetString(PyExc_ValueError, "scale and offset: one float64 per output channel");
+        return -1;
+    }
+    job->n_scale = ops->scale.view.shape[0];
+    job->scale = ops->scale.view.buf;
+    job->offset = ops->offset.view.buf;
+    job->excess = (int32_t)excess;
+    job->code_bytes = ops->out.kind == K_U8 ? 1 : 2;
+    job->codes = ops->out.view.buf;
+    return 0;
+}
+
+static PyObject *conv_planes(PyObject *self, PyObject *args) {
+    PyObject *objs[6];
+    Py_ssize_t shape[5], row0;
+    int group;
+    int flip;
+    PyObject *stage = Py_None;
+    if (!PyArg_ParseTuple(args, "O(nnnnn)iOOOOinO|O", &objs[0], &shape[0], &shape[1], &shape[2],
+                          &shape[3], &shape[4], &flip, &objs[1], &objs[2], &objs[3], &objs[4],
+                          &group, &row0, &objs[5], &stage))
+        return NULL;
+    PlaneOperands ops;
+    PlaneJob job;
+    PyObject *result = NULL;
+    int failed = 0;
+    if (plane_operands(objs, shape, flip, stage, &ops, &job, 3) < 0) goto done;
+    const Py_buffer *w = &ops.weights.view, *c = &ops.corrections.view, *o = &ops.out.view;
+    /* the last position read: row0's start plus the positions, plus the largest tap offset */
+    if (group < 1 || job.channels % group || w->shape[0] != group || c->ndim != 2 ||
+        c->shape[0] != group || c->shape[1] != w->shape[1] || o->shape[0] != job.batch ||
+        o->shape[1] != group * w->shape[1] || row0 < 0 ||
+        row0 * job.pw + job.positions + job.largest_offset > job.ph * job.pw ||
+        (job.codes != NULL && job.n_scale < group * w->shape[1])) {
+        PyErr_SetString(PyExc_ValueError,
+                        "conv_planes: shapes of planes, weights, corrections and out disagree");
+        goto done;
+    }
+    job.group = group;
+    job.mg = (int)w->shape[1];
+    job.cg = (int)(job.channels / group);
+    job.k = job.cg * job.taps;
+    job.k4 = w->shape[2];
+    job.row0 = row0;
+    if (job.k4 != (job.k + 3) / 4) {
+        PyErr_SetString(PyExc_ValueError, "weights: one int32 per four of (C/G) * taps");
+        goto done;
+    }
+#ifdef HAVE_VNNI
+    Py_BEGIN_ALLOW_THREADS
+    failed = run_conv_planes(&job);
+    Py_END_ALLOW_THREADS
+#endif
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release_planes(&ops);
+    return result;
+}
+
+static PyObject *depthwise_planes(PyObject *self, PyObject *args) {
+    PyObject *objs[6];
+    Py_ssize_t shape[5], channel0;
+    int flip;
+    PyObject *stage = Py_None;
+    if (!PyArg_ParseTuple(args, "O(nnnnn)iOOOOnO|O", &objs[0], &shape[0], &shape[1], &shape[2],
+                          &shape[3], &shape[4], &flip, &objs[1], &objs[2], &objs[3], &objs[4],
+                          &channel0, &objs[5], &stage))
+        return NULL;
+    PlaneOperands ops;
+    PlaneJob job;
+    PyObject *result = NULL;
+    if (plane_operands(objs, shape, flip, stage, &ops, &job, 2) < 0) goto done;
+    const Py_buffer *w = &ops.weights.view, *c = &ops.corrections.view, *o = &ops.out.view;
+    job.k = job.taps;
+    job.k4 = w->shape[1];
+    job.channel0 = channel0;
+    job.row0 = 0;
+    if (job.taps > 64 || w->shape[0] != job.channels || job.k4 != (job.taps + 3) / 4 ||
+        c->ndim != 1 || c->shape[0] != job.channels || o->shape[0] != job.batch ||
+        job.positions + job.largest_offset > job.ph * job.pw ||
+        channel0 < 0 || channel0 + job.out_channels > job.channels ||
+        (job.codes != NULL && job.n_scale < job.channels)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "depthwise_planes: shapes of planes, weights, corrections and out "
+                        "disagree (at most 64 taps)");
+        goto done;
+    }
+#ifdef HAVE_VNNI
+    Py_BEGIN_ALLOW_THREADS
+    run_depthwise_planes(&job);
+    Py_END_ALLOW_THREADS
+#endif
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release_planes(&ops);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* phase planes                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+static PyObject *phase_planes(PyObject *self, PyObject *args) {
+    PyObject *codes_obj, *out_obj;
+    int top, left, sh, sw, flip, pad;
+    Py_ssize_t rows, pitch;
+    if (!PyArg_ParseTuple(args, "O(ii)(ii)ii(nn)O", &codes_obj, &top, &left, &sh, &sw, &flip,
+                          &pad, &rows, &pitch, &out_obj))
+        return NULL;
+    Operand codes, out;
+    codes.held = out.held = 0;
+    PyObject *result = NULL;
+    if (get_operand(codes_obj, &codes, 0, "codes") < 0 || get_operand(out_obj, &out, 1, "out") < 0)
+        goto done;
+    if (codes.view.ndim != 4 || (codes.kind != K_I8 && codes.kind != K_U8) || out.kind != K_U8 ||
+        !PyBuffer_IsContiguous(&out.view, 'C')) {
+        PyErr_SetString(PyExc_TypeError, "codes (N, C, H, W) int8 or uint8; out contiguous uint8");
+        goto done;
+    }
+    Py_ssize_t batch = codes.view.shape[0], channels = codes.view.shape[1];
+    if (sh < 1 || sw < 1 || top < 0 || left < 0 || rows < 0 || pitch < 0 ||
+        out.view.len < batch * channels * sh * sw * rows * pitch) {
+        PyErr_SetString(PyExc_ValueError, "phase_planes: bad strides, pads or out size");
+        goto done;
+    }
+    PhaseJob job = {codes.view.buf, {0}, batch, channels, codes.view.shape[2],
+                    codes.view.shape[3], top, left, sh, sw, (uint8_t)flip, (uint8_t)pad,
+                    out.view.buf, rows, pitch};
+    for (int d = 0; d < 4; d++) job.cs[d] = codes.view.strides[d];
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = run_phase_planes(&job);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&codes);
+    release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"output_stage", output_stage, METH_VARARGS,
      "output_stage(acc, out, lower, upper, scale, offset, total_shift, exact_float, code_low, "
@@ -557,6 +859,21 @@ static PyMethodDef methods[] = {
     {"im2col", im2col, METH_VARARGS,
      "im2col(codes, zero_point, kernel, pads, strides, dilations, row0, out): centred im2col "
      "columns of output rows row0 .. row0 + rows of a CONV."},
+    {"phase_planes", phase_planes, METH_VARARGS,
+     "phase_planes(codes, (top, left), (sh, sw), flip, pad, (rows, pitch), out): the padded "
+     "stride phases of the codes (code ^ flip) that conv_planes and depthwise_planes read."},
+    {"conv_planes", conv_planes, METH_VARARGS,
+     "conv_planes(planes, (N, C, phases, PH, PW), flip, tap_phase, tap_offset, weights, "
+     "corrections, group, row0, out[, stage]): int32 accumulators of an int8 CONV over its "
+     "phase planes (N, M, positions: every column of the pitch PW from output row row0 on); "
+     "with stage = (scale, offset, code_low, code_high, excess) its float64 output stage's "
+     "codes into out, (N, M, rows, width) with contiguous rows (where `vnni` is True; "
+     "mla_vnni.h)."},
+    {"depthwise_planes", depthwise_planes, METH_VARARGS,
+     "depthwise_planes(planes, (N, C, phases, PH, PW), flip, tap_phase, tap_offset, weights, "
+     "corrections, channel0, out[, stage]): int32 accumulators (or codes, as conv_planes) of "
+     "an int8 depthwise CONV over its phase planes, channels channel0 .. (where `vnni` is True; "
+     "mla_vnni.h)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -570,8 +887,14 @@ PyMODINIT_FUNC PyInit__mla_kernels(void) {
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2");
 #endif
+#ifdef HAVE_VNNI
+    have_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vnni");
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddStringConstant(m, "instruction_set", use_avx2 ? "avx2" : "baseline") < 0) {
+    if (m != NULL &&
+        (PyModule_AddStringConstant(m, "instruction_set", use_avx2 ? "avx2" : "baseline") < 0 ||
+         PyModule_AddIntConstant(m, "vnni", have_vnni) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -495,7 +495,7 @@ class Emulator:
         """The program's steps on this image (`emulator_plans`), made on its first run (the
         views and buffers they hold stay valid: an image keeps its buffers)."""
         plan = memory.plan
-        if plan is None or plan.planned != emulator_plans.PLANNED:
+        if plan is None or plan.planned != emulator_plans.plan_settings():
             plan = memory.plan = plan_program(self.instructions, memory)
         return plan
 

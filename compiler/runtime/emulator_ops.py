@@ -246,6 +246,17 @@ def _blocks(shape: tuple[int, ...]) -> list[Block]:
     ]
 
 
+def _channel_vector(table: np.ndarray, channels: int) -> np.ndarray | None:
+    """A table that broadcasts against a rank-4 result and varies only along axis 1, as one
+    contiguous float64 per channel; None for any other table."""
+    if table.ndim > 4:
+        return None
+    shape = (1,) * (4 - table.ndim) + table.shape
+    if shape[0] != 1 or shape[2:] != (1, 1) or shape[1] not in (1, channels):
+        return None
+    return np.ascontiguousarray(np.broadcast_to(table.reshape(shape[1]), (channels,)), np.float64)
+
+
 def _block_of(table: np.ndarray | int | None, block: Block) -> np.ndarray | int | None:
     """The part of a table, broadcast against the whole result, that one block of it needs
     (the table itself where the block spans all of its axes)."""
@@ -647,6 +658,23 @@ class _OutputStage:
             fused = prepare()
         return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, {})
 
+    def channel_vectors(self, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The fused float64 stage's scale and offset as one float64 per output channel (axis
+        1 of the result), for the compiled int8 CONV to apply in its epilogue; None where the
+        stage is not fused, runs in int64, has codes wider than 16 bits or tables that vary
+        along another axis. Kept with the stage (in `parts`, under a key of its own)."""
+        fused = self.fused
+        if fused is None or not fused.exact_float or fused.code_dtype.itemsize > 2:
+            return None
+        key = ("channel vectors", channels)
+        if key not in self.parts:
+            self.parts[key] = (
+                _channel_vector(fused.scale, channels),
+                _channel_vector(fused.offset, channels),
+            )
+        scale, offset = self.parts[key]
+        return None if scale is None or offset is None else (scale, offset)
+
     def blockwise(self, shape: tuple[int, ...]) -> bool:
         """Whether the tables broadcast to `shape` (else one whole evaluation decides what
         shape the result, or the error, has)."""
@@ -982,6 +1010,29 @@ class _Weights:
         if dtype not in self._cast:
             self._cast[dtype] = _frozen(self.values.astype(dtype))
         return self._cast[dtype]
+
+    def int8_quads(self, group: int, zero_point_code: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """A (M, C/G, kh, kw) CONV weight as the compiled int8 kernel reads it (`compiler.native`
+        conv_planes, depthwise_planes): per group, each output channel's weights in im2col order, zero-padded to a
+        multiple of four and packed four bytes to an int32, and the corrections c * sum(w)
+        (wrapped to int32) for codes read with c = `zero_point_code` at the zero point; None
+        where a weight does not fit a signed byte."""
+        key = ("int8 quads", group, zero_point_code)
+        if key not in self._cast:
+            values = self.values
+            if values.size and (values.min() < -128 or values.max() > 127):
+                self._cast[key] = None
+                return None
+            out_channels = values.shape[0]
+            rows = values.reshape(group, out_channels // group, -1)
+            depth = rows.shape[2]
+            padded = np.zeros((*rows.shape[:2], -(-depth // 4) * 4), np.int8)
+            padded[:, :, :depth] = rows
+            quads = _frozen(padded.view("<i4"))
+            sums = rows.astype(np.int64).sum(axis=2)
+            corrections = _frozen((zero_point_code * sums).astype(np.int32))
+            self._cast[key] = (quads, corrections)
+        return self._cast[key]
 
     def taps(self, dtype: type) -> np.ndarray:
         """A (M, C, kh, kw) CONV weight as contiguous (kh, kw, M, C) `dtype` matrices, one
@@ -1419,31 +1470,37 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
     largest = _largest_value(codes, zero_point, weights.mass)
     stage = conv_stage(memory, instruction)
     into = _direct_destination(memory, instruction, stage, shape)
-    if into is not None and _compiled_depthwise(geometry, codes, largest):
+    int8 = _compiled_int8(geometry, codes, zero_point, weights, largest)
+    if int8 is None and into is not None and _compiled_depthwise(geometry, codes, largest):
         _depthwise_compiled(instruction, geometry, codes, weights, stage, into)
         return
     dtype = _exact_dtype(largest)
-    compiled_columns = _compiled_columns(geometry, codes, dtype)
-    depthwise_last = not compiled_columns and depthwise_channel_last(geometry)
+    compiled_columns = int8 is None and _compiled_columns(geometry, codes, dtype)
+    depthwise_last = depthwise_channel_last(geometry)
     everything = slice(None)
+    pads = instruction.pads
     if compiled_columns:
-        # The columns are read from the codes block by block (not from a centred copy made
-        # first), so codes the destination overlaps are copied before any block is written.
+        # The kernel reads the codes block by block (not a centred copy made first), so codes
+        # the destination overlaps are copied before any block is written.
         if into is not None:
             codes = _unaliased(codes, into, "conv-codes")
-    else:
-        x = _centred_as(
-            codes, zero_point, dtype, instruction.pads, "conv-input", channel_last=depthwise_last
-        )
+    elif int8 is None:
+        x = _centred_as(codes, zero_point, dtype, pads, "conv-input", channel_last=depthwise_last)
 
-    if compiled_columns:
+    if int8 is not None:
+        compiled = _int8_conv(instruction, geometry, codes, into, stage, *int8)
+        if compiled.codes is not None and into is not None:
+            _blockwise(shape, stage.out_dtype, compiled.codes, compiled.blocks, into=into)
+            return
+        blocks, accumulate, pitch = compiled.blocks, compiled.accumulate, compiled.pitch
+
+    elif compiled_columns:
         weight = weights.astype(dtype).reshape(group, group_out, group_channels * kh * kw)
         pitch = wo
         step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
         blocks = [
             (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
         ]
-        pads = instruction.pads
 
         def accumulate(block: Block) -> np.ndarray:
             rows = range(ho)[block[2]]
@@ -1579,6 +1636,225 @@ def _unaliased(codes: np.ndarray, into: np.ndarray, pool: str) -> np.ndarray:
     copied = _scratch(pool, codes.shape, codes.dtype)
     np.copyto(copied, codes)
     return copied
+
+
+DEPTHWISE_INT8_TAPS = 64
+"""The most kernel taps of a depthwise CONV in the compiled int8 kernel (`depthwise_planes`)."""
+
+
+def _compiled_int8(
+    geometry: ConvGeometry,
+    codes: np.ndarray,
+    zero_point: int,
+    weights: _Weights,
+    largest: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The packed weights and corrections of the compiled int8 CONV (`_Weights.int8_quads`)
+    where it computes this CONV, else None: the CPU has VNNI, the CONV has several input
+    channels per group or is depthwise with at most `DEPTHWISE_INT8_TAPS` taps, its codes are int8 or uint8 with the zero point among them, every
+    weight fits a signed byte and every exact sum fits int32 (`_largest_value`: the kernel's
+    int32 lanes wrap, so a sum that fits comes out exact)."""
+    if native_kernels is None or not native_kernels.vnni:
+        return None
+    depthwise = geometry.channels == geometry.group == geometry.out_channels
+    taps = geometry.kernel[0] * geometry.kernel[1]
+    if geometry.channels <= geometry.group and not (depthwise and taps <= DEPTHWISE_INT8_TAPS):
+        return None
+    if codes.dtype not in (np.int8, np.uint8) or largest > INT32_MAX:
+        return None
+    code = zero_point + (128 if codes.dtype == np.int8 else 0)
+    if not 0 <= code <= 255:
+        return None
+    return weights.int8_quads(geometry.group, code)
+
+
+@dataclass(frozen=True)
+class _PhasePlanes:
+    """A CONV's codes as the compiled int8 kernels read them (mla_vnni.h): bytes that XORed
+    with `flip` are u = code + 128 for int8 codes (the code itself for uint8), zero-padded
+    with the zero point and split into the stride phases x[a::sh, b::sw] of each channel,
+    (N, C, sh·sw, PHp, PWp); and for each kernel tap (i, j) its phase and the flat offset of
+    its first element there, so that output (oh, ow) of that tap reads flat element
+    oh·PWp + ow + offset of that phase: every tap reads its phase with unit stride.
+
+    `planes` is the codes themselves (`source` is None) or a copy of them, which `refresh`
+    makes from `source` (the codes' view, whose memory holds each run's codes)."""
+
+    planes: np.ndarray
+    shape: tuple[int, int, int, int, int]
+    flip: int
+    tap_phase: np.ndarray
+    tap_offset: np.ndarray
+    source: np.ndarray | None
+    pads: tuple[int, int]
+    strides: tuple[int, int]
+    pad: int
+
+    @classmethod
+    def of(
+        cls,
+        codes: np.ndarray,
+        instruction: Conv,
+        into: np.ndarray | None,
+        buffer: Callable[[int], np.ndarray],
+    ) -> _PhasePlanes:
+        """The planes of the CONV's codes: the codes themselves where a 1x1 unit-stride CONV
+        without padding reads contiguous codes that the destination `into` does not overlap,
+        else a copy in `buffer(size)` (a flat uint8 array), made now."""
+        batch, channels, height, width = codes.shape
+        (kh, kw), (sh, sw) = instruction.weight.shape[2:], instruction.strides
+        dh, dw = instruction.dilations
+        top, left, bottom, right = instruction.pads
+        rows, pitch = -(-(height + top + bottom) // sh), -(-(width + left + right) // sw)
+        taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]
+        tap_phase = np.array([(r % sh) * sw + c % sw for r, c in taps], np.int32)
+        tap_offset = np.array([(r // sh) * pitch + c // sw for r, c in taps], np.int64)
+        shape = (batch, channels, sh * sw, rows, pitch)
+        flip = 128 if codes.dtype == np.int8 else 0
+        pad = (instruction.input_zero_point + flip) ^ flip  # the zero point's stored byte
+        in_place = (
+            (kh, kw, sh, sw) == (1, 1, 1, 1)
+            and not any(instruction.pads)
+            and codes.flags.c_contiguous
+            and (into is None or not np.may_share_memory(codes, into))
+        )
+        planes = codes.view(np.uint8).reshape(-1) if in_place else buffer(math.prod(shape))
+        made = cls(
+            planes,
+            shape,
+            flip,
+            tap_phase,
+            tap_offset,
+            None if in_place else codes,
+            (top, left),
+            (sh, sw),
+            pad,
+        )
+        made.refresh()
+        return made
+
+    @property
+    def pitch(self) -> int:
+        return self.shape[4]
+
+    def refresh(self) -> None:
+        """The copy made anew from the codes (`phase_planes`); nothing for planes in place."""
+        if self.source is not None:
+            native_kernels.phase_planes(
+                self.source, self.pads, self.strides, 0, self.pad, self.shape[3:], self.planes
+            )
+
+    def operands(self) -> tuple[object, ...]:
+        """The kernels' leading arguments."""
+        return (self.planes, self.shape, self.flip, self.tap_phase, self.tap_offset)
+
+
+def _scratch_planes(size: int) -> np.ndarray:
+    return _scratch("int8-planes", (size,), np.uint8)
+
+
+@dataclass(frozen=True)
+class _Int8Conv:
+    """A CONV in the compiled int8 kernels (`_compiled_int8`): its blocks, a function giving a
+    block's accumulators (`_valid_span`) and their pitch, and, where the kernels also run its
+    output stage (`_OutputStage.channel_vectors`), a `_blockwise` compute that writes a block's
+    codes."""
+
+    blocks: list[Block]
+    accumulate: Callable[[Block], np.ndarray]
+    pitch: int
+    codes: Callable[[Block, np.ndarray, np.ndarray], None] | None
+    planes: _PhasePlanes
+
+
+def _int8_conv(
+    instruction: Conv,
+    geometry: ConvGeometry,
+    codes: np.ndarray,
+    into: np.ndarray | None,
+    stage: _OutputStage,
+    quads: np.ndarray,
+    corrections: np.ndarray,
+    planes_buffer: Callable[[int], np.ndarray] = _scratch_planes,
+) -> _Int8Conv:
+    """`_Int8Conv` of the CONV: a depthwise CONV in blocks of channels (`depthwise_planes`),
+    others in blocks of output rows (`conv_planes`), both over the codes' phase planes (made
+    now, in `planes_buffer(size)` where they are a copy)."""
+    planes = _PhasePlanes.of(codes, instruction, into, planes_buffer)
+    batch, out_channels, ho, wo = geometry.shape
+    pitch, everything = planes.pitch, slice(None)
+    operands = planes.operands()
+    vectors = stage.channel_vectors(out_channels)
+    fused = None if vectors is None else (*vectors, *_stage_bounds(stage.fused))
+    code_dtype = None if fused is None else stage.fused.code_dtype
+    if geometry.channels == geometry.group == out_channels:
+        weights, sums = quads.reshape(out_channels, -1), corrections.reshape(out_channels)
+        step = _step(out_channels, batch * ho * wo, batch * out_channels * ho * wo)
+        blocks = [
+            (everything, slice(c, min(out_channels, c + step)), everything, everything)
+            for c in range(0, out_channels, step)
+        ]
+
+        def run(block: Block, out: np.ndarray, *fused_stage: object) -> None:
+            first = range(out_channels)[block[1]].start
+            native_kernels.depthwise_planes(*operands, weights, sums, first, out, *fused_stage)
+
+        def acc_shape(block: Block) -> tuple[int, ...]:
+            return (batch, len(range(out_channels)[block[1]]), _span(ho, pitch, wo))
+
+    else:
+        step = _step(ho, batch * out_channels * pitch, batch * out_channels * ho * wo)
+        blocks = [
+            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
+        ]
+        group = geometry.group
+
+        def run(block: Block, out: np.ndarray, *fused_stage: object) -> None:
+            first = range(ho)[block[2]].start
+            native_kernels.conv_planes(
+                *operands, quads, corrections, group, first, out, *fused_stage
+            )
+
+        def acc_shape(block: Block) -> tuple[int, ...]:
+            return (batch, out_channels, _span(len(range(ho)[block[2]]), pitch, wo))
+
+    def accumulate(block: Block) -> np.ndarray:
+        acc = _scratch("int8-acc", acc_shape(block), np.int32)
+        run(block, acc)
+        return _valid_span(acc, len(range(ho)[block[2]]), pitch, wo)
+
+    def write_codes(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
+        # The kernels write rows of codes where they are contiguous, else a copy is made.
+        codes = out.view(code_dtype)
+        if codes.strides[3] == codes.itemsize:
+            run(block, codes, fused)
+            return
+        staged = _scratch("int8-codes", out.shape, code_dtype)
+        run(block, staged, fused)
+        np.copyto(codes, staged)
+
+    return _Int8Conv(blocks, accumulate, pitch, None if fused is None else write_codes, planes)
+
+
+def _stage_bounds(fused: FusedOutputStage) -> tuple[float, float, int]:
+    """The fused stage's code bounds and excess, as the compiled kernels take them."""
+    return (fused.code_low, fused.code_high, fused.excess)
+
+
+def _span(rows: int, pitch: int, width: int) -> int:
+    """Flat positions from the start of the first of `rows` rows `pitch` apart to the last
+    row's `width`-th element."""
+    return (rows - 1) * pitch + width
+
+
+def _valid_span(acc: np.ndarray, rows: int, pitch: int, width: int) -> np.ndarray:
+    """Accumulators of `rows` rows computed for every column of the pitch, (N, M, span): the
+    (N, M, rows, width) result itself where the pitch is the width, else the span as it is,
+    whose rows `_pitched_stage` takes `pitch` apart (the stage then runs over one contiguous
+    run per channel)."""
+    if pitch == width:
+        return acc.reshape(*acc.shape[:2], rows, width)
+    return acc
 
 
 def _compiled_columns(geometry: ConvGeometry, codes: np.ndarray, dtype: type) -> bool:

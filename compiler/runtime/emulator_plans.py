@@ -50,15 +50,19 @@ from compiler.isa import (
     Store,
     Tensor,
 )
+from compiler.runtime import emulator_ops
 from compiler.runtime.emulator_ops import (
     EXECUTORS,
     PARALLEL_ELEMENTS,
+    ConvGeometry,
     EmulatorError,
     MemoryPort,
     _ChannelLastTaps,
+    _compiled_int8,
     _DepthwiseTaps,
     _exact_dtype,
     _in_place,
+    _int8_conv,
     _largest_value,
     _OutputStage,
     _rank4,
@@ -84,6 +88,7 @@ from compiler.runtime.emulator_ops import (
     resize_passes,
     table_pays,
 )
+from compiler.runtime.parallel import for_each
 
 PLANNED = True
 """Whether `plan_program` plans small instructions (False: every step is its executor; for
@@ -115,7 +120,14 @@ class Plan:
     steps: tuple[Step, ...]
     reads: Mapping[Space, int]
     writes: Mapping[Space, int]
-    planned: bool
+    planned: tuple[bool, bool]
+    """`plan_settings()` when it was made: a plan made under other settings is made again."""
+
+
+def plan_settings() -> tuple[bool, bool]:
+    """What a plan depends on besides the program: whether small instructions are planned
+    (`PLANNED`) and whether the compiled kernels are in use (tests switch them off)."""
+    return (PLANNED, emulator_ops.native_kernels is not None)
 
 
 def plan_program(instructions: Sequence[Instruction], memory: PlanPort) -> Plan:
@@ -131,7 +143,7 @@ def plan_program(instructions: Sequence[Instruction], memory: PlanPort) -> Plan:
             _count(reads, instruction.inputs().values())
             _count(writes, instruction.outputs().values())
         steps.append(step)
-    return Plan(tuple(steps), reads, writes, PLANNED)
+    return Plan(tuple(steps), reads, writes, plan_settings())
 
 
 def _planned(instruction: Instruction, memory: PlanPort) -> Step | None:
@@ -181,25 +193,32 @@ def _plan_copy(instruction: Load | Store | Move, memory: PlanPort) -> Step | Non
 
 
 def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
-    """A small CONV: its input centred into a zero-padded buffer of its own (the padding is
-    written once), the exact products of `execute_conv`'s algorithm for its shape, and the
-    fused output stage written into the destination."""
+    """A CONV in the compiled int8 kernels (any size: `_plan_int8_conv`), or a small CONV:
+    its input centred into a zero-padded buffer of its own (the padding is written once), the
+    exact products of `execute_conv`'s algorithm for its shape, and the fused output stage
+    written into the destination."""
     geometry = conv_geometry(instruction)
     shape = geometry.shape
-    if math.prod(shape) >= SMALL_ELEMENTS or not _tables_constant(instruction, "input"):
+    if not _tables_constant(instruction, "input"):
         return None
     stage = conv_stage(memory, instruction)
     target = memory.place(instruction.output, writable=True)
+    weights = conv_weights(memory, instruction)
+    zero_point = instruction.input_zero_point
+    largest = _largest_value(_code_range(instruction.input), zero_point, weights.mass)
+    codes = memory.place(instruction.input)
+    int8 = _compiled_int8(geometry, codes, zero_point, weights, largest)
+    if int8 is not None:
+        return _plan_int8_conv(instruction, geometry, codes, stage, int8, target)
+    if math.prod(shape) >= SMALL_ELEMENTS:
+        return None
     apply = _stage_into(stage, target)
     if apply is None:
         return None
-    weights = conv_weights(memory, instruction)
-    zero_point = instruction.input_zero_point
-    dtype = _exact_dtype(_largest_value(_code_range(instruction.input), zero_point, weights.mass))
+    dtype = _exact_dtype(largest)
     top, left, bottom, right = instruction.pads
     batch, channels, height, width = instruction.input.shape
     padded = (height + top + bottom, width + left + right)
-    codes = memory.place(instruction.input)
     if depthwise_channel_last(geometry):
         # Channel-last input and accumulators (`execute_conv` takes the same path): the
         # stage writes codes in that layout, which are then transposed into the target.
@@ -229,6 +248,44 @@ def _plan_conv(instruction: Conv, memory: PlanPort) -> Step | None:
     def conv() -> None:
         np.subtract(codes, zero_point, out=inside, dtype=dtype)
         apply(accumulate())
+
+    return conv
+
+
+def _plan_int8_conv(
+    instruction: Conv,
+    geometry: ConvGeometry,
+    codes: np.ndarray,
+    stage: _OutputStage,
+    int8: tuple[np.ndarray, np.ndarray],
+    target: np.ndarray,
+) -> Step | None:
+    """A CONV in the compiled int8 kernels with its output stage (`_int8_conv`): the phase
+    planes (a buffer of the plan's), the blocks and their places in the destination made
+    once, so that a run is the planes' refresh and one kernel call per block (on the
+    emulator's threads); None where the kernels do not run the stage."""
+    if stage.out_dtype != target.dtype or not stage.blockwise(target.shape):
+        return None
+    compiled = _int8_conv(
+        instruction,
+        geometry,
+        codes,
+        target,
+        stage,
+        *int8,
+        planes_buffer=lambda size: np.empty(size, np.uint8),
+    )
+    write = compiled.codes
+    if write is None:
+        return None
+    blocks, planes = compiled.blocks, compiled.planes
+    places = [target[block] for block in blocks]
+    unused = np.empty(1, np.int64)  # `write` takes no work memory
+    indices = range(len(blocks))
+
+    def conv() -> None:
+        planes.refresh()
+        for_each(indices, lambda k: write(blocks[k], places[k], unused))
 
     return conv
 
