@@ -368,6 +368,28 @@ static void HOT(run_im2col)(const ColumnsJob *job) {
  * of (rows, pitch) elements. Each phase plane is filled with the padding at once, then its
  * rows inside the map are copied: phase column x of phase (a, b) is padded column b + sw x,
  * i.e. map column b + sw x - left. */
+static void HOT(deal_pairs)(const PhaseJob *job, const uint8_t *restrict src,
+                            uint8_t *restrict even, uint8_t *restrict odd) {
+    /* padded column i + left of map column i goes to phase (i + left) % 2, column
+     * (i + left) / 2: pairs of map columns split between the two phase rows */
+    Py_ssize_t width = job->width, left = job->left, pitch = job->pitch, pairs;
+    const uint8_t flip = job->flip;
+    uint8_t *first = (left & 1) ? odd : even, *second = (left & 1) ? even : odd;
+    Py_ssize_t at_first = left / 2, at_second = (left + 1) / 2;
+    pairs = width / 2;
+    if (at_first + pairs > pitch) pairs = pitch - at_first;
+    if (at_second + pairs > pitch) pairs = pitch - at_second;
+    if (pairs < 0) pairs = 0;
+    for (Py_ssize_t k = 0; k < pairs; k++) {
+        first[at_first + k] = src[2 * k] ^ flip;
+        second[at_second + k] = src[2 * k + 1] ^ flip;
+    }
+    for (Py_ssize_t i = 2 * pairs; i < width; i++) { /* an odd width's last column */
+        Py_ssize_t column = (i + left) / 2;
+        if (column < pitch) (((i + left) & 1) ? odd : even)[column] = src[i] ^ flip;
+    }
+}
+
 static int HOT(run_phase_planes)(const PhaseJob *job) {
     Py_ssize_t sh = job->sh, sw = job->sw, rows = job->rows, pitch = job->pitch;
     Py_ssize_t step = sw * job->cs[3];
@@ -375,6 +397,19 @@ static int HOT(run_phase_planes)(const PhaseJob *job) {
     for (Py_ssize_t n = 0; n < job->batch; n++)
         for (Py_ssize_t c = 0; c < job->channels; c++) {
             const char *plane = job->codes + n * job->cs[0] + c * job->cs[1];
+            if (sw == 2 && job->cs[3] == 1) { /* both column phases of a row in one pass */
+                uint8_t *dst = job->out + (n * job->channels + c) * sh * 2 * rows * pitch;
+                memset(dst, job->pad, (size_t)(sh * 2 * rows * pitch));
+                for (Py_ssize_t a = 0; a < sh; a++)
+                    for (Py_ssize_t y = 0; y < rows; y++) {
+                        Py_ssize_t r = a + sh * y - job->top;
+                        if (r < 0 || r >= job->height) continue;
+                        HOT(deal_pairs)(job, (const uint8_t *)(plane + r * job->cs[2]),
+                                        dst + ((a * 2) * rows + y) * pitch,
+                                        dst + ((a * 2 + 1) * rows + y) * pitch);
+                    }
+                continue;
+            }
             for (Py_ssize_t a = 0; a < sh; a++)
                 for (Py_ssize_t b = 0; b < sw; b++) {
                     uint8_t *dst =

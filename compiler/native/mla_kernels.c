@@ -668,6 +668,7 @@ static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], in
         }
         job->out = out->buf;
         job->positions = out->shape[2];
+        job->code_width = 0;
         return 0;
     }
     if (out->ndim != 4 || out->strides[3] != out->itemsize || out->shape[2] < 1 ||
@@ -678,6 +679,8 @@ static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], in
     }
     for (int d = 0; d < 3; d++) job->code_strides[d] = out->strides[d];
     job->code_width = out->shape[3];
+    job->rows_packed = out->strides[2] == out->shape[3] * out->itemsize;
+    job->codes_flat = job->rows_packed && job->code_width == job->pw;
     job->positions = (out->shape[2] - 1) * job->pw + out->shape[3];
     /* the fused stage: (scale, offset, code_low, code_high, excess), out of the codes' dtype */
     PyObject *scale_obj, *offset_obj;
@@ -790,11 +793,16 @@ static PyObject *depthwise_planes(PyObject *self, PyObject *args) {
                         "disagree (at most 64 taps)");
         goto done;
     }
+    int failed = 0;
 #ifdef HAVE_VNNI
     Py_BEGIN_ALLOW_THREADS
-    run_depthwise_planes(&job);
+    failed = run_depthwise_planes(&job);
     Py_END_ALLOW_THREADS
 #endif
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
     result = Py_None;
     Py_INCREF(result);
 done:
@@ -890,6 +898,7 @@ PyMODINIT_FUNC PyInit__mla_kernels(void) {
 #ifdef HAVE_VNNI
     have_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vnni");
+    have_vbmi2 = have_vnni && __builtin_cpu_supports("avx512vbmi2");
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m != NULL &&

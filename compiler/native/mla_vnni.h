@@ -46,7 +46,9 @@ typedef struct {
     void *codes;                /* or, the output stage fused, the codes' destination: */
     Py_ssize_t code_strides[3]; /* (batch, channel, row) byte strides of its rows, */
     Py_ssize_t code_width;      /* of this many (the output width) elements */
-    int code_bytes;             /* of 1 or 2 bytes */
+    int code_bytes;             /* of 1 or 2 bytes; */
+    int rows_packed;            /* whether those rows are stored back to back, */
+    int codes_flat;             /* and whether position p of a channel is its element p */
     const double *scale, *offset; /* per output channel (all of them) */
     Py_ssize_t n_scale;
     double code_low, code_high;
@@ -141,15 +143,50 @@ VNNI_TARGET static inline void scatter_codes(const PlaneJob *job, __m512i codes,
     }
 }
 
-/* Where a panel starts: its first flat position and that position's row and column. */
+static int have_vbmi2 = 0; /* set when the module loads */
+
+/* The valid lanes of a panel's 64 codes stored one after the other (AVX-512 VBMI2's
+ * compressing stores): the outputs of rows stored back to back. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) static void compress_codes(
+    const __m512i codes[4], uint64_t valid, int code_bytes, char *at) {
+    if (code_bytes == 1) {
+        __m512i bytes = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(codes[0]));
+        bytes = _mm512_inserti32x4(bytes, _mm512_cvtepi32_epi8(codes[1]), 1);
+        bytes = _mm512_inserti32x4(bytes, _mm512_cvtepi32_epi8(codes[2]), 2);
+        bytes = _mm512_inserti32x4(bytes, _mm512_cvtepi32_epi8(codes[3]), 3);
+        _mm512_mask_compressstoreu_epi8(at, (__mmask64)valid, bytes);
+        return;
+    }
+    __m512i low = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(codes[0])),
+                                     _mm512_cvtepi32_epi16(codes[1]), 1);
+    __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(codes[2])),
+                                      _mm512_cvtepi32_epi16(codes[3]), 1);
+    __mmask32 first = (__mmask32)(valid & 0xFFFFFFFFu), second = (__mmask32)(valid >> 32);
+    _mm512_mask_compressstoreu_epi16(at, first, low);
+    _mm512_mask_compressstoreu_epi16(at + 2 * __builtin_popcount(first), second, high);
+}
+
+/* Where a panel is: its first flat position and that position's row and column, which of its
+ * lanes hold outputs (a column inside the output width), and where the first of those goes
+ * in a destination whose rows of outputs are stored back to back. */
 typedef struct {
     Py_ssize_t first, row, column;
+    uint64_t valid;
+    Py_ssize_t packed;
 } PanelStart;
 
-/* The next panel's start (PANEL positions on), without a division. */
-static inline PanelStart next_panel(const PlaneJob *job, PanelStart at) {
-    at.first += PANEL;
-    for (at.column += PANEL; at.column >= job->pw; at.column -= job->pw) at.row++;
+static PanelStart panel_at(const PlaneJob *job, Py_ssize_t first, Py_ssize_t count) {
+    Py_ssize_t pw = job->pw, wo = job->code_width > 0 ? job->code_width : pw;
+    PanelStart at = {first, first / pw, first % pw, 0, 0};
+    at.packed = at.row * wo + (at.column < wo ? at.column : wo);
+    Py_ssize_t column = at.column;
+    for (Py_ssize_t t = 0; t < count;) {
+        Py_ssize_t run = pw - column < count - t ? pw - column : count - t;
+        Py_ssize_t valid = column < wo ? (wo - column < run ? wo - column : run) : 0;
+        if (valid > 0) at.valid |= (valid >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << valid) - 1)) << t;
+        t += run;
+        column = 0;
+    }
     return at;
 }
 
@@ -170,12 +207,36 @@ VNNI_TARGET static inline void store_result(const PlaneJob *job, const __m512i a
     __m512d offset = _mm512_set1_pd(job->offset[channel]);
     __m512d low = _mm512_set1_pd(job->code_low), high = _mm512_set1_pd(job->code_high);
     __m512i excess = _mm512_set1_epi32(job->excess);
+    if (job->codes_flat) { /* rows without gaps, stored back to back: one store a vector */
+        char *base = (char *)job->codes + n * job->code_strides[0] +
+                     out_channel * job->code_strides[1] + at.first * job->code_bytes;
+        for (int s = 0; s < 4; s++) {
+            Py_ssize_t left = count - 16 * s;
+            if (left <= 0) break;
+            __m512i codes = stage_codes(acc[s], c, scale, offset, low, high, excess);
+            __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            if (job->code_bytes == 1)
+                _mm512_mask_cvtepi32_storeu_epi8(base + 16 * s, mask, codes);
+            else
+                _mm512_mask_cvtepi32_storeu_epi16(base + 32 * s, mask, codes);
+        }
+        return;
+    }
+    __m512i codes[4];
+    for (int s = 0; s < 4; s++)
+        codes[s] = 16 * s < count ? stage_codes(acc[s], c, scale, offset, low, high, excess)
+                                  : _mm512_setzero_si512();
+    if (job->rows_packed && have_vbmi2) {
+        char *base = (char *)job->codes + n * job->code_strides[0] +
+                     out_channel * job->code_strides[1] + at.packed * job->code_bytes;
+        compress_codes(codes, at.valid, job->code_bytes, base);
+        return;
+    }
     Py_ssize_t row = at.row, column = at.column;
     for (int s = 0; s < 4; s++) {
         Py_ssize_t left = count - 16 * s;
         if (left <= 0) break;
-        __m512i codes = stage_codes(acc[s], c, scale, offset, low, high, excess);
-        scatter_codes(job, codes, n, out_channel, row, column, left >= 16 ? 16 : (int)left);
+        scatter_codes(job, codes[s], n, out_channel, row, column, left >= 16 ? 16 : (int)left);
         for (column += 16; column >= job->pw; column -= job->pw) row++;
     }
 }
@@ -265,9 +326,9 @@ VNNI_TARGET static int run_conv_planes(const PlaneJob *job) {
             const int32_t *corr = job->corrections + (Py_ssize_t)g * job->mg;
             Py_ssize_t channel = (Py_ssize_t)g * job->mg;
             for (Py_ssize_t k = 0; k < k4 * 4; k++) rows[k] = plane_row(job, planes, k);
-            PanelStart at = {0, 0, 0};
-            for (Py_ssize_t first = 0; first < positions; first += PANEL, at = next_panel(job, at)) {
+            for (Py_ssize_t first = 0; first < positions; first += PANEL) {
                 Py_ssize_t count = positions - first < PANEL ? positions - first : PANEL;
+                PanelStart at = panel_at(job, first, count);
                 __mmask64 load = panel_mask(count);
                 for (Py_ssize_t q = 0; q < k4; q++) {
                     const uint8_t *r[4];
@@ -290,11 +351,19 @@ VNNI_TARGET static int run_conv_planes(const PlaneJob *job) {
 /* A depthwise CONV (one input channel, one output per group) over its phase planes: each
  * channel's taps in fours, interleaved in registers and multiplied by that channel's weights,
  * for every position of its output planes (all rows of the channels asked for). */
-VNNI_TARGET static void run_depthwise_planes(const PlaneJob *job) {
+VNNI_TARGET static int run_depthwise_planes(const PlaneJob *job) {
     Py_ssize_t plane = job->ph * job->pw;
     Py_ssize_t positions = job->positions;
     Py_ssize_t k4 = job->k4;
     __m512i flip = _mm512_set1_epi8((char)job->flip);
+    /* the panels are the same for every channel: placed once */
+    Py_ssize_t count_panels = (positions + PANEL - 1) / PANEL;
+    PanelStart *panels = malloc((size_t)count_panels * sizeof(*panels));
+    if (panels == NULL) return -1;
+    for (Py_ssize_t p = 0; p < count_panels; p++) {
+        Py_ssize_t first = p * PANEL;
+        panels[p] = panel_at(job, first, positions - first < PANEL ? positions - first : PANEL);
+    }
     for (Py_ssize_t n = 0; n < job->batch; n++) {
         for (Py_ssize_t o = 0; o < job->out_channels; o++) {
             Py_ssize_t c = job->channel0 + o;
@@ -304,9 +373,9 @@ VNNI_TARGET static void run_depthwise_planes(const PlaneJob *job) {
             for (Py_ssize_t t = 0; t < k4 * 4; t++)
                 rows[t] = t < job->taps ? planes + job->tap_phase[t] * plane + job->tap_offset[t]
                                         : NULL;
-            PanelStart at = {0, 0, 0};
-            for (Py_ssize_t first = 0; first < positions; first += PANEL, at = next_panel(job, at)) {
+            for (Py_ssize_t first = 0, panel = 0; first < positions; first += PANEL, panel++) {
                 Py_ssize_t count = positions - first < PANEL ? positions - first : PANEL;
+                PanelStart at = panels[panel];
                 __mmask64 load = panel_mask(count);
                 __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
                                   _mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -323,4 +392,6 @@ VNNI_TARGET static void run_depthwise_planes(const PlaneJob *job) {
             }
         }
     }
+    free(panels);
+    return 0;
 }
