@@ -25,7 +25,8 @@ from onnx import TensorProto, helper, numpy_helper
 import compiler.intmath
 from compiler.archive import read_archive
 from compiler.compile import compile_model
-from compiler.intmath import FusedOutputStage, requantize_clamp
+from compiler.intmath import FusedOutputStage, dtype_range, quantize_multiplier, requantize_clamp
+from compiler.isa import Conv, Requant, Space, Tensor
 from compiler.native import kernels, status
 from compiler.quantize.quantizer import quantize_model
 from compiler.runtime import emulator_ops
@@ -281,6 +282,247 @@ def test_compiled_depthwise_refuses_shapes_that_disagree() -> None:
             (1, 1),
             (1, 1),
             np.zeros((1, 2, 3, 3), np.int32),
+        )
+
+
+# --- the int8 (VNNI) CONV kernels -------------------------------------------------------------
+
+needs_vnni = pytest.mark.skipif(
+    kernels is None or not kernels.vnni, reason="the int8 CONV kernels need AVX-512 VNNI"
+)
+
+
+def _conv_instruction(geometry: dict, out_channels: int, group: int, zero_point: int) -> Conv:
+    """A CONV carrying the geometry (its tensors are placeholders: the kernels read arrays)."""
+    batch, channels = geometry["batch"], geometry["channels"]
+    kernel = geometry["kernel"]
+    source = Tensor.contiguous(
+        Space.ARENA, geometry["dtype"], 0, (batch, channels, *geometry["spatial"])
+    )
+    weight = Tensor.contiguous(Space.CONST, "int8", 0, (out_channels, channels // group, *kernel))
+    top, left, bottom, right = geometry["pads"]
+    (sh, sw), (dh, dw) = geometry["strides"], geometry["dilations"]
+    ho = _output_size(geometry["spatial"][0], top + bottom, kernel[0], sh, dh)
+    wo = _output_size(geometry["spatial"][1], left + right, kernel[1], sw, dw)
+    output = Tensor.contiguous(Space.ARENA, "int8", 0, (batch, out_channels, ho, wo))
+    return Conv(
+        input=source,
+        weight=weight,
+        output=output,
+        requant=Requant(2**30, 0, 0, -128, 127, "sima"),
+        input_zero_point=zero_point,
+        strides=geometry["strides"],
+        dilations=geometry["dilations"],
+        pads=geometry["pads"],
+        group=group,
+    )
+
+
+def _conv_reference(codes, zero_point, weight, geometry, group) -> np.ndarray:
+    """The exact grouped CONV sums in int64, tap by tap, the padding holding the zero point."""
+    top, left, bottom, right = geometry["pads"]
+    x = np.pad(codes.astype(np.int64) - zero_point, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    (kh, kw), (sh, sw), (dh, dw) = weight.shape[2:], geometry["strides"], geometry["dilations"]
+    ho = _output_size(codes.shape[2], top + bottom, kh, sh, dh)
+    wo = _output_size(codes.shape[3], left + right, kw, sw, dw)
+    out_channels, group_channels = weight.shape[:2]
+    group_out = out_channels // group
+    acc = np.zeros((codes.shape[0], out_channels, ho, wo), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            window = x[:, :, i * dh : i * dh + (ho - 1) * sh + 1 : sh, j * dw :: sw][..., :wo]
+            for g in range(group):
+                part = window[:, g * group_channels : (g + 1) * group_channels]
+                taps = weight[g * group_out : (g + 1) * group_out, :, i, j]
+                acc[:, g * group_out : (g + 1) * group_out] += np.einsum(
+                    "nchw,mc->nmhw", part, taps
+                )
+    return acc
+
+
+@st.composite
+def int8_convs(draw: st.DrawFn) -> tuple[dict, int, int]:
+    """A CONV geometry with int8 or uint8 codes, its output channels and group (depthwise
+    about one time in three)."""
+    geometry = draw(conv_geometries(depthwise=True))
+    assume(geometry["dtype"] != "int16")
+    channels = geometry["channels"]
+    if draw(st.integers(0, 2)) == 0:
+        return geometry, channels, channels
+    group = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
+    assume(channels > group)  # several input channels per group (else it is depthwise)
+    return geometry, group * draw(st.integers(1, 9)), group
+
+
+@needs_vnni
+@settings(max_examples=300, deadline=None)
+@given(case=int8_convs(), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_int8_kernels_compute_the_exact_sums(case, seed: int, data: st.DataObject) -> None:
+    """`conv_planes` / `depthwise_planes` accumulators over `_PhasePlanes` (a copy or the codes
+    in place) equal the int64 sums, for any rows of a dense CONV's output."""
+    geometry, out_channels, group = case
+    codes, zero_point = _codes(geometry, seed)
+    rng = np.random.default_rng(seed + 1)
+    weight = rng.integers(
+        -128, 128, size=(out_channels, geometry["channels"] // group, *geometry["kernel"])
+    )
+    expected = _conv_reference(codes, zero_point, weight, geometry, group)
+    instruction = _conv_instruction(geometry, out_channels, group, zero_point)
+    weights = emulator_ops._Weights(weight, (1, 2, 3))
+    code = zero_point + (128 if codes.dtype == np.int8 else 0)
+    quads, corrections = weights.int8_quads(group, code)
+    planes = emulator_ops._PhasePlanes.of(codes, instruction, None, lambda n: np.empty(n, np.uint8))
+    batch, _, ho, wo = expected.shape
+    pitch = planes.pitch
+    if geometry["channels"] == group == out_channels:
+        first = data.draw(st.integers(0, out_channels - 1))
+        count = data.draw(st.integers(1, out_channels - first))
+        acc = np.empty((batch, count, (ho - 1) * pitch + wo), np.int32)
+        kernels.depthwise_planes(
+            *planes.operands(), quads.reshape(out_channels, -1), corrections.reshape(-1), first, acc
+        )
+        rows, wanted = range(ho), expected[:, first : first + count]
+    else:
+        start = data.draw(st.integers(0, ho - 1))
+        rows = range(start, data.draw(st.integers(start + 1, ho)))
+        acc = np.empty((batch, out_channels, (len(rows) - 1) * pitch + wo), np.int32)
+        kernels.conv_planes(*planes.operands(), quads, corrections, group, rows.start, acc)
+        wanted = expected[:, :, rows.start : rows.stop]
+    got = emulator_ops._pitched(acc, len(rows), pitch, wo)
+    np.testing.assert_array_equal(got, wanted)
+
+
+@st.composite
+def conv_stages(draw: st.DrawFn, channels: int) -> FusedOutputStage:
+    """A per-channel CONV output stage into 8- or 16-bit codes, as the quantizer makes them
+    (multipliers of real scales, a bias, a zero point and an activation's clamp)."""
+    dtype = np.dtype(draw(st.sampled_from([np.int8, np.uint8, np.int16, np.uint16])))
+    dtype_low, dtype_high = dtype_range(dtype)
+    exponent = draw(st.integers(-14, -2))
+    reals = [draw(st.floats(0.5, 1.0)) * 2.0**exponent for _ in range(channels)]
+    multiplier, shift = quantize_multiplier(reals)
+    low = draw(st.sampled_from([dtype_low]) | st.integers(dtype_low, dtype_high))
+    high = draw(st.sampled_from([dtype_high]) | st.integers(low, dtype_high))
+    zero_point = draw(st.integers(dtype_low, dtype_high))
+    bias = [draw(st.integers(-(2**20), 2**20)) for _ in range(channels)]
+    stage = FusedOutputStage.prepare(
+        np.asarray(multiplier).reshape(-1, 1, 1),
+        np.asarray(shift).reshape(-1, 1, 1),
+        zero_point,
+        low,
+        high,
+        np.asarray(bias, np.int64).reshape(-1, 1, 1),
+        dtype,
+    )
+    assume(stage is not None and stage.exact_float)
+    return stage
+
+
+@needs_vnni
+@settings(max_examples=200, deadline=None)
+@given(
+    case=int8_convs(),
+    layout=st.sampled_from(["NCHW", "a block of a wider map", "channel-last"]),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_int8_kernels_with_their_stage_write_the_numpy_codes(
+    case, layout: str, seed: int, data: st.DataObject
+) -> None:
+    """The kernels' fused float64 output stage writes the codes `FusedOutputStage` writes from
+    the same sums, into destinations whose rows are contiguous (where the stage-fused path
+    applies), whatever their channel and row strides."""
+    geometry, out_channels, group = case
+    stage = data.draw(conv_stages(out_channels))
+    codes, zero_point = _codes(geometry, seed)
+    rng = np.random.default_rng(seed + 2)
+    weight = rng.integers(
+        -128, 128, size=(out_channels, geometry["channels"] // group, *geometry["kernel"])
+    )
+    expected_acc = _conv_reference(codes, zero_point, weight, geometry, group)
+    expected = np.empty(expected_acc.shape, stage.code_dtype)
+    with numpy_only():
+        stage.apply(expected_acc, expected)
+    instruction = _conv_instruction(geometry, out_channels, group, zero_point)
+    quads, corrections = emulator_ops._Weights(weight, (1, 2, 3)).int8_quads(
+        group, zero_point + (128 if codes.dtype == np.int8 else 0)
+    )
+    planes = emulator_ops._PhasePlanes.of(codes, instruction, None, lambda n: np.empty(n, np.uint8))
+    scale = np.ascontiguousarray(stage.scale.reshape(-1))
+    offset = np.ascontiguousarray(stage.offset.reshape(-1))
+    fused = (scale, offset, stage.code_low, stage.code_high, stage.excess)
+    shape = expected.shape
+    if layout == "NCHW":
+        out = np.zeros(shape, stage.code_dtype)
+    elif layout == "a block of a wider map":
+        wide = np.zeros((shape[0], shape[1] + 2, shape[2] + 3, shape[3]), stage.code_dtype)
+        out = wide[:, 1 : 1 + shape[1], 2 : 2 + shape[2]]
+    else:
+        out = np.zeros((shape[0], shape[2], shape[1], shape[3]), stage.code_dtype).transpose(
+            0, 2, 1, 3
+        )
+    if geometry["channels"] == group == out_channels:
+        kernels.depthwise_planes(
+            *planes.operands(),
+            quads.reshape(out_channels, -1),
+            corrections.reshape(-1),
+            0,
+            out,
+            fused,
+        )
+    else:
+        kernels.conv_planes(*planes.operands(), quads, corrections, group, 0, out, fused)
+    np.testing.assert_array_equal(out, expected)
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(geometry=conv_geometries(depthwise=True), seed=st.integers(0, 2**32 - 1))
+def test_phase_planes_are_the_padded_codes_split_by_stride(geometry: dict, seed: int) -> None:
+    assume(geometry["dtype"] != "int16")
+    codes, zero_point = _codes(geometry, seed)
+    (sh, sw), (top, left, bottom, right) = geometry["strides"], geometry["pads"]
+    batch, channels, height, width = codes.shape
+    rows, pitch = -(-(height + top + bottom) // sh), -(-(width + left + right) // sw)
+    pad = zero_point & 0xFF
+    padded = np.full((batch, channels, rows * sh, pitch * sw), pad, np.uint8)
+    padded[:, :, top : top + height, left : left + width] = codes.view(np.uint8)
+    expected = np.stack([padded[:, :, a::sh, b::sw] for a in range(sh) for b in range(sw)], axis=2)
+    out = np.empty(expected.size, np.uint8)
+    kernels.phase_planes(codes, (top, left), (sh, sw), 0, pad, (rows, pitch), out)
+    np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+
+
+@needs_vnni
+def test_int8_kernels_refuse_reads_past_their_planes() -> None:
+    planes = np.zeros(2 * 3 * 3, np.uint8)
+    phase, offset = np.zeros(4, np.int32), np.array([0, 1, 3, 4], np.int64)
+    weights, corrections = np.zeros((1, 2, 1), np.int32), np.zeros((1, 2), np.int32)
+    with pytest.raises(ValueError, match="disagree"):  # 2 rows of 3 + offset 4 > 9 elements
+        kernels.conv_planes(
+            planes,
+            (1, 2, 1, 3, 3),
+            0,
+            phase,
+            offset,
+            weights,
+            corrections,
+            1,
+            0,
+            np.zeros((1, 2, 6), np.int32),
+        )
+    with pytest.raises(ValueError, match="outside its planes"):
+        kernels.conv_planes(
+            planes,
+            (1, 2, 1, 3, 3),
+            0,
+            phase,
+            offset + 9,
+            weights,
+            corrections,
+            1,
+            0,
+            np.zeros((1, 2, 1), np.int32),
         )
 
 

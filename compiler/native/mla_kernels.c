@@ -671,15 +671,16 @@ static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], in
         job->code_width = 0;
         return 0;
     }
-    if (out->ndim != 4 || out->strides[3] != out->itemsize || out->shape[2] < 1 ||
-        out->shape[3] < 1 || out->shape[3] > job->pw) {
+    /* (a dimension of one element may have any stride: numpy does not normalise them) */
+    if (out->ndim != 4 || (out->shape[3] > 1 && out->strides[3] != out->itemsize) ||
+        out->shape[2] < 1 || out->shape[3] < 1 || out->shape[3] > job->pw) {
         PyErr_SetString(PyExc_ValueError,
                         "out must be the (N, M, rows, width) codes, rows contiguous, with a stage");
         return -1;
     }
     for (int d = 0; d < 3; d++) job->code_strides[d] = out->strides[d];
     job->code_width = out->shape[3];
-    job->rows_packed = out->strides[2] == out->shape[3] * out->itemsize;
+    job->rows_packed = out->shape[2] == 1 || out->strides[2] == out->shape[3] * out->itemsize;
     job->codes_flat = job->rows_packed && job->code_width == job->pw;
     job->positions = (out->shape[2] - 1) * job->pw + out->shape[3];
     /* the fused stage: (scale, offset, code_low, code_high, excess), out of the codes' dtype */

@@ -1826,7 +1826,7 @@ def _int8_conv(
     def write_codes(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
         # The kernels write rows of codes where they are contiguous, else a copy is made.
         codes = out.view(code_dtype)
-        if codes.strides[3] == codes.itemsize:
+        if codes.shape[3] == 1 or codes.strides[3] == codes.itemsize:
             run(block, codes, fused)
             return
         staged = _scratch("int8-codes", out.shape, code_dtype)
