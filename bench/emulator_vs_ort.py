@@ -10,7 +10,11 @@ bench/memory_plan.py), side by side in one process:
 * BLAS floor: the model's dense GEMMs alone in float32 BLAS (bench/blas_floor.py), a lower
   bound on any numpy emulator — when floor / ORT is above 3, the bar is out of numpy's reach;
 * each the best of N runs, N at least --repeat and enough for a second of runs (at most 50);
-* the ratio emulator / ORT (bar: <= 3x), and whether the outputs agree with the reference.
+* the ratio emulator / ORT (the issue's bar: <= 3x on the real models; the fixtures, runs of
+  well under a millisecond, are reported apart: there the pipeline's fixed cost per run, some
+  0.5 ms of Python, is most of the time, and ORT takes 0.1 ms);
+* which kernels the emulator ran (compiler.native: compiled, with AVX-512 VNNI or not, or
+  numpy), so a figure says what produced it.
 
     python bench/emulator_vs_ort.py [--no-real] [--repeat 5] [--cache DIR] [--workers N]
 
@@ -30,10 +34,12 @@ import onnxruntime as ort
 from blas_floor import blas_floor_seconds
 from memory_plan import ROOT, prepared_models
 
+from compiler import native
 from compiler.archive import read_archive
 from compiler.compile import compile_model
 from compiler.runtime import parallel
 from compiler.runtime.pipeline import run_archive
+from surgery import examples
 
 
 def _feeds(model) -> dict[str, np.ndarray]:
@@ -140,10 +146,25 @@ def main() -> None:
     yolo = next((r for r in rows if r["model"] == "yolov8n"), None)
     if yolo:
         print(f"\nyolov8n compile: {yolo['compile_seconds']:.2f} s (bar: < 10 s)")
-    print(f"worst emulator/ORT: {max(r['ratio'] for r in rows):.1f}x (bar: <= 3x)")
+    real = [r["ratio"] for r in rows if r["model"] not in examples.EXAMPLES]
+    fixtures = [r["ratio"] for r in rows if r["model"] in examples.EXAMPLES]
+    if real:
+        print(f"worst emulator/ORT on the real models: {max(real):.1f}x (bar: <= 3x)")
+    if fixtures:
+        print(
+            f"worst emulator/ORT on the sub-millisecond fixtures: {max(fixtures):.1f}x "
+            "(fixed per-run cost; not the bar)"
+        )
+    print(f"emulator kernels: {native.describe()}")
     print("floor/ORT: the dense GEMMs alone in float32 BLAS / ORT (a numpy emulator's lower bound)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    document = {"emulator_workers": parallel.worker_count(), "rows": rows}
+    document = {
+        "emulator_workers": parallel.worker_count(),
+        "emulator_kernels": native.describe(),
+        "worst_ratio_real_models": max(real, default=None),
+        "worst_ratio_fixtures": max(fixtures, default=None),
+        "rows": rows,
+    }
     args.output.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.output}")
 

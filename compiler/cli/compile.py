@@ -315,7 +315,11 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
             stage["estimate"],
         )
     console.print(table)
-    console.print(f"latency per frame: {stats['latency_us_per_frame']:.2f} µs")
+    console.print(
+        f"latency per frame: {stats['latency_us_per_frame']:.2f} µs; emulator: "
+        f"{stats['emulator_kernels']}",
+        highlight=False,
+    )
     outputs = Table(show_edge=False, header_style="bold")
     for column in (
         "output",

@@ -2,7 +2,8 @@
 
 They compute exactly what the numpy code they replace computes (tests/test_native_kernels.py
 holds them to it, bit for bit); the numpy code stays the definition and the fallback. Set
-MODEL_SURGERY_NATIVE=0 to run without them.
+MODEL_SURGERY_NATIVE=0 to run without them, MODEL_SURGERY_VNNI=0 to run them without the
+int8 CONV kernels (AVX-512 VNNI), as on a CPU that lacks it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-__all__ = ["kernels", "status"]
+__all__ = ["describe", "kernels", "status", "vnni"]
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -25,3 +26,17 @@ def _load() -> tuple[ModuleType | None, str]:
 
 kernels, status = _load()
 """The extension module (None without it) and a line saying which code the emulator runs."""
+
+vnni: bool = (
+    kernels is not None and bool(kernels.vnni) and os.environ.get("MODEL_SURGERY_VNNI", "1") != "0"
+)
+"""Whether the emulator runs its int8 CONVs in the VNNI kernels (conv_planes,
+depthwise_planes): the CPU has AVX-512 VNNI and MODEL_SURGERY_VNNI is not 0."""
+
+
+def describe() -> str:
+    """Which code the emulator runs, in a few words (for reports and benchmarks)."""
+    if kernels is None:
+        return f"numpy ({status})"
+    int8 = "int8 CONVs on AVX-512 VNNI" if vnni else "no VNNI: CONV products in BLAS"
+    return f"compiled kernels ({kernels.instruction_set}; {int8})"

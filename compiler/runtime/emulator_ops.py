@@ -10,6 +10,11 @@ imported from the reference ops that define them.
 
 Speed without changing a bit (the emulator runs whole networks):
 
+* where the optional compiled kernels are built (`compiler.native`, docs/mla-isa.md), an int8
+  CONV runs in them on the host's int8 dot products (AVX-512 VNNI) with its output stage
+  (`_int8_conv`), and the output stage, depthwise tap sums and im2col columns elsewhere; they
+  compute the same integers as the numpy code below, which stays the definition and the
+  fallback;
 * exact integer products (CONV, CONV_TRANSPOSE, MATMUL) run through BLAS on integers carried in
   float32 or float64, whichever provably represents every partial sum (`_exact_dtype`);
 * CONV is im2col and a matrix product per group (on a block of output rows at a time), or a
@@ -100,6 +105,7 @@ from compiler.isa import (
     float32_value,
 )
 from compiler.native import kernels as native_kernels
+from compiler.native import vnni as native_vnni
 from compiler.runtime.cache import LruCache
 from compiler.runtime.ops.resize import WEIGHT_ONE
 from compiler.runtime.ops.softmax import PROBABILITY_BITS, RECIPROCAL_BITS
@@ -1654,7 +1660,7 @@ def _compiled_int8(
     channels per group or is depthwise with at most `DEPTHWISE_INT8_TAPS` taps, its codes are int8 or uint8 with the zero point among them, every
     weight fits a signed byte and every exact sum fits int32 (`_largest_value`: the kernel's
     int32 lanes wrap, so a sum that fits comes out exact)."""
-    if native_kernels is None or not native_kernels.vnni:
+    if native_kernels is None or not native_vnni:
         return None
     depthwise = geometry.channels == geometry.group == geometry.out_channels
     taps = geometry.kernel[0] * geometry.kernel[1]

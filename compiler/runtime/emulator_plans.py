@@ -120,14 +120,14 @@ class Plan:
     steps: tuple[Step, ...]
     reads: Mapping[Space, int]
     writes: Mapping[Space, int]
-    planned: tuple[bool, bool]
+    planned: tuple[bool, bool, bool]
     """`plan_settings()` when it was made: a plan made under other settings is made again."""
 
 
-def plan_settings() -> tuple[bool, bool]:
+def plan_settings() -> tuple[bool, bool, bool]:
     """What a plan depends on besides the program: whether small instructions are planned
-    (`PLANNED`) and whether the compiled kernels are in use (tests switch them off)."""
-    return (PLANNED, emulator_ops.native_kernels is not None)
+    (`PLANNED`) and which compiled kernels are in use (tests switch them off)."""
+    return (PLANNED, emulator_ops.native_kernels is not None, emulator_ops.native_vnni)
 
 
 def plan_program(instructions: Sequence[Instruction], memory: PlanPort) -> Plan:

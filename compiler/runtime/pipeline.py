@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler import native
 from compiler.archive import Archive, read_archive
 from compiler.costmodel import MlaHardware
 from compiler.intmath import dequantize_linear, quantize_linear_fast
@@ -140,6 +141,7 @@ class PipelineStats:
             "wall_seconds": round(self.wall_seconds, 6),
             "latency_us_per_frame": round(self.latency_us_per_frame, 3),
             "mla_static_cycles": self.mla_static_cycles,
+            "emulator_kernels": native.describe(),
             "stages": [s.to_dict() for s in self.stages],
         }
 
