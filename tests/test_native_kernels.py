@@ -9,6 +9,7 @@ skip, except the one that says a compiler was there and the build failed anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sysconfig
@@ -35,6 +36,7 @@ from compiler.runtime import emulator_ops
 from compiler.runtime.compare import compare_with_reference
 from compiler.runtime.pipeline import run_archive
 from surgery.model import load_model
+from tests.test_emulator_support import Codegen
 from tests.test_intmath_fastpaths import stages
 
 needs_kernels = pytest.mark.skipif(kernels is None, reason=f"compiled kernels: {status}")
@@ -532,6 +534,45 @@ def test_int8_kernels_refuse_reads_past_their_planes() -> None:
             0,
             np.zeros((1, 2, 1), np.int32),
         )
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["apart", "output over the input"])
+@pytest.mark.parametrize(("batch", "spatial"), [(37, (1, 1)), (5, (3, 5)), (3, (7, 9))])
+def test_a_1x1_conv_over_a_batch_of_small_maps_is_the_numpy_result(
+    batch: int, spatial: tuple[int, int], in_place: bool
+) -> None:
+    """A transformer's linear layer is a 1x1 CONV over a batch of tokens: the kernels take the
+    batch's positions together (`_over_images`), also where the output overwrites the input."""
+    rng = np.random.default_rng(batch)
+    channels, out_channels = 24, 40
+    codes = rng.integers(-128, 128, size=(batch, channels, *spatial)).astype(np.int8)
+    multiplier, shift = quantize_multiplier(rng.uniform(0.5, 1.0, out_channels) * 2.0**-9)
+    build = Codegen()
+    source = build.input("x", codes.shape, "int8", Space.ARENA)
+    shape = (batch, out_channels, *spatial)
+    target = build.output("y", shape, "int8", Space.ARENA)
+    if in_place:
+        target = Tensor.contiguous(Space.ARENA, "int8", source.offset, shape)
+        build.tensors[-1] = dataclasses.replace(build.tensors[-1], tensor=target)
+        build.cursor[Space.ARENA] += target.nbytes
+    build.emit(
+        Conv(
+            input=source,
+            weight=build.const(
+                rng.integers(-127, 128, size=(out_channels, channels, 1, 1)), "int8"
+            ),
+            bias=build.const(rng.integers(-3000, 3000, size=out_channels), "int32"),
+            output=target,
+            requant=build.requant(
+                multiplier, shift, -3, -128, 127, "sima", table_shape=(out_channels,)
+            ),
+            input_zero_point=5,
+        )
+    )
+    compiled = build.run({"x": codes})["y"]
+    with numpy_only():
+        expected = build.run({"x": codes})["y"]
+    np.testing.assert_array_equal(compiled, expected)
 
 
 # --- whole programs ---------------------------------------------------------------------------

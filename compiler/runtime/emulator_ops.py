@@ -1770,7 +1770,8 @@ class _Int8Conv:
     accumulate: Callable[[Block], np.ndarray]
     pitch: int
     codes: Callable[[Block, np.ndarray, np.ndarray], None] | None
-    planes: _PhasePlanes
+    refresh: Callable[[], None]
+    """Makes the kernels' copy of the input anew (a planned step calls it on every run)."""
 
 
 def _int8_conv(
@@ -1785,7 +1786,10 @@ def _int8_conv(
 ) -> _Int8Conv:
     """`_Int8Conv` of the CONV: a depthwise CONV in blocks of channels (`depthwise_planes`),
     others in blocks of output rows (`conv_planes`), both over the codes' phase planes (made
-    now, in `planes_buffer(size)` where they are a copy)."""
+    now, in `planes_buffer(size)` where they are a copy); a 1x1 CONV of a batch of small maps
+    over the batch (`_int8_conv_over_images`)."""
+    if _over_images(instruction, geometry):
+        return _int8_conv_over_images(geometry, codes, stage, quads, corrections, planes_buffer)
     planes = _PhasePlanes.of(codes, instruction, into, planes_buffer)
     batch, out_channels, ho, wo = geometry.shape
     pitch, everything = planes.pitch, slice(None)
@@ -1839,7 +1843,87 @@ def _int8_conv(
         run(block, staged, fused)
         np.copyto(codes, staged)
 
-    return _Int8Conv(blocks, accumulate, pitch, None if fused is None else write_codes, planes)
+    return _Int8Conv(
+        blocks, accumulate, pitch, None if fused is None else write_codes, planes.refresh
+    )
+
+
+def _over_images(instruction: Conv, geometry: ConvGeometry) -> bool:
+    """Whether a CONV runs over its batch (`_int8_conv_over_images`): a 1x1 unit-stride CONV
+    without padding of several maps, each smaller than a panel of the kernels (a
+    transformer's linear layer is one over a batch of tokens)."""
+    batch, _, ho, wo = geometry.shape
+    return (
+        batch > 1
+        and ho * wo < IMAGE_ROWS_BELOW
+        and geometry.kernel == (1, 1)
+        and instruction.strides == (1, 1)
+        and not any(instruction.pads)
+    )
+
+
+IMAGE_ROWS_BELOW = 64
+"""Positions per map below which a batch of 1x1 CONVs runs over the batch: the kernels take 64
+output positions at a time, so per map they would fill a fraction of their lanes."""
+
+
+def _int8_conv_over_images(
+    geometry: ConvGeometry,
+    codes: np.ndarray,
+    stage: _OutputStage,
+    quads: np.ndarray,
+    corrections: np.ndarray,
+    planes_buffer: Callable[[int], np.ndarray],
+) -> _Int8Conv:
+    """`_Int8Conv` of a 1x1 CONV over a batch of small maps (`_over_images`): the codes copied
+    to one plane per channel whose rows are the images, (C, N, H·W), so that `conv_planes`
+    takes the whole batch's positions together, in blocks of images; the results (acc, or
+    codes) come out (M, images, H·W) and are seen, or copied, as (images, M, H, W). The copy is
+    made before any block writes, so the destination may overlap the input."""
+    batch, out_channels, ho, wo = geometry.shape
+    channels, positions, everything = geometry.channels, ho * wo, slice(None)
+    flip = 128 if codes.dtype == np.int8 else 0
+    joined = planes_buffer(channels * batch * positions)
+    stored = codes.view(np.uint8).reshape(batch, channels, positions)
+    operands = (
+        joined,
+        (1, channels, 1, batch, positions),
+        flip,
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int64),
+    )
+    group = geometry.group
+    step = _step(batch, out_channels * positions, batch * out_channels * positions)
+    blocks = [
+        (slice(n, min(batch, n + step)), everything, everything, everything)
+        for n in range(0, batch, step)
+    ]
+    vectors = stage.channel_vectors(out_channels)
+    fused = None if vectors is None else (*vectors, *_stage_bounds(stage.fused))
+
+    def refresh() -> None:
+        np.copyto(joined.reshape(channels, batch, positions), stored.transpose(1, 0, 2))
+
+    def as_images(result: np.ndarray, images: int) -> np.ndarray:
+        return result.reshape(out_channels, images, ho, wo).transpose(1, 0, 2, 3)
+
+    def accumulate(block: Block) -> np.ndarray:
+        images = range(batch)[block[0]]
+        acc = _scratch("int8-acc", (1, out_channels, len(images) * positions), np.int32)
+        native_kernels.conv_planes(*operands, quads, corrections, group, images.start, acc)
+        return as_images(acc, len(images))
+
+    def write_codes(block: Block, out: np.ndarray, scratch: np.ndarray) -> None:
+        images = range(batch)[block[0]]
+        dtype = stage.fused.code_dtype
+        staged = _scratch("int8-codes", (1, out_channels, len(images), positions), dtype)
+        native_kernels.conv_planes(
+            *operands, quads, corrections, group, images.start, staged, fused
+        )
+        np.copyto(out.view(dtype), as_images(staged, len(images)))
+
+    refresh()
+    return _Int8Conv(blocks, accumulate, wo, None if fused is None else write_codes, refresh)
 
 
 def _stage_bounds(fused: FusedOutputStage) -> tuple[float, float, int]:

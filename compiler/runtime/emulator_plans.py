@@ -278,13 +278,13 @@ def _plan_int8_conv(
     write = compiled.codes
     if write is None:
         return None
-    blocks, planes = compiled.blocks, compiled.planes
+    blocks, refresh = compiled.blocks, compiled.refresh
     places = [target[block] for block in blocks]
     unused = np.empty(1, np.int64)  # `write` takes no work memory
     indices = range(len(blocks))
 
     def conv() -> None:
-        planes.refresh()
+        refresh()
         for_each(indices, lambda k: write(blocks[k], places[k], unused))
 
     return conv
