@@ -297,6 +297,15 @@ static inline __mmask64 panel_mask(Py_ssize_t count) {
     return count >= PANEL ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
 }
 
+/* Four im2col rows (pointers at the block's first position; NULL for the rows that pad K,
+ * read as zeros) from position `first` on, interleaved (`interleave4`). */
+VNNI_TARGET static inline void interleave_rows(const uint8_t *const rows[4], Py_ssize_t first,
+                                               __mmask64 load, __m512i flip, __m512i v[4]) {
+    const uint8_t *r[4];
+    for (int e = 0; e < 4; e++) r[e] = rows[e] != NULL ? rows[e] + first : zero_row;
+    interleave4(r[0], r[1], r[2], r[3], load, flip, v);
+}
+
 /* The pointer of im2col row k (channel c of the group, tap t) at flat position 0 of the
  * block's first output row; NULL for the rows that pad K to a multiple of four. */
 static const uint8_t *plane_row(const PlaneJob *job, const uint8_t *group_planes, Py_ssize_t k) {
@@ -331,11 +340,8 @@ VNNI_TARGET static int run_conv_planes(const PlaneJob *job) {
                 PanelStart at = panel_at(job, first, count);
                 __mmask64 load = panel_mask(count);
                 for (Py_ssize_t q = 0; q < k4; q++) {
-                    const uint8_t *r[4];
-                    for (int e = 0; e < 4; e++)
-                        r[e] = rows[4 * q + e] != NULL ? rows[4 * q + e] + first : zero_row;
                     __m512i v[4];
-                    interleave4(r[0], r[1], r[2], r[3], load, flip, v);
+                    interleave_rows(rows + 4 * q, first, load, flip, v);
                     for (int s = 0; s < 4; s++)
                         _mm512_storeu_si512((void *)(x4 + q * 4 * PANEL + 64 * s), v[s]);
                 }
@@ -380,11 +386,8 @@ VNNI_TARGET static int run_depthwise_planes(const PlaneJob *job) {
                 __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
                                   _mm512_setzero_si512(), _mm512_setzero_si512()};
                 for (Py_ssize_t q = 0; q < k4; q++) {
-                    const uint8_t *r[4];
-                    for (int e = 0; e < 4; e++)
-                        r[e] = rows[4 * q + e] != NULL ? rows[4 * q + e] + first : zero_row;
                     __m512i v[4];
-                    interleave4(r[0], r[1], r[2], r[3], load, flip, v);
+                    interleave_rows(rows + 4 * q, first, load, flip, v);
                     __m512i b = _mm512_set1_epi32(w[q]);
                     for (int s = 0; s < 4; s++) acc[s] = _mm512_dpbusd_epi32(acc[s], v[s], b);
                 }

@@ -1500,25 +1500,6 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             return
         blocks, accumulate, pitch = compiled.blocks, compiled.accumulate, compiled.pitch
 
-    elif compiled_columns:
-        weight = weights.astype(dtype).reshape(group, group_out, group_channels * kh * kw)
-        pitch = wo
-        step = _step(ho, batch * out_channels * wo, batch * out_channels * ho * wo)
-        blocks = [
-            (everything, everything, slice(r, r + step), everything) for r in range(0, ho, step)
-        ]
-
-        def accumulate(block: Block) -> np.ndarray:
-            rows = range(ho)[block[2]]
-            cols = _scratch("im2col", (batch, channels, kh, kw, len(rows), wo), dtype)
-            native_kernels.im2col(
-                codes, zero_point, (kh, kw), pads, strides, dilations, rows.start, cols
-            )
-            out = None
-            if batch == 1:
-                out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
-            return column_product(weight, cols, out)
-
     elif depthwise_last:
         last_taps = _ChannelLastTaps(
             _windows(x, (kh, kw), strides, dilations)[0],
@@ -1565,7 +1546,9 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
             acc = taps.padded(part, range(ho)[block[2]])
             return acc.reshape(batch, len(outputs), acc.shape[-1])
 
-    elif _sums_tap_products(batch, group, (kh, kw), channels, out_channels):
+    elif not compiled_columns and _sums_tap_products(
+        batch, group, (kh, kw), channels, out_channels
+    ):
         products = _TapProducts(x, weights.taps(dtype), strides, dilations, (ho, wo))
         step = _step(ho, out_channels * products.pitch, out_channels * ho * wo)
         blocks = [
@@ -1588,8 +1571,14 @@ def execute_conv(instruction: Conv, memory: MemoryPort) -> None:
 
         def accumulate(block: Block) -> np.ndarray:
             rows = range(ho)[block[2]]
-            window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
-            cols = _im2col(window, (kh, kw), strides, dilations)
+            if compiled_columns:  # from the codes, centred and padded on the way
+                cols = _scratch("im2col", (batch, channels, kh, kw, len(rows), wo), dtype)
+                native_kernels.im2col(
+                    codes, zero_point, (kh, kw), pads, strides, dilations, rows.start, cols
+                )
+            else:
+                window = x[:, :, rows.start * sh : (rows.stop - 1) * sh + (kh - 1) * dh + 1]
+                cols = _im2col(window, (kh, kw), strides, dilations)
             out = None
             if batch == 1:
                 out = _scratch("gemm", (1, group, group_out, len(rows) * wo), weight.dtype)
