@@ -578,12 +578,11 @@ static int have_vnni = 0; /* set when the module loads */
 /* The arguments both plane kernels share: the planes buffer and its (N, C, phases, PH, PW)
  * shape, the taps' phases and offsets, weights and corrections, and out; checked here. */
 typedef struct {
-    Operand planes, tap_phase, tap_offset, weights, corrections, out, scale, offset;
+    Operand planes, tap_phase, tap_offset, weights, corrections, out, tables[5];
 } PlaneOperands;
 
 static void release_planes(PlaneOperands *ops) {
-    release(&ops->scale);
-    release(&ops->offset);
+    for (int t = 0; t < 5; t++) release(&ops->tables[t]);
     release(&ops->planes);
     release(&ops->tap_phase);
     release(&ops->tap_offset);
@@ -599,7 +598,7 @@ static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], in
     Operand *all[6] = {&ops->planes, &ops->tap_phase, &ops->tap_offset, &ops->weights,
                        &ops->corrections, &ops->out};
     for (int i = 0; i < 6; i++) all[i]->held = 0;
-    ops->scale.held = ops->offset.held = 0;
+    for (int t = 0; t < 5; t++) ops->tables[t].held = 0;
     if (!have_vnni) {
         PyErr_SetString(PyExc_RuntimeError, "the int8 CONV kernels need AVX-512 VNNI");
         return -1;
@@ -683,31 +682,47 @@ static int plane_operands(PyObject *const objs[6], const Py_ssize_t shape[5], in
     job->rows_packed = out->shape[2] == 1 || out->strides[2] == out->shape[3] * out->itemsize;
     job->codes_flat = job->rows_packed && job->code_width == job->pw;
     job->positions = (out->shape[2] - 1) * job->pw + out->shape[3];
-    /* the fused stage: (scale, offset, code_low, code_high, excess), out of the codes' dtype */
-    PyObject *scale_obj, *offset_obj;
-    long excess;
-    if (!PyArg_ParseTuple(stage, "OOddl", &scale_obj, &offset_obj, &job->code_low,
-                          &job->code_high, &excess))
-        return -1;
+    /* the fused stage, its tables one entry per output channel: (scale, offset, code_low,
+     * code_high, excess) for the float64 path, (lower, upper, multiplier, offset, shift,
+     * excess) for the int64 one; out of the codes' dtype */
     if (ops->out.kind != K_U8 && ops->out.kind != K_U16) {
         PyErr_SetString(PyExc_TypeError, "out must hold uint8 or uint16 codes with a stage");
         return -1;
     }
-    if (get_operand(scale_obj, &ops->scale, 0, "scale") < 0 ||
-        get_operand(offset_obj, &ops->offset, 0, "offset") < 0)
-        return -1;
-    Py_ssize_t channels = ops->out.view.shape[1];
-    if (ops->scale.kind != K_F64 || ops->offset.kind != K_F64 ||
-        !PyBuffer_IsContiguous(&ops->scale.view, 'C') ||
-        !PyBuffer_IsContiguous(&ops->offset.view, 'C') || ops->scale.view.ndim != 1 ||
-        ops->offset.view.ndim != 1 || ops->scale.view.shape[0] != ops->offset.view.shape[0] ||
-        ops->scale.view.shape[0] < channels) {
-        PyErr_SetString(PyExc_ValueError, "scale and offset: one float64 per output channel");
+    if (!PyTuple_Check(stage) || (PyTuple_GET_SIZE(stage) != 5 && PyTuple_GET_SIZE(stage) != 6)) {
+        PyErr_SetString(PyExc_TypeError, "stage: a tuple of 5 (float64 path) or 6 (int64) items");
         return -1;
     }
-    job->n_scale = ops->scale.view.shape[0];
-    job->scale = ops->scale.view.buf;
-    job->offset = ops->offset.view.buf;
+    job->stage_int = PyTuple_GET_SIZE(stage) == 6;
+    int count = job->stage_int ? 5 : 2;
+    long excess;
+    static const char *table_names[5] = {"stage table 0", "stage table 1", "stage table 2",
+                                         "stage table 3", "stage table 4"};
+    PyObject *objs_t[5];
+    if (job->stage_int) {
+        if (!PyArg_ParseTuple(stage, "OOOOOl", &objs_t[0], &objs_t[1], &objs_t[2], &objs_t[3],
+                              &objs_t[4], &excess))
+            return -1;
+    } else if (!PyArg_ParseTuple(stage, "OOddl", &objs_t[0], &objs_t[1], &job->code_low,
+                                 &job->code_high, &excess)) {
+        return -1;
+    }
+    Py_ssize_t channels = ops->out.view.shape[1];
+    job->n_scale = -1;
+    for (int t = 0; t < count; t++) {
+        if (get_operand(objs_t[t], &ops->tables[t], 0, table_names[t]) < 0) return -1;
+        const Py_buffer *v = &ops->tables[t].view;
+        Kind want = job->stage_int ? K_I64 : K_F64;
+        if (ops->tables[t].kind != want || !PyBuffer_IsContiguous(v, 'C') || v->ndim != 1 ||
+            v->shape[0] < channels || (job->n_scale >= 0 && v->shape[0] != job->n_scale)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stage tables: one float64 (float path) or int64 (int path) per "
+                            "output channel each");
+            return -1;
+        }
+        job->n_scale = v->shape[0];
+        job->tables[t] = v->buf;
+    }
     job->excess = (int32_t)excess;
     job->code_bytes = ops->out.kind == K_U8 ? 1 : 2;
     job->codes = ops->out.view.buf;
@@ -875,9 +890,9 @@ static PyMethodDef methods[] = {
      "conv_planes(planes, (N, C, phases, PH, PW), flip, tap_phase, tap_offset, weights, "
      "corrections, group, row0, out[, stage]): int32 accumulators of an int8 CONV over its "
      "phase planes (N, M, positions: every column of the pitch PW from output row row0 on); "
-     "with stage = (scale, offset, code_low, code_high, excess) its float64 output stage's "
-     "codes into out, (N, M, rows, width) with contiguous rows (where `vnni` is True; "
-     "mla_vnni.h)."},
+     "with stage = (scale, offset, code_low, code_high, excess) or (lower, upper, multiplier, "
+     "offset, shift, excess) its output stage's codes (float64 or int64 path) into out, "
+     "(N, M, rows, width) with contiguous rows (where `vnni` is True; mla_vnni.h)."},
     {"depthwise_planes", depthwise_planes, METH_VARARGS,
      "depthwise_planes(planes, (N, C, phases, PH, PW), flip, tap_phase, tap_offset, weights, "
      "corrections, channel0, out[, stage]): int32 accumulators (or codes, as conv_planes) of "
@@ -898,7 +913,7 @@ PyMODINIT_FUNC PyInit__mla_kernels(void) {
 #endif
 #ifdef HAVE_VNNI
     have_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vnni");
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
     have_vbmi2 = have_vnni && __builtin_cpu_supports("avx512vbmi2");
 #endif
     PyObject *m = PyModule_Create(&module);

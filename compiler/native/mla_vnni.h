@@ -25,7 +25,7 @@
 
 #include <immintrin.h>
 
-#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni")))
 #define PANEL 64
 
 typedef struct {
@@ -49,7 +49,9 @@ typedef struct {
     int code_bytes;             /* of 1 or 2 bytes; */
     int rows_packed;            /* whether those rows are stored back to back, */
     int codes_flat;             /* and whether position p of a channel is its element p */
-    const double *scale, *offset; /* per output channel (all of them) */
+    int stage_int;              /* the stage's path: float64 (scale, offset), or int64 */
+    const void *tables[5];      /* (lower, upper, multiplier, offset, shift): per output
+                                   channel (all of them), float64 or int64 */
     Py_ssize_t n_scale;
     double code_low, code_high;
     int32_t excess;
@@ -113,6 +115,53 @@ VNNI_TARGET static inline __m512i stage_codes(__m512i acc, __m512i correction, _
     __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvttpd_epi32(lo)),
                                    _mm512_cvttpd_epi32(hi), 1);
     return _mm512_xor_si512(q, excess);
+}
+
+/* The int64 output stage of 16 lanes, as compiler.intmath.FusedOutputStage runs it where its
+ * float path is not exact: codes = ((clamp(acc - correction, lower, upper) * m + offset) >>
+ * shift) ^ excess in int64 (wrapping as numpy's does; a shift of 64 or more gives the sign),
+ * the low 32 bits kept. */
+VNNI_TARGET static inline __m512i stage_codes_int(__m512i acc, __m512i correction, __m512i lower,
+                                                  __m512i upper, __m512i m, __m512i offset,
+                                                  __m128i shift, __m512i excess) {
+    __m512i v = _mm512_sub_epi32(acc, correction);
+    __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+    __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1));
+    lo = _mm512_min_epi64(_mm512_max_epi64(lo, lower), upper);
+    hi = _mm512_min_epi64(_mm512_max_epi64(hi, lower), upper);
+    lo = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mullo_epi64(lo, m), offset), shift);
+    hi = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mullo_epi64(hi, m), offset), shift);
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)),
+                                   _mm512_cvtepi64_epi32(hi), 1);
+    return _mm512_xor_si512(q, excess);
+}
+
+/* A panel's 16-lane vectors of codes from its accumulators, by the stage's path. */
+VNNI_TARGET static inline void panel_codes(const PlaneJob *job, const __m512i acc[4],
+                                           int32_t correction, Py_ssize_t channel,
+                                           Py_ssize_t count, __m512i codes[4]) {
+    __m512i c = _mm512_set1_epi32(correction);
+    __m512i excess = _mm512_set1_epi32(job->excess);
+    if (job->stage_int) {
+        const int64_t *const *t = (const int64_t *const *)job->tables;
+        __m512i lower = _mm512_set1_epi64(t[0][channel]), upper = _mm512_set1_epi64(t[1][channel]);
+        __m512i m = _mm512_set1_epi64(t[2][channel]), offset = _mm512_set1_epi64(t[3][channel]);
+        int64_t bits = t[4][channel];
+        /* vpsraq takes the count as unsigned: a negative one would fill with the sign; numpy
+         * leaves x as it is for a shift of 0 or less (the tables never hold one) */
+        __m128i shift = _mm_cvtsi64_si128(bits > 0 ? bits : 0);
+        for (int s = 0; s < 4; s++)
+            codes[s] = 16 * s < count ? stage_codes_int(acc[s], c, lower, upper, m, offset,
+                                                        shift, excess)
+                                      : _mm512_setzero_si512();
+        return;
+    }
+    const double *const *t = (const double *const *)job->tables;
+    __m512d scale = _mm512_set1_pd(t[0][channel]), offset = _mm512_set1_pd(t[1][channel]);
+    __m512d low = _mm512_set1_pd(job->code_low), high = _mm512_set1_pd(job->code_high);
+    for (int s = 0; s < 4; s++)
+        codes[s] = 16 * s < count ? stage_codes(acc[s], c, scale, offset, low, high, excess)
+                                  : _mm512_setzero_si512();
 }
 
 /* Lanes [0, lanes) of `codes`, the results of the flat positions from (row, column) on of
@@ -202,30 +251,22 @@ VNNI_TARGET static inline void store_result(const PlaneJob *job, const __m512i a
         store_panel(acc, correction, job->out + flat, count);
         return;
     }
-    __m512i c = _mm512_set1_epi32(correction);
-    __m512d scale = _mm512_set1_pd(job->scale[channel]);
-    __m512d offset = _mm512_set1_pd(job->offset[channel]);
-    __m512d low = _mm512_set1_pd(job->code_low), high = _mm512_set1_pd(job->code_high);
-    __m512i excess = _mm512_set1_epi32(job->excess);
+    __m512i codes[4];
+    panel_codes(job, acc, correction, channel, count, codes);
     if (job->codes_flat) { /* rows without gaps, stored back to back: one store a vector */
         char *base = (char *)job->codes + n * job->code_strides[0] +
                      out_channel * job->code_strides[1] + at.first * job->code_bytes;
         for (int s = 0; s < 4; s++) {
             Py_ssize_t left = count - 16 * s;
             if (left <= 0) break;
-            __m512i codes = stage_codes(acc[s], c, scale, offset, low, high, excess);
             __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
             if (job->code_bytes == 1)
-                _mm512_mask_cvtepi32_storeu_epi8(base + 16 * s, mask, codes);
+                _mm512_mask_cvtepi32_storeu_epi8(base + 16 * s, mask, codes[s]);
             else
-                _mm512_mask_cvtepi32_storeu_epi16(base + 32 * s, mask, codes);
+                _mm512_mask_cvtepi32_storeu_epi16(base + 32 * s, mask, codes[s]);
         }
         return;
     }
-    __m512i codes[4];
-    for (int s = 0; s < 4; s++)
-        codes[s] = 16 * s < count ? stage_codes(acc[s], c, scale, offset, low, high, excess)
-                                  : _mm512_setzero_si512();
     if (job->rows_packed && have_vbmi2) {
         char *base = (char *)job->codes + n * job->code_strides[0] +
                      out_channel * job->code_strides[1] + at.packed * job->code_bytes;

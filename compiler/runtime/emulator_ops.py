@@ -252,15 +252,36 @@ def _blocks(shape: tuple[int, ...]) -> list[Block]:
     ]
 
 
-def _channel_vector(table: np.ndarray, channels: int) -> np.ndarray | None:
+def kernel_stage_tables(fused: FusedOutputStage, channels: int) -> tuple[object, ...] | None:
+    """A fused stage as the compiled int8 CONV kernels run it in their epilogue (mla_vnni.h):
+    one entry per output channel (axis 1 of the result) of each table, (scale, offset,
+    code_low, code_high, excess) for the float64 path, (lower, upper, multiplier, offset,
+    shift, excess) for the int64 one; None where the codes are wider than 16 bits or a table
+    varies along another axis."""
+    if fused.code_dtype.itemsize > 2:
+        return None
+    if fused.exact_float:
+        tables, dtype = (fused.scale, fused.offset), np.float64
+    else:
+        tables = (fused.lower, fused.upper, fused.scale, fused.offset, fused.total_shift)
+        dtype = np.int64
+    vectors = [_channel_vector(table, channels, dtype) for table in tables]
+    if any(v is None for v in vectors):
+        return None
+    if fused.exact_float:
+        return (*vectors, fused.code_low, fused.code_high, fused.excess)
+    return (*vectors, fused.excess)
+
+
+def _channel_vector(table: np.ndarray, channels: int, dtype: type) -> np.ndarray | None:
     """A table that broadcasts against a rank-4 result and varies only along axis 1, as one
-    contiguous float64 per channel; None for any other table."""
+    contiguous `dtype` value per channel; None for any other table."""
     if table.ndim > 4:
         return None
     shape = (1,) * (4 - table.ndim) + table.shape
     if shape[0] != 1 or shape[2:] != (1, 1) or shape[1] not in (1, channels):
         return None
-    return np.ascontiguousarray(np.broadcast_to(table.reshape(shape[1]), (channels,)), np.float64)
+    return np.ascontiguousarray(np.broadcast_to(table.reshape(shape[1]), (channels,)), dtype)
 
 
 def _block_of(table: np.ndarray | int | None, block: Block) -> np.ndarray | int | None:
@@ -664,22 +685,15 @@ class _OutputStage:
             fused = prepare()
         return cls(requant, multiplier, shift, biases, zero_point, out_dtype, fused, {})
 
-    def channel_vectors(self, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The fused float64 stage's scale and offset as one float64 per output channel (axis
-        1 of the result), for the compiled int8 CONV to apply in its epilogue; None where the
-        stage is not fused, runs in int64, has codes wider than 16 bits or tables that vary
-        along another axis. Kept with the stage (in `parts`, under a key of its own)."""
-        fused = self.fused
-        if fused is None or not fused.exact_float or fused.code_dtype.itemsize > 2:
+    def kernel_stage(self, channels: int) -> tuple[object, ...] | None:
+        """`kernel_stage_tables` of the fused stage, kept with it (in `parts`, under a key of
+        its own); None where the stage is not fused."""
+        if self.fused is None:
             return None
-        key = ("channel vectors", channels)
+        key = ("kernel stage", channels)
         if key not in self.parts:
-            self.parts[key] = (
-                _channel_vector(fused.scale, channels),
-                _channel_vector(fused.offset, channels),
-            )
-        scale, offset = self.parts[key]
-        return None if scale is None or offset is None else (scale, offset)
+            self.parts[key] = kernel_stage_tables(self.fused, channels)
+        return self.parts[key]
 
     def blockwise(self, shape: tuple[int, ...]) -> bool:
         """Whether the tables broadcast to `shape` (else one whole evaluation decides what
@@ -1752,7 +1766,7 @@ def _scratch_planes(size: int) -> np.ndarray:
 class _Int8Conv:
     """A CONV in the compiled int8 kernels (`_compiled_int8`): its blocks, a function giving a
     block's accumulators (`_valid_span`) and their pitch, and, where the kernels also run its
-    output stage (`_OutputStage.channel_vectors`), a `_blockwise` compute that writes a block's
+    output stage (`_OutputStage.kernel_stage`), a `_blockwise` compute that writes a block's
     codes."""
 
     blocks: list[Block]
@@ -1783,8 +1797,7 @@ def _int8_conv(
     batch, out_channels, ho, wo = geometry.shape
     pitch, everything = planes.pitch, slice(None)
     operands = planes.operands()
-    vectors = stage.channel_vectors(out_channels)
-    fused = None if vectors is None else (*vectors, *_stage_bounds(stage.fused))
+    fused = stage.kernel_stage(out_channels)
     code_dtype = None if fused is None else stage.fused.code_dtype
     if geometry.channels == geometry.group == out_channels:
         weights, sums = quads.reshape(out_channels, -1), corrections.reshape(out_channels)
@@ -1887,8 +1900,7 @@ def _int8_conv_over_images(
         (slice(n, min(batch, n + step)), everything, everything, everything)
         for n in range(0, batch, step)
     ]
-    vectors = stage.channel_vectors(out_channels)
-    fused = None if vectors is None else (*vectors, *_stage_bounds(stage.fused))
+    fused = stage.kernel_stage(out_channels)
 
     def refresh() -> None:
         np.copyto(joined.reshape(channels, batch, positions), stored.transpose(1, 0, 2))
@@ -1913,11 +1925,6 @@ def _int8_conv_over_images(
 
     refresh()
     return _Int8Conv(blocks, accumulate, wo, None if fused is None else write_codes, refresh)
-
-
-def _stage_bounds(fused: FusedOutputStage) -> tuple[float, float, int]:
-    """The fused stage's code bounds and excess, as the compiled kernels take them."""
-    return (fused.code_low, fused.code_high, fused.excess)
 
 
 def _span(rows: int, pitch: int, width: int) -> int:
