@@ -195,8 +195,14 @@ def test_values_derived_from_constants_are_read_only() -> None:
             arrays = [value]
         elif isinstance(value, FusedOutputStage):
             arrays = list(value.tables())
-        elif isinstance(value, dict):  # a fused stage's tables per block of the result
-            arrays = [table for tables in value.values() for table in tables]
+        elif isinstance(value, dict):  # a fused stage's tables per block, and its kernel's
+            arrays = [
+                table
+                for tables in value.values()
+                if tables is not None
+                for table in tables
+                if isinstance(table, np.ndarray)
+            ]
         elif isinstance(value, emulator_ops._OutputStage):
             tables = (value.multiplier, value.shift, value.bias)
             arrays = [table for table in tables if isinstance(table, np.ndarray)]

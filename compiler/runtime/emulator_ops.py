@@ -268,6 +268,7 @@ def kernel_stage_tables(fused: FusedOutputStage, channels: int) -> tuple[object,
     vectors = [_channel_vector(table, channels, dtype) for table in tables]
     if any(v is None for v in vectors):
         return None
+    vectors = [_frozen(v) for v in vectors]  # kept per program with the stage: read-only
     if fused.exact_float:
         return (*vectors, fused.code_low, fused.code_high, fused.excess)
     return (*vectors, fused.excess)
