@@ -296,6 +296,23 @@ def test_compiled_depthwise_refuses_shapes_that_disagree() -> None:
         )
 
 
+@needs_kernels
+@pytest.mark.parametrize("item", [np.uint8, np.int16, np.int32, np.int64])
+@pytest.mark.parametrize("pair", [False, True], ids=["one code", "code pair"])
+def test_compiled_lookup_gathers_the_table_entries(item: type, pair: bool) -> None:
+    rng = np.random.default_rng(3)
+    info = np.iinfo(item)
+    table = rng.integers(info.min, info.max, size=65536 if pair else 256, dtype=item)
+    first = rng.integers(0, 256, size=1001).astype(np.uint8)
+    second = rng.integers(0, 256, size=1001).astype(np.uint8) if pair else None
+    out = np.empty(1001, item)
+    kernels.lookup(table, first, second, out)
+    index = first.astype(np.int64) * 256 + second if pair else first
+    np.testing.assert_array_equal(out, table[index])
+    with pytest.raises(ValueError, match="a table of every code"):
+        kernels.lookup(table[:255], first, None, out)
+
+
 # --- the int8 (VNNI) CONV kernels -------------------------------------------------------------
 
 needs_vnni = pytest.mark.skipif(

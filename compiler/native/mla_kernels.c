@@ -827,6 +827,75 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* table lookups                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* out[i] = table[first[i]] or table[first[i] * 256 + second[i]]: an elementwise function of
+ * 8-bit codes evaluated once per code (pair) and gathered (compiler/runtime/emulator_ops.py
+ * `_gather`). */
+#define LOOKUP(NAME, T)                                                                          \
+    static void NAME(const T *restrict table, const uint8_t *restrict first,                    \
+                     const uint8_t *restrict second, T *restrict out, Py_ssize_t n) {           \
+        if (second == NULL) {                                                                   \
+            for (Py_ssize_t i = 0; i < n; i++) out[i] = table[first[i]];                        \
+            return;                                                                             \
+        }                                                                                       \
+        for (Py_ssize_t i = 0; i < n; i++)                                                      \
+            out[i] = table[((unsigned)first[i] << 8) | second[i]];                              \
+    }
+
+LOOKUP(lookup_1, uint8_t)
+LOOKUP(lookup_2, uint16_t)
+LOOKUP(lookup_4, uint32_t)
+LOOKUP(lookup_8, uint64_t)
+
+static PyObject *lookup(PyObject *self, PyObject *args) {
+    PyObject *table_obj, *first_obj, *second_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOOO", &table_obj, &first_obj, &second_obj, &out_obj))
+        return NULL;
+    Operand table, first, second, out;
+    table.held = first.held = second.held = out.held = 0;
+    PyObject *result = NULL;
+    int pair = second_obj != Py_None;
+    if (get_operand(table_obj, &table, 0, "table") < 0 ||
+        get_operand(first_obj, &first, 0, "first") < 0 ||
+        (pair && get_operand(second_obj, &second, 0, "second") < 0) ||
+        get_operand(out_obj, &out, 1, "out") < 0)
+        goto done;
+    Py_ssize_t item = table.view.itemsize, n = out.view.len / (out.view.itemsize ? out.view.itemsize : 1);
+    int ok = PyBuffer_IsContiguous(&table.view, 'C') && PyBuffer_IsContiguous(&first.view, 'C') &&
+             PyBuffer_IsContiguous(&out.view, 'C') && first.view.itemsize == 1 &&
+             out.view.itemsize == item && first.view.len == n &&
+             table.view.len / item >= (pair ? 65536 : 256) && (item == 1 || item == 2 || item == 4 || item == 8);
+    if (pair)
+        ok = ok && PyBuffer_IsContiguous(&second.view, 'C') && second.view.itemsize == 1 &&
+             second.view.len == n;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError,
+                        "lookup: contiguous codes of one byte, out of the table's item size and "
+                        "their length, a table of every code (pair)");
+        goto done;
+    }
+    const uint8_t *a = first.view.buf, *b = pair ? second.view.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    switch (item) {
+    case 1: lookup_1(table.view.buf, a, b, out.view.buf, n); break;
+    case 2: lookup_2(table.view.buf, a, b, out.view.buf, n); break;
+    case 4: lookup_4(table.view.buf, a, b, out.view.buf, n); break;
+    default: lookup_8(table.view.buf, a, b, out.view.buf, n); break;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&table);
+    release(&first);
+    release(&second);
+    release(&out);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* phase planes                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -883,6 +952,9 @@ static PyMethodDef methods[] = {
     {"im2col", im2col, METH_VARARGS,
      "im2col(codes, zero_point, kernel, pads, strides, dilations, row0, out): centred im2col "
      "columns of output rows row0 .. row0 + rows of a CONV."},
+    {"lookup", lookup, METH_VARARGS,
+     "lookup(table, first, second, out): out[i] = table[first[i]], or with second "
+     "table[first[i] * 256 + second[i]] (one-byte codes; second may be None)."},
     {"phase_planes", phase_planes, METH_VARARGS,
      "phase_planes(codes, (top, left), (sh, sw), flip, pad, (rows, pitch), out): the padded "
      "stride phases of the codes (code ^ flip) that conv_planes and depthwise_planes read."},

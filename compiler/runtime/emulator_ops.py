@@ -546,11 +546,16 @@ def _gather(
         (index, start) for index in np.ndindex(*out.shape[:lead]) for start in range(0, size, step)
     ]
 
+    compiled = native_kernels is not None and table.size >= 256 ** len(codes)
+
     def gather(item: tuple[tuple[int, ...], int]) -> None:
         index, start = item
         stop = min(size, start + step)
         part = out[(*index, ...)].reshape(-1)[start:stop]
         flat = [c[(*index, ...)].reshape(-1)[start:stop].view(np.uint8) for c in codes]
+        if compiled:
+            native_kernels.lookup(table, flat[0], flat[1] if len(flat) == 2 else None, part)
+            return
         if len(flat) == 2:
             word = _scratch("gather-index", (stop - start,), np.uint16)
             np.left_shift(flat[0], 8, out=word, dtype=np.uint16)
