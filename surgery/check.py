@@ -15,6 +15,7 @@ from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
 from surgery.model import open_model
 from surgery.qdq import float_view, is_qdq, quantized_for
+from surgery.shape_repair import repair_shapes
 from surgery.targets import Target, resolve_target
 
 DEFAULT_TARGET = "mlsoc"
@@ -52,12 +53,20 @@ def _analyse(
     collector resumes: the collection that follows then only walks the report, not every
     object of the analysis.
 
-    Where shapes wait for folding, only the folded model is analysed, folded in place: the
-    model is check's own copy. If nothing folds after all, the fold has changed the model,
-    and it is opened again for the analysis as given."""
+    Where shapes wait for folding, the shapes are repaired in place (`repair_shapes`: the
+    model is check's own copy) and the model analysed as the fold would leave it; where only
+    the fold can tell, the model is opened again and folded in place, and analysed folded. If
+    nothing folds after all, the fold has changed the model, and it is opened again for the
+    analysis as given."""
     loaded, view, tgt = _open(model, target, input_shapes)
     constants = constant_tensors(view)
     if waits_for_folding(loaded, view, tgt, constants, op_target):
+        repaired = repair_shapes(loaded, view, constants)
+        if repaired is not None:
+            return analyze_coverage(
+                loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=repaired
+            )
+        loaded, view, tgt = _open(model, target, input_shapes)
         folded = folded_coverage(loaded, view, tgt, op_target=op_target, suggest=suggest)
         if folded is not None:
             return folded

@@ -41,7 +41,7 @@ __all__ = [
     "waits_for_folding",
 ]
 
-_FOLD_LIMIT_BYTES = 256 * 2**20
+FOLD_LIMIT_BYTES = 256 * 2**20
 """A folded constant larger than this stays a subgraph (e.g. an Expand to a full image)."""
 
 
@@ -121,7 +121,7 @@ def _remove_nodes(g: onnx.GraphProto, indices: list[int]) -> None:
     nodes.extend(keep)
 
 
-_FOLD_ROUNDS = 8
+FOLD_ROUNDS = 8
 """Most fold → re-infer rounds: each round's folds can make more shapes static (a Reshape whose
 target was Concat(Gather(Shape(…))) gets a static output, whose Shape then folds too)."""
 
@@ -130,7 +130,7 @@ def fold_shapes_and_constants(model: onnx.ModelProto) -> int:
     """Fold Shapes of static tensors and constant subgraphs, re-inferring shapes after each
     round until nothing more folds (as onnxsim does)."""
     folded = _bypass_weight_identities(model)
-    for _ in range(_FOLD_ROUNDS):
+    for _ in range(FOLD_ROUNDS):
         count = _static_shapes_to_initializers(model) + _fold_constant_subgraphs(model)
         if not count:
             break
@@ -259,7 +259,7 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
     values = _evaluate(model, [g.node[i] for i in folded], needed) if needed else {}
     if values is None:
         return 0
-    oversize = {n for n, v in values.items() if v.nbytes > _FOLD_LIMIT_BYTES}
+    oversize = {n for n, v in values.items() if v.nbytes > FOLD_LIMIT_BYTES}
     keep = _ancestors(g, folded_set, oversize)
     kept_outputs = {o for i in keep for o in g.node[i].output}
     for name, value in values.items():

@@ -7,6 +7,7 @@ Coverage, queries and rules all need the same lookups; building them once per an
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from functools import cache, cached_property
 
 import numpy as np
@@ -203,6 +204,10 @@ class GraphView:
         self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in g.output]
         self._index_nodes(list(g.node))
+        self.computed: frozenset[str] = frozenset()
+        """Computed constants whose values `constant_value` reads as if folded (see
+        `read_computed_constants`)."""
+        self._evaluate_computed: Callable[[str], np.ndarray | None] | None = None
         self.reload_value_info()
 
     def _index_nodes(self, nodes: list[onnx.NodeProto]) -> None:
@@ -229,6 +234,27 @@ class GraphView:
             self.nodes = list(g.node)
             self.initializers = {t.name: t for t in g.initializer}
         self.reload_value_info()
+
+    def forget_readers(self, readers: set[int], tensors: Iterable[str]) -> None:
+        """Drop nodes `readers` from the consumers of `tensors`: a view of the model as
+        folded, where the Shape nodes that read computed tensors are gone (check's shape
+        repair analyses the model unfolded, as if folded)."""
+        for t in tensors:
+            users = self.consumers.get(t)
+            if users is None:
+                continue
+            kept = [u for u in users if u not in readers]
+            if kept:
+                self.consumers[t] = kept
+            else:
+                del self.consumers[t]
+
+    def retype(self, names: Iterable[str]) -> None:
+        """Re-read the types of tensors `names` only, after their value_info entries changed
+        (or were added): the other tensors' parsed types stay."""
+        self._value_infos = None
+        for name in names:
+            self._tensors.pop(name, None)
 
     def reload_value_info(self) -> None:
         """Re-read tensor types after shape inference changed `graph.value_info`. The index
@@ -337,9 +363,22 @@ class GraphView:
             return value.copy()
         return value
 
+    def read_computed_constants(
+        self, names: Iterable[str], evaluate: Callable[[str], np.ndarray | None]
+    ) -> None:
+        """Let `constant_value` read computed constants `names` (outputs of nodes that only
+        compute constants) through `evaluate`, as it reads the initializers folding would make
+        of them: check's shape repair analyses the model unfolded, as if folded."""
+        self.computed = frozenset(names)
+        self._evaluate_computed = evaluate
+        self._constants = {k: v for k, v in self._constants.items() if k[0] not in self.computed}
+
     def _decode_constant(self, name: str, max_elements: int) -> np.ndarray | None:
         init = self.initializers.get(name)
         if init is None:
+            if name in self.computed and self._evaluate_computed is not None:
+                value = self._evaluate_computed(name)
+                return value if value is not None and value.size <= max_elements else None
             idx = self.producer.get(name)
             if idx is None or self.nodes[idx].op_type != "Constant":
                 return None

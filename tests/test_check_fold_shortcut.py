@@ -30,6 +30,7 @@ from surgery.model import open_model
 from surgery.targets import resolve_target
 from tests.conftest import RUN_INPUTS, SHARED_MODELS
 from tests.test_check_folding import _view_by_computed_shape
+from tests.test_shape_repair import REPAIRED, custom_op_after_flatten, unsorted_flatten
 
 TARGETS = ["mlsoc", "modalix", "rk3588"]
 REAL = sorted(p.stem for p in SHARED_MODELS.glob("*.onnx"))
@@ -61,6 +62,9 @@ SYNTHETIC = {
     **examples.EXAMPLES,
     "view_by_computed_shape": _view_by_computed_shape,
     "nothing_folds": _nothing_folds,
+    **REPAIRED,
+    "custom_op_after_flatten": custom_op_after_flatten,
+    "unsorted_flatten": unsorted_flatten,
 }
 
 

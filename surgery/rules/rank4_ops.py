@@ -70,8 +70,9 @@ class NodeInfo:
         return name in self.constants
 
     def has_value(self, name: str) -> bool:
-        """A constant whose value the edit can read (an initializer or a Constant node)."""
-        if name in self.view.initializers:
+        """A constant whose value the edit can read (an initializer or a Constant node, or a
+        computed constant the view holds the folded value of)."""
+        if name in self.view.initializers or name in self.view.computed:
             return True
         producer = self.view.producer.get(name)
         return producer is not None and self.view.op_types[producer] == "Constant"
