@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from surgery.coverage import NON_FOLDABLE_OPS, constant_tensors
 from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
@@ -194,6 +193,8 @@ def _evaluate(
     sub = helper.make_model(
         graph, opset_imports=list(view.model.opset_import), ir_version=_ir(view.model)
     )
+    from onnx.reference import ReferenceEvaluator  # its ~400 op modules: only when used
+
     try:
         results = ReferenceEvaluator(sub).run(None, {})
     except Exception:  # noqa: BLE001 - the evaluator's own errors: folding decides instead
