@@ -19,6 +19,8 @@ evaluator cannot compute, reads as unknown (the fold would have left it to ONNX 
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -97,10 +99,13 @@ def _computed(view: GraphView, foldable: list[bool]) -> list[str]:
 class ComputedValues:
     """The values of a view's computed constants, evaluated on demand with ONNX's reference
     evaluator over the foldable nodes behind them, and kept: placement and the rules read a
-    few (a Reshape's target, a Resize's scales), most are never read."""
+    few (a Reshape's target, a Resize's scales), most are never read.
+
+    It holds the view only weakly: the view holds it (`read_computed_constants`), and a cycle
+    would leave the whole analysis to the garbage collector instead of freeing it on return."""
 
     def __init__(self, view: GraphView) -> None:
-        self.view = view
+        self._view = weakref.ref(view)
         self.foldable: list[bool] = []
         self.values: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()
@@ -117,7 +122,8 @@ class ComputedValues:
         if any(t in self.failed for t in todo):
             return None
         if todo:
-            got = _evaluate(self.view, todo, self.foldable)
+            view = self._view()
+            got = _evaluate(view, todo, self.foldable) if view is not None else None
             if got is None or any(v.nbytes > FOLD_LIMIT_BYTES for v in got.values()):
                 self.failed.update(todo)
                 return None

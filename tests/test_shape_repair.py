@@ -218,3 +218,33 @@ def test_check_on_a_model_proto_leaves_the_callers_model_unchanged():
     before = model.SerializeToString()
     check_model(model, "mlsoc")
     assert model.SerializeToString() == before
+
+
+def test_the_repaired_analysis_is_freed_without_the_garbage_collector():
+    """No reference cycle holds the view (and with it every node and type of the model): the
+    check pauses the collector, so a cycle would cost a collection over all of it."""
+    import gc
+
+    from surgery.graph import GraphView
+
+    check_model(paddle_flatten(), "mlsoc")  # warm: imports, schemas
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        check_model(paddle_flatten(), "mlsoc")
+        gc.collect()
+        nodes = len(paddle_flatten().graph.node)  # the evaluator's own small models may cycle
+        leaked = [
+            o
+            for o in gc.garbage
+            if isinstance(o, GraphView)
+            or (isinstance(o, onnx.ModelProto) and len(o.graph.node) == nodes)
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert leaked == []
