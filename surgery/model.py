@@ -330,8 +330,11 @@ def infer_model_shapes(
     Large weights are hidden from the C++ inferencer while it runs: they never affect shapes,
     serialising them dominates the time, and it keeps models over 2 GB inferrable.
     """
-    inferred, hidden = _run_inferencer(model, label, view)
-    _restore_weights(hidden)
+    _take_inferred_types(model, _run_inferencer(model, label, view))
+
+
+def _take_inferred_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """`inferred`'s value_info into `model`, and its output shapes where it found them."""
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     by_name = {o.name: o for o in inferred.graph.output}
@@ -343,20 +346,18 @@ def infer_model_shapes(
 
 def _run_inferencer(
     model: onnx.ModelProto, label: str, view: GraphView | None, hide_weights: bool = True
-) -> tuple[onnx.ModelProto, list[HiddenWeight]]:
-    """The C++ inferencer's output for `model` with its large weights hidden (unless
-    `hide_weights` is False), and those weights (still hidden from `model`: the caller
-    restores them where it needs them). On failure the weights are back in place and the
-    error is a ShapeError."""
-    hidden = _hide_large_weights(model, view) if hide_weights else []
+) -> onnx.ModelProto:
+    """The C++ inferencer's output for `model`, which it leaves as it is; with `hide_weights`,
+    for a copy without its large weights (`_weightless_copy`: they never affect shapes,
+    serialising them dominates the time, and it keeps models over 2 GB inferrable), whose
+    output has them empty. A failure is a ShapeError."""
+    source = _weightless_copy(model, view) if hide_weights else model
     try:
-        inferred = infer_shapes_through_contrib_ops(
-            model, domains=view.domains if view is not None else None
+        return infer_shapes_through_contrib_ops(
+            source, domains=view.domains if view is not None else None
         )
     except Exception as exc:  # onnx raises several unrelated types here
-        _restore_weights(hidden)
         raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
-    return inferred, hidden
 
 
 def infer_shapes_through_contrib_ops(
@@ -434,8 +435,10 @@ def _shape_inferred(
     ):
         infer_model_shapes(model, label, view)
         return model
-    inferred, hidden = _run_inferencer(model, label, view, hide_weights)
-    _restore_weights(hidden, inferred)
+    if hide_weights:  # the inferencer saw a copy without the weights: its types go back
+        _take_inferred_types(model, _run_inferencer(model, label, view))
+        return model
+    inferred = _run_inferencer(model, label, view, hide_weights=False)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}
     for k, out in enumerate(inferred.graph.output):
@@ -447,31 +450,62 @@ def _shape_inferred(
     return inferred
 
 
-HiddenWeight = tuple[onnx.TensorProto, bytes, int, int]
-"""A weight hidden from the inferencer: the tensor, its bytes and where it lives — (-1, k) for
-initializer k, (node index, attribute index) for a Constant node's value."""
-
-
-def _hide_large_weights(
-    model: onnx.ModelProto, view: GraphView | None = None
-) -> list[HiddenWeight]:
-    hidden: list[HiddenWeight] = []
-    for k, t in enumerate(model.graph.initializer):
-        if _is_large_weight(t):
-            hidden.append((t, t.raw_data, -1, k))
-            t.ClearField("raw_data")
-    nodes = model.graph.node
-    constant_nodes = (
-        [i for i, op in enumerate(view.op_types) if op == "Constant"]
-        if view is not None
-        else [i for i, n in enumerate(nodes) if n.op_type == "Constant"]
+def _weightless_copy(model: onnx.ModelProto, view: GraphView | None = None) -> onnx.ModelProto:
+    """`model` with its large weights (initializers and Constant-node values) as empty tensors
+    of the same name, type and dims, made without reading their bytes: copying them out and
+    back into the model cost as much as the inference itself on a model of 8 MB of weights."""
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    graph, source = copy.graph, model.graph
+    for field, value in source.ListFields():
+        if field.name not in ("initializer", "node"):
+            _copy_field(graph, field, value)
+    graph.initializer.extend(
+        _empty_like(t) if _is_large_weight(t) else t for t in source.initializer
     )
-    for i in constant_nodes:
-        for j, a in enumerate(nodes[i].attribute):
-            if a.name == "value" and _is_large_weight(a.t):
-                hidden.append((a.t, a.t.raw_data, i, j))
-                a.t.ClearField("raw_data")
-    return hidden
+    nodes = source.node
+    op_types = view.op_types if view is not None else [n.op_type for n in nodes]
+    graph.node.extend(
+        _without_large_value(node) if op == "Constant" else node
+        for node, op in zip(nodes, op_types, strict=True)
+    )
+    return copy
+
+
+def _without_large_value(node: onnx.NodeProto) -> onnx.NodeProto:
+    """A Constant node as is, or a copy whose large `value` is an empty tensor."""
+    large = next((a for a in node.attribute if a.name == "value" and _is_large_weight(a.t)), None)
+    if large is None:
+        return node
+    copy = onnx.NodeProto(
+        op_type=node.op_type, domain=node.domain, name=node.name, output=node.output
+    )
+    copy.attribute.add(name="value", type=onnx.AttributeProto.TENSOR).t.CopyFrom(
+        _empty_like(large.t)
+    )
+    return copy
+
+
+def _copy_field(message, field, value) -> None:
+    """One field (as `ListFields` gives it) of another message of the same type into `message`."""
+    repeated = (  # protobuf 6+ has is_repeated; older versions only the label
+        field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+    )
+    if repeated:
+        getattr(message, field.name).extend(value)
+    elif field.type == field.TYPE_MESSAGE:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
+def _empty_like(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A tensor with `t`'s name, element type and dims, and no data."""
+    empty = onnx.TensorProto(name=t.name, data_type=t.data_type)
+    empty.dims.extend(t.dims)
+    return empty
 
 
 def _is_large_weight(t: onnx.TensorProto) -> bool:
@@ -482,19 +516,6 @@ def _is_large_weight(t: onnx.TensorProto) -> bool:
     for d in t.dims:
         n *= d
     return n * 4 > _STRIP_BYTES and t.HasField("raw_data")
-
-
-def _restore_weights(hidden: list[HiddenWeight], into: onnx.ModelProto | None = None) -> None:
-    """Put hidden weights back, into the model they were hidden from or the same places of
-    `into` (the inferencer's copy)."""
-    if into is None:
-        for t, data, _, _ in hidden:
-            t.raw_data = data
-        return
-    graph = into.graph
-    for _, data, node, k in hidden:
-        target = graph.initializer[k] if node < 0 else graph.node[node].attribute[k].t
-        target.raw_data = data
 
 
 def raise_ir_version(model: onnx.ModelProto) -> None:

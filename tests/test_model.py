@@ -274,3 +274,45 @@ def _refuse_the_whole_model(self: onnx.ModelProto) -> bytes:
     if any(t.name == "w" for t in self.graph.initializer):
         raise ValueError("Failed to serialize proto")
     return onnx.ModelProto.SerializePartialToString(self)
+
+
+def _large_weight_model() -> onnx.ModelProto:
+    """A Conv whose weight is an initializer and a MatMul whose weight is a Constant node,
+    both over the size the inferencer is shown."""
+    rng = np.random.default_rng(0)
+    conv_w = rng.normal(size=(16, 8, 3, 3)).astype(np.float32)  # 4.6 KB
+    fc_w = rng.normal(size=(16, 100)).astype(np.float32)  # 6.4 KB
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Constant", [], ["fc_w"], value=numpy_helper.from_array(fc_w, "fc_w")),
+        helper.make_node("MatMul", ["f", "fc_w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "large_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(conv_w, "conv_w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monkeypatch):
+    original = _large_weight_model()
+    seen: list[int] = []
+    infer = onnx.shape_inference.infer_shapes
+
+    def spy(model, *args, **kwargs):
+        seen.append(model.ByteSize())
+        return infer(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    loaded = load_model(original)
+    assert seen and max(seen) < 2048  # neither weight's bytes were serialised for it
+    assert [d.dim_value for d in loaded.graph.output[0].type.tensor_type.shape.dim] == [1, 100]
+    weights = {t.name: t for t in loaded.graph.initializer}
+    assert weights["conv_w"].raw_data == original.graph.initializer[0].raw_data
+    constant = next(n for n in loaded.graph.node if n.op_type == "Constant")
+    assert constant.attribute[0].t.raw_data == original.graph.node[3].attribute[0].t.raw_data
