@@ -33,7 +33,19 @@ def get_rule(name: str) -> Rule:
 
 
 def all_rules() -> list[type[Rule]]:
-    """Every rule, in priority order: the catalogue's module order, then definition order."""
+    """Every rule, in priority order: the catalogue's module order, then definition order.
+    Sorted once per set of registered rules (every check asks; rules are only ever added)."""
+    registered = tuple(_RULES.values())
+    if _ORDERED.get("for") != registered:
+        _ORDERED["for"], _ORDERED["rules"] = registered, _prioritised()
+    return list(_ORDERED["rules"])
+
+
+_ORDERED: dict[str, tuple | list] = {}
+"""The registered rules the order was made for ("for") and that order ("rules")."""
+
+
+def _prioritised() -> list[type[Rule]]:
     from surgery.rules.catalogue import MODULES
 
     registered = list(_RULES.values())
