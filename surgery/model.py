@@ -453,7 +453,16 @@ def _shape_inferred(
 def _weightless_copy(model: onnx.ModelProto, view: GraphView | None = None) -> onnx.ModelProto:
     """`model` with its large weights (initializers and Constant-node values) as empty tensors
     of the same name, type and dims, made without reading their bytes: copying them out and
-    back into the model cost as much as the inference itself on a model of 8 MB of weights."""
+    back into the model cost as much as the inference itself on a model of 8 MB of weights.
+    `model` itself when it has none at its top level (its weights are in subgraphs, which a
+    copy would only duplicate)."""
+    nodes = model.graph.node
+    op_types = view.op_types if view is not None else [n.op_type for n in nodes]
+    large = any(_is_large_weight(t) for t in model.graph.initializer) or any(
+        _large_value(nodes[i]) is not None for i, op in enumerate(op_types) if op == "Constant"
+    )
+    if not large:
+        return model
     copy = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
@@ -465,8 +474,6 @@ def _weightless_copy(model: onnx.ModelProto, view: GraphView | None = None) -> o
     graph.initializer.extend(
         _empty_like(t) if _is_large_weight(t) else t for t in source.initializer
     )
-    nodes = source.node
-    op_types = view.op_types if view is not None else [n.op_type for n in nodes]
     graph.node.extend(
         _without_large_value(node) if op == "Constant" else node
         for node, op in zip(nodes, op_types, strict=True)
@@ -476,7 +483,7 @@ def _weightless_copy(model: onnx.ModelProto, view: GraphView | None = None) -> o
 
 def _without_large_value(node: onnx.NodeProto) -> onnx.NodeProto:
     """A Constant node as is, or a copy whose large `value` is an empty tensor."""
-    large = next((a for a in node.attribute if a.name == "value" and _is_large_weight(a.t)), None)
+    large = _large_value(node)
     if large is None:
         return node
     copy = onnx.NodeProto(
@@ -499,6 +506,11 @@ def _copy_field(message, field, value) -> None:
         getattr(message, field.name).CopyFrom(value)
     else:
         setattr(message, field.name, value)
+
+
+def _large_value(node: onnx.NodeProto) -> onnx.AttributeProto | None:
+    """A Constant node's `value` attribute when it holds a large weight."""
+    return next((a for a in node.attribute if a.name == "value" and _is_large_weight(a.t)), None)
 
 
 def _empty_like(t: onnx.TensorProto) -> onnx.TensorProto:
