@@ -260,14 +260,14 @@ def _infer_tail(model: onnx.ModelProto, view: GraphView, tail: list[int], known:
             if not t or t in inside or t in seen:
                 continue
             seen.add(t)
+            value = view.constant_value(t) if t in known else None
+            if value is not None:  # its value says its type (an empty one reads as unknown)
+                small.append(numpy_helper.from_array(np.asarray(value), t))
+                continue
             info = view.tensor(t)
             if not info.is_static or not info.elem_type:
                 return False
-            value = view.constant_value(t) if t in known else None
-            if value is not None:
-                small.append(numpy_helper.from_array(np.asarray(value), t))
-            else:
-                inputs.append(helper.make_tensor_value_info(t, info.elem_type, info.shape))
+            inputs.append(helper.make_tensor_value_info(t, info.elem_type, info.shape))
     outputs = [o for o in view.graph_outputs if o in inside]
     graph = helper.make_graph(
         [view.nodes[idx] for idx in tail],

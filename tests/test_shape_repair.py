@@ -118,6 +118,38 @@ def computed_constant_operand() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
+def resize_to_computed_size() -> onnx.ModelProto:
+    """An FPN-style upsample at opset 11: Resize to the spatial size of another map, taken
+    with Shape → Slice and joined to constant N, C (`F.interpolate(size=y.shape[-2:])`); the
+    Resize-11 output, and the Add and Conv after it, have unknown shapes until folded."""
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("Conv", ["x", "w_down"], ["small"], strides=[2, 2]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        _const("hw_start", [2]),
+        _const("hw_end", [4]),
+        helper.make_node("Slice", ["s", "hw_start", "hw_end"], ["hw"]),
+        _const("nc", [1, 3]),
+        helper.make_node("Concat", ["nc", "hw"], ["size"], axis=0),
+        _const("roi", [], np.float32),
+        _const("scales", [], np.float32),
+        helper.make_node("Resize", ["small", "roi", "scales", "size"], ["up"], mode="nearest"),
+        helper.make_node("Add", ["up", "x"], ["sum"]),
+        helper.make_node("Conv", ["sum", "w_out"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "resize_to_computed_size",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(rng.normal(size=(3, 3, 1, 1)).astype(np.float32), "w_down"),
+            numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w_out"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
 def custom_op_after_flatten() -> onnx.ModelProto:
     """The flatten of `paddle_flatten`, then a custom op: the repair leaves it to the fold."""
     model = paddle_flatten()
@@ -141,6 +173,7 @@ REPAIRED = {
     "paddle_flatten": paddle_flatten,
     "two_rounds": two_rounds,
     "computed_constant_operand": computed_constant_operand,
+    "resize_to_computed_size": resize_to_computed_size,
 }
 
 
