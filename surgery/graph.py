@@ -6,6 +6,7 @@ Coverage, queries and rules all need the same lookups; building them once per an
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterable
 from functools import cache, cached_property
@@ -377,6 +378,9 @@ class GraphView:
         init = self.initializers.get(name)
         if init is None:
             if name in self.computed and self._evaluate_computed is not None:
+                info = self.tensor(name)
+                if info.is_static and math.prod(info.shape) > max_elements:
+                    return None  # known too large: not evaluated
                 value = self._evaluate_computed(name)
                 return value if value is not None and value.size <= max_elements else None
             idx = self.producer.get(name)

@@ -281,3 +281,44 @@ def test_the_repaired_analysis_is_freed_without_the_garbage_collector():
         if was:
             gc.enable()
     assert leaked == []
+
+
+def test_a_computed_constant_known_to_be_large_is_not_evaluated_for_its_value():
+    """`constant_value` of a computed constant whose static type is over the size asked for
+    is None without evaluating it (a weight made by ConstantOfShape, light_resnet50's way)."""
+    nodes = [
+        _const("shape", [1, 8, 64, 64]),
+        helper.make_node(
+            "ConstantOfShape",
+            ["shape"],
+            ["big"],
+            value=numpy_helper.from_array(np.array([1.0], np.float32)),
+        ),
+        _const("small_shape", [1, 8, 1, 1]),
+        helper.make_node(
+            "ConstantOfShape",
+            ["small_shape"],
+            ["small"],
+            value=numpy_helper.from_array(np.array([2.0], np.float32)),
+        ),
+        helper.make_node("Add", ["x", "big"], ["a"]),
+        helper.make_node("Mul", ["a", "small"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "computed_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    _, view = open_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    asked: list[str] = []
+
+    def evaluate(name: str) -> np.ndarray:
+        asked.append(name)
+        return np.full((1, 8, 1, 1), 2.0, np.float32)
+
+    view.read_computed_constants(["big", "small"], evaluate)
+    assert view.constant_value("big") is None
+    np.testing.assert_array_equal(view.constant_value("small"), np.full((1, 8, 1, 1), 2.0))
+    view.constant_value("small")
+    assert asked == ["small"]
