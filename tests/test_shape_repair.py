@@ -150,6 +150,15 @@ def resize_to_computed_size() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
+def run_time_weight_before_flatten() -> onnx.ModelProto:
+    """`paddle_flatten` whose Conv weight is a graph input: a blocker that waits for a constant
+    operand folding cannot give (fold-constants must not claim it, on either path)."""
+    model = paddle_flatten()
+    model.graph.input.append(helper.make_tensor_value_info("wx", TensorProto.FLOAT, [CH, 3, 3, 3]))
+    model.graph.node[0].input[1] = "wx"
+    return model
+
+
 def custom_op_after_flatten() -> onnx.ModelProto:
     """The flatten of `paddle_flatten`, then a custom op: the repair leaves it to the fold."""
     model = paddle_flatten()
@@ -174,6 +183,7 @@ REPAIRED = {
     "two_rounds": two_rounds,
     "computed_constant_operand": computed_constant_operand,
     "resize_to_computed_size": resize_to_computed_size,
+    "run_time_weight_before_flatten": run_time_weight_before_flatten,
 }
 
 
@@ -322,3 +332,14 @@ def test_a_computed_constant_known_to_be_large_is_not_evaluated_for_its_value():
     np.testing.assert_array_equal(view.constant_value("small"), np.full((1, 8, 1, 1), 2.0))
     view.constant_value("small")
     assert asked == ["small"]
+
+
+def test_fold_constants_does_not_claim_an_operand_computed_from_run_time_data():
+    """At opset 14 the flatten resolves without folding (plain path); the Conv whose weight is
+    a graph input waits for a constant folding cannot make, so no fold-constants for it."""
+    model = run_time_weight_before_flatten()
+    model.opset_import[0].version = 14
+    report = check_model(model, "mlsoc")
+    conv = next(p for p in report.placements if p.op_type == "Conv")
+    assert any(r.code == "non_constant_input" for r in conv.reasons)
+    assert "fold-constants" not in conv.suggested_rules

@@ -59,9 +59,11 @@ class FoldConstants(Rule):
         folded = [p for p in ctx.coverage.placements if p.foldable]
         if not folded:
             return []
-        unblocked = [
-            b.name for b in ctx.coverage.blockers if any(r.code in _NEEDS_VALUE for r in b.reasons)
-        ]
+        view = ctx.view
+        computed = {
+            t for p in folded if p.op_type != "Constant" for t in view.node_outputs[p.index]
+        }
+        unblocked = [b.name for b in ctx.coverage.blockers if _folding_frees(b, view, computed)]
         chains = sum(1 for p in folded if p.op_type != "Constant")
         consts = len(folded) - chains
         return [
@@ -86,6 +88,18 @@ class FoldConstants(Rule):
                             consumer.inputs[k] = const
                 node.outputs.clear()
         return matches
+
+
+def _folding_frees(blocker: NodePlacement, view: GraphView, computed: set[str]) -> bool:
+    """Whether folding can free `blocker`: an unknown axis (folding makes shapes known), or a
+    constant operand it waits for that is computed (folding makes it an initializer whose
+    value the check reads); not an operand computed from run-time data."""
+    codes = {r.code for r in blocker.reasons}
+    if "axis_unknown" in codes:
+        return True
+    return "non_constant_input" in codes and any(
+        t in computed for t in view.node_inputs[blocker.index]
+    )
 
 
 _NO_OP = {"Identity", "Dropout"}
