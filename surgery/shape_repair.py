@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from surgery.coverage import NON_FOLDABLE_OPS, constant_tensors
+from surgery.constant_values import evaluate_constants, ir_version_for_parts
+from surgery.coverage import constant_tensors
 from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
 from surgery.graph import GraphView
 
@@ -54,7 +55,6 @@ def repair_shapes(
     unresolved = None
     for _ in range(FOLD_ROUNDS):  # as many rounds as folding makes
         known, foldable = constants
-        values.foldable = foldable
         view.read_computed_constants(_computed(view, foldable), values.get)
         if not _type_computed_constants(model, view, foldable, values):
             return None
@@ -97,8 +97,8 @@ def _computed(view: GraphView, foldable: list[bool]) -> list[str]:
 
 
 class ComputedValues:
-    """The values of a view's computed constants, evaluated on demand with ONNX's reference
-    evaluator over the foldable nodes behind them, and kept: placement and the rules read a
+    """The values of a view's computed constants, evaluated on demand
+    (`constant_values.evaluate_constants`) and kept: placement and the rules read a
     few (a Reshape's target, a Resize's scales), most are never read.
 
     It holds the view only weakly: the view holds it (`read_computed_constants`), and a cycle
@@ -106,7 +106,6 @@ class ComputedValues:
 
     def __init__(self, view: GraphView) -> None:
         self._view = weakref.ref(view)
-        self.foldable: list[bool] = []
         self.values: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()
 
@@ -123,7 +122,7 @@ class ComputedValues:
             return None
         if todo:
             view = self._view()
-            got = _evaluate(view, todo, self.foldable) if view is not None else None
+            got = evaluate_constants(view, todo) if view is not None else None
             if got is None or any(v.nbytes > FOLD_LIMIT_BYTES for v in got.values()):
                 self.failed.update(todo)
                 return None
@@ -159,70 +158,6 @@ def _type_computed_constants(
     _write_types(model, types)
     view.retype(types)
     return True
-
-
-def _evaluate(
-    view: GraphView, names: list[str], foldable: list[bool]
-) -> dict[str, np.ndarray] | None:
-    """The values of computed constants `names`, by ONNX's reference evaluator over the
-    foldable nodes behind them (Shape nodes of static tensors read as their shapes, as folding
-    reads them); None where it cannot compute them."""
-    producer, nodes = view.producer, view.nodes
-    within: set[int] = set()
-    stack = [producer[t] for t in names]
-    while stack:
-        idx = stack.pop()
-        if idx in within:
-            continue
-        within.add(idx)
-        if view.op_types[idx] == "Shape" and view.node_inputs[idx][0] not in view.initializers:
-            continue  # read from the inferred shape below, not computed
-        stack.extend(producer[t] for t in view.node_inputs[idx] if t in producer)
-    if any(view.op_types[i] in NON_FOLDABLE_OPS or not foldable[i] for i in within):
-        return None
-    shapes: list[onnx.TensorProto] = []
-    computed: list[onnx.NodeProto] = []
-    for idx in sorted(within):
-        shape = _static_shape_value(view, idx)
-        if shape is not None:
-            shapes.append(numpy_helper.from_array(shape, view.node_outputs[idx][0]))
-        else:
-            computed.append(nodes[idx])
-    used = {t for n in computed for t in n.input}
-    graph = helper.make_graph(
-        computed,
-        "repair",
-        [],
-        [helper.make_empty_tensor_value_info(t) for t in names],
-        [*shapes, *(view.initializers[t] for t in used if t in view.initializers)],
-    )
-    sub = helper.make_model(
-        graph, opset_imports=list(view.model.opset_import), ir_version=_ir(view.model)
-    )
-    from onnx.reference import ReferenceEvaluator  # its ~400 op modules: only when used
-
-    try:
-        results = ReferenceEvaluator(sub).run(None, {})
-    except Exception:  # noqa: BLE001 - the evaluator's own errors: folding decides instead
-        return None
-    return {t: np.asarray(v) for t, v in zip(names, results, strict=True)}
-
-
-def _ir(model: onnx.ModelProto) -> int:
-    """The IR version of a model made from `model`'s nodes: at least 4, where initializers
-    need not be listed as graph inputs (legacy IR-3 models list them)."""
-    return max(model.ir_version, 4)
-
-
-def _static_shape_value(view: GraphView, idx: int) -> np.ndarray | None:
-    """A Shape node of a statically shaped computed tensor: its value (as folding takes it)."""
-    if view.op_types[idx] != "Shape" or view.node_inputs[idx][0] in view.initializers:
-        return None
-    shape = view.tensor(view.node_inputs[idx][0]).shape
-    node = view.nodes[idx]
-    start = next((a.i for a in node.attribute if a.name == "start"), 0)
-    end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
-    return np.array(shape[slice(start, end)], np.int64)
 
 
 def _unresolved_tail(view: GraphView, foldable: list[bool]) -> list[int]:
@@ -276,7 +211,9 @@ def _infer_tail(model: onnx.ModelProto, view: GraphView, tail: list[int], known:
         [helper.make_empty_tensor_value_info(o) for o in outputs],
         small,
     )
-    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=_ir(model))
+    sub = helper.make_model(
+        graph, opset_imports=list(model.opset_import), ir_version=ir_version_for_parts(model)
+    )
     try:
         inferred = onnx.shape_inference.infer_shapes(
             sub, check_type=False, strict_mode=False, data_prop=True

@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
+from surgery.constant_values import evaluate_constants
 from surgery.graph import GraphView, TensorInfo, attribute_values, default_opset
 from surgery.model import convert_opset
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
@@ -478,7 +478,8 @@ def reduce_axes(pat: Pattern, node: int, rank: int) -> list[int] | None:
 def constant_array(ctx: RuleContext, tensor: str, max_elements: int = _LARGE) -> np.ndarray | None:
     """The value of a tensor known before run time: an initializer, a Constant node's output or
     the result of a constant subgraph (e.g. ConstantOfShape weights in Caffe2 exports),
-    evaluated with ONNX's reference evaluator. None when the tensor is computed at run time."""
+    evaluated (`constant_values.evaluate_constants`). None when the tensor is computed at run
+    time."""
     if tensor not in ctx.constants:
         return None
     view = ctx.view
@@ -488,38 +489,13 @@ def constant_array(ctx: RuleContext, tensor: str, max_elements: int = _LARGE) ->
     size = view.tensor(tensor).num_elements
     if tensor in view.initializers or (size or _LARGE) > max_elements:
         return None  # larger than asked for (or of unknown size when a small value is wanted)
-    return _evaluate(view, tensor, ctx.opset, max_elements)
+    values = evaluate_constants(view, [tensor], _MAX_EVALUATED_NODES)
+    value = values[tensor] if values is not None else None
+    return value if value is not None and value.size <= max_elements else None
 
 
 _MAX_EVALUATED_NODES = 256
-
-
-def _evaluate(view: GraphView, tensor: str, opset: int, max_elements: int) -> np.ndarray | None:
-    order, seen, stack = [], set(), [tensor]
-    while stack:
-        t = stack.pop()
-        idx = view.producer.get(t)
-        if idx is None or idx in seen:
-            continue
-        seen.add(idx)
-        order.append(idx)
-        if len(order) > _MAX_EVALUATED_NODES:
-            return None  # a constant that large a subgraph computes is fold-constants' job
-        stack.extend(i for i in view.node_inputs[idx] if i)
-    order.sort()
-    nodes = [view.nodes[i] for i in order]
-    needed = {i for n in nodes for i in n.input if i}
-    inits = [view.initializers[n] for n in sorted(needed) if n in view.initializers]
-    graph = helper.make_graph(
-        nodes, "constant", [], [helper.make_empty_tensor_value_info(tensor)], inits
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    try:
-        (value,) = ReferenceEvaluator(model).run(None, {})
-    except Exception:  # noqa: BLE001 - an unevaluable chain just means "not a usable constant"
-        return None
-    value = np.asarray(value)
-    return value if value.size <= max_elements else None
+"""A constant that large a subgraph computes is fold-constants' job, not a pattern's."""
 
 
 # --------------------------------------------------------------------------- graph edits
