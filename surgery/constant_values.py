@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from surgery.coverage import NON_FOLDABLE_OPS
+from surgery.coverage import NON_FOLDABLE_OPS, shape_known, shape_slice
 from surgery.graph import GraphView
 
 __all__ = ["evaluate_constants", "ir_version_for_parts"]
@@ -39,7 +39,7 @@ def evaluate_constants(
         if view.op_types[idx] in NON_FOLDABLE_OPS:
             return None
         if view.op_types[idx] == "Shape" and view.node_inputs[idx][0] not in view.initializers:
-            if not _shape_is_static(view, idx):
+            if not shape_known(view, idx, view.node_inputs[idx][0]):
                 return None
             continue  # read from the inferred shape below, not computed
         for t in view.node_inputs[idx]:
@@ -83,23 +83,7 @@ def ir_version_for_parts(model: onnx.ModelProto) -> int:
     return max(model.ir_version, 4)
 
 
-def _shape_is_static(view: GraphView, idx: int) -> bool:
-    shape = view.tensor(view.node_inputs[idx][0]).shape
-    if shape is None:
-        return False
-    node = view.nodes[idx]
-    start, end = _slice_of(node, len(shape))
-    return all(isinstance(d, int) for d in shape[start:end])
-
-
 def _shape_value(view: GraphView, idx: int) -> np.ndarray:
-    """A Shape node's value from the inferred shape of its input (start/end as the op has)."""
+    """A Shape node's value from the inferred shape of its input."""
     shape = view.tensor(view.node_inputs[idx][0]).shape
-    start, end = _slice_of(view.nodes[idx], len(shape))
-    return np.array(shape[start:end], np.int64)
-
-
-def _slice_of(node: onnx.NodeProto, rank: int) -> tuple[int, int]:
-    start = next((a.i for a in node.attribute if a.name == "start"), 0)
-    end = next((a.i for a in node.attribute if a.name == "end"), rank)
-    return start, end
+    return np.array(shape[shape_slice(view.nodes[idx], len(shape))], np.int64)

@@ -265,7 +265,7 @@ def constant_tensors(
             continue
         if op in ("Shape", "Size"):
             ins = [i for i in node_inputs[idx] if i]
-            ok = bool(ins) and (ins[0] in constants or _shape_known(view, idx, ins[0]))
+            ok = bool(ins) and (ins[0] in constants or shape_known(view, idx, ins[0]))
         else:
             ok = constants.issuperset(node_inputs[idx])
         if ok:
@@ -276,19 +276,22 @@ def constant_tensors(
     return constants, foldable
 
 
-def _shape_known(view: GraphView, idx: int, tensor: str) -> bool:
+def shape_known(view: GraphView, idx: int, tensor: str) -> bool:
+    """Whether the value of Shape (or Size) node `idx` of `tensor` is known before run time:
+    the tensor's shape is static, or at least the part of it a Shape's start/end select."""
     t = view.tensor(tensor)
     if t.is_static:
         return True
-    return view.op_types[idx] == "Shape" and _shape_slice_static(view.nodes[idx], t)
-
-
-def _shape_slice_static(node: onnx.NodeProto, t) -> bool:
-    if t.shape is None:
+    if view.op_types[idx] != "Shape" or t.shape is None:
         return False
+    return all(isinstance(d, int) for d in t.shape[shape_slice(view.nodes[idx], len(t.shape))])
+
+
+def shape_slice(node: onnx.NodeProto, rank: int) -> slice:
+    """The dims of its input's shape a Shape node gives (its start and end attributes)."""
     start = next((a.i for a in node.attribute if a.name == "start"), 0)
-    end = next((a.i for a in node.attribute if a.name == "end"), len(t.shape))
-    return all(isinstance(d, int) for d in t.shape[start:end])
+    end = next((a.i for a in node.attribute if a.name == "end"), rank)
+    return slice(start, end)
 
 
 def topo_order(view: GraphView) -> list[int]:

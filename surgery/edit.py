@@ -95,10 +95,7 @@ class _Index:
 
     def is_constant(self, tensor: str) -> bool:
         """Initializer or output of a Constant node: known before run time, not data."""
-        if tensor in self.view.initializers:
-            return True
-        p = self.view.producer.get(tensor)
-        return p is not None and self.view.op_types[p] == "Constant"
+        return self.view.has_value(tensor)
 
     def is_graph_output(self, tensor: str) -> bool:
         return tensor in self.view.graph_outputs

@@ -22,6 +22,7 @@ from surgery.coverage import (
     NodePlacer,
     analyze_coverage,
     dynamic_inputs,
+    shape_slice,
 )
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
@@ -224,9 +225,7 @@ def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
         shape = shapes.get(node.input[0])
         if shape is None or node.output[0] in outputs:
             continue
-        attrs = {a.name: a.i for a in node.attribute}
-        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
-        value = np.array(shape[slice(start, end)], np.int64)
+        value = np.array(shape[shape_slice(node, len(shape))], np.int64)
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
         folded.append(idx)
     _remove_nodes(g, folded)

@@ -364,6 +364,15 @@ class GraphView:
             return value.copy()
         return value
 
+    def has_value(self, name: str) -> bool:
+        """Whether `name` is a constant whose value is stored (an initializer or a Constant
+        node's output) or, in a view analysed as if folded, a computed constant it reads
+        (`read_computed_constants`)."""
+        if name in self.initializers or name in self.computed:
+            return True
+        producer = self.producer.get(name)
+        return producer is not None and self.op_types[producer] == "Constant"
+
     def read_computed_constants(
         self, names: Iterable[str], evaluate: Callable[[str], np.ndarray | None]
     ) -> None:

@@ -325,16 +325,10 @@ def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
 def infer_model_shapes(
     model: onnx.ModelProto, label: str = "model", view: GraphView | None = None
 ) -> None:
-    """Shape inference with data propagation, in place.
-
-    Large weights are hidden from the C++ inferencer while it runs: they never affect shapes,
-    serialising them dominates the time, and it keeps models over 2 GB inferrable.
-    """
-    _take_inferred_types(model, _run_inferencer(model, label, view))
-
-
-def _take_inferred_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
-    """`inferred`'s value_info into `model`, and its output shapes where it found them."""
+    """Shape inference with data propagation, in place: the inferencer sees `model` without
+    its large weights (`_run_inferencer`), and its value_info and the output shapes it found
+    are copied into `model`."""
+    inferred = _run_inferencer(model, label, view)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     by_name = {o.name: o for o in inferred.graph.output}
@@ -413,8 +407,10 @@ def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
     return typed
 
 
-_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-_STANDARD_ONLY = frozenset({"", "ai.onnx"})
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+"""Ops whose attributes hold graphs that read the outer graph's tensors by name."""
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+"""The names of the default (ai.onnx) domain."""
 
 
 def _shape_inferred(
@@ -422,21 +418,20 @@ def _shape_inferred(
 ) -> onnx.ModelProto:
     """Shape inference with data propagation; returns the inferred model (`model` is spent).
 
-    Without subgraphs, local functions or custom ops, the inferencer's output is the input
-    model plus `value_info` and output shapes, so it is used as is (hidden weights restored,
-    outputs it could not shape keep their declared type) instead of copying its `value_info`
-    back: on small models that copy costs a fifth of the inference. Other models are
-    inferred in place by `infer_model_shapes`.
+    A small self-contained model without subgraphs, local functions or custom ops is inferred
+    with its weights, and the inferencer's output, the input model plus `value_info` and
+    output shapes, is used as is (outputs it could not shape keep their declared type) instead
+    of copying its `value_info` back: on small models that copy costs a fifth of the
+    inference. Other models are inferred by `infer_model_shapes`, on a copy without their
+    large weights, and keep their own nodes.
     """
     if (
-        model.functions
-        or not _STANDARD_ONLY.issuperset(view.domains)
-        or not (_SUBGRAPH_OPS.isdisjoint(view.op_types))
+        hide_weights
+        or model.functions
+        or not DEFAULT_DOMAINS.issuperset(view.domains)
+        or not SUBGRAPH_OPS.isdisjoint(view.op_types)
     ):
         infer_model_shapes(model, label, view)
-        return model
-    if hide_weights:  # the inferencer saw a copy without the weights: its types go back
-        _take_inferred_types(model, _run_inferencer(model, label, view))
         return model
     inferred = _run_inferencer(model, label, view, hide_weights=False)
     declared = model.graph.output

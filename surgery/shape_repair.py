@@ -29,11 +29,9 @@ from surgery.constant_values import evaluate_constants, ir_version_for_parts
 from surgery.coverage import constant_tensors
 from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
 from surgery.graph import GraphView
+from surgery.model import DEFAULT_DOMAINS, SUBGRAPH_OPS
 
 __all__ = ["repair_shapes"]
-
-_STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
-_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 Constants = tuple[set[str], list[bool]]
 
@@ -45,9 +43,9 @@ def repair_shapes(
     own, `view` its view, which then reads computed constants as folded); the new
     `constant_tensors(view)`, or None when only the fold can tell (then `model` and `view` may
     be half repaired: the caller reopens the model)."""
-    if model.functions or not _STANDARD_DOMAINS.issuperset(view.domains):
+    if model.functions or not DEFAULT_DOMAINS.issuperset(view.domains):
         return None
-    if not _SUBGRAPH_OPS.isdisjoint(view.op_types) or "Size" in view.op_types:
+    if not SUBGRAPH_OPS.isdisjoint(view.op_types) or "Size" in view.op_types:
         return None  # outer-scope names; a Size of a static tensor is not what folding folds
     if not view.is_sorted:
         return None  # the view forgets readers below: only the stored order stays an order

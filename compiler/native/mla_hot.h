@@ -363,15 +363,11 @@ static void HOT(run_im2col)(const ColumnsJob *job) {
 
 /* ---- phase planes ------------------------------------------------------------------------ */
 
-/* The planes the int8 CONV kernels read (compiler/runtime/emulator_ops.py `_PhasePlanes`):
- * bytes code ^ flip, zero-padded with `pad`, each channel split into its sh x sw stride phases
- * of (rows, pitch) elements. Each phase plane is filled with the padding at once, then its
- * rows inside the map are copied: phase column x of phase (a, b) is padded column b + sw x,
- * i.e. map column b + sw x - left. */
+/* One map row into its two column phases (sw = 2): padded column i + left of map column i
+ * goes to phase (i + left) % 2, column (i + left) / 2, so pairs of map columns split between
+ * the two phase rows. */
 static void HOT(deal_pairs)(const PhaseJob *job, const uint8_t *restrict src,
                             uint8_t *restrict even, uint8_t *restrict odd) {
-    /* padded column i + left of map column i goes to phase (i + left) % 2, column
-     * (i + left) / 2: pairs of map columns split between the two phase rows */
     Py_ssize_t width = job->width, left = job->left, pitch = job->pitch, pairs;
     const uint8_t flip = job->flip;
     uint8_t *first = (left & 1) ? odd : even, *second = (left & 1) ? even : odd;
@@ -390,6 +386,11 @@ static void HOT(deal_pairs)(const PhaseJob *job, const uint8_t *restrict src,
     }
 }
 
+/* The planes the int8 CONV kernels read (compiler/runtime/emulator_ops.py `_PhasePlanes`):
+ * bytes code ^ flip, zero-padded with `pad`, each channel split into its sh x sw stride phases
+ * of (rows, pitch) elements. Each phase plane is filled with the padding at once, then its
+ * rows inside the map are copied: phase column x of phase (a, b) is padded column b + sw x,
+ * i.e. map column b + sw x - left. */
 static int HOT(run_phase_planes)(const PhaseJob *job) {
     Py_ssize_t sh = job->sh, sw = job->sw, rows = job->rows, pitch = job->pitch;
     Py_ssize_t step = sw * job->cs[3];

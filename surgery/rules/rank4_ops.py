@@ -70,12 +70,8 @@ class NodeInfo:
         return name in self.constants
 
     def has_value(self, name: str) -> bool:
-        """A constant whose value the edit can read (an initializer or a Constant node, or a
-        computed constant the view holds the folded value of)."""
-        if name in self.view.initializers or name in self.view.computed:
-            return True
-        producer = self.view.producer.get(name)
-        return producer is not None and self.view.op_types[producer] == "Constant"
+        """A constant whose value the edit can read (`GraphView.has_value`)."""
+        return self.view.has_value(name)
 
     def value(self, name: str) -> np.ndarray | None:
         return self.view.constant_value(name) if name else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 from surgery.errors import SurgeryError
 from surgery.rules.base import Rule
 
@@ -33,29 +35,22 @@ def get_rule(name: str) -> Rule:
 
 
 def all_rules() -> list[type[Rule]]:
-    """Every rule, in priority order: the catalogue's module order, then definition order.
-    Sorted once per set of registered rules (every check asks; rules are only ever added)."""
-    registered = tuple(_RULES.values())
-    if _ORDERED.get("for") != registered:
-        _ORDERED["for"], _ORDERED["rules"] = registered, _prioritised()
-    return list(_ORDERED["rules"])
+    """Every rule, in priority order: the catalogue's module order, then definition order."""
+    _load_catalogue()
+    return list(_prioritised(tuple(_RULES.values())))
 
 
-_ORDERED: dict[str, tuple | list] = {}
-"""The registered rules the order was made for ("for") and that order ("rules")."""
-
-
-def _prioritised() -> list[type[Rule]]:
+@cache
+def _prioritised(registered: tuple[type[Rule], ...]) -> tuple[type[Rule], ...]:
+    """`registered` in priority order, sorted once per set of rules (every check asks)."""
     from surgery.rules.catalogue import MODULES
-
-    registered = list(_RULES.values())
 
     def priority(cls: type[Rule]) -> tuple[int, int]:
         module = cls.__module__.rpartition(".")[2]
         rank = MODULES.index(module) if module in MODULES else len(MODULES)
         return rank, registered.index(cls)
 
-    return sorted(registered, key=priority)
+    return tuple(sorted(registered, key=priority))
 
 
 def _load_catalogue() -> None:
