@@ -120,12 +120,14 @@ def compile_model(
         custom_string=custom_string or "",
         arena_bytes=arena_bytes,
     )
-    compiled = compile_pipeline(model, name, options)
     output_dir = Path(output_path)
-    if output_dir.name.endswith(ARCHIVE_SUFFIX):
+    if output_dir.name.endswith(ARCHIVE_SUFFIX):  # before compiling: fail fast
         raise CompileError(
-            f"output_path is a directory; the archive is named {name}{ARCHIVE_SUFFIX} in it"
+            f"{output_dir}: the output is the directory to write the archive into, not its "
+            f"file name; the archive is named {name}{ARCHIVE_SUFFIX} "
+            f"(e.g. --output {output_dir.parent}; --name sets the name)"
         )
+    compiled = compile_pipeline(model, name, options)
     archive = write_archive(
         compiled, output_dir, model_path=model_path, checksum=model_checksum(data)
     )

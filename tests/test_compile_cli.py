@@ -123,3 +123,13 @@ def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
     result = _run("run", data["archive"], "--inputs", empty)
     assert result.exit_code == 2
     assert "not a readable .npz" in result.output
+
+
+def test_an_archive_file_name_as_output_is_refused_before_compiling(tmp_path, compiled) -> None:
+    model_path, _ = compiled
+    target = tmp_path / "topk_mpk.tar.gz"
+    result = _run("compile", model_path, "-o", target, "--json")
+    assert result.exit_code == 2
+    message = json.loads(result.stdout)["error"]["message"]
+    assert str(target) in message and "directory" in message and "--output" in message
+    assert not target.exists() and list(tmp_path.iterdir()) == []

@@ -251,11 +251,11 @@ class NormaliseActivations(OpsetGraphRule):
         )
         near = ctx.near_focus(3 * _PATTERN_EDGES)
         for op, ops, matcher in passes:
-            if not self._allowed(ctx, pat, op, ops, matcher):
-                continue
             nodes = pat.nodes(*ops)
             if near is not None:
                 nodes = [node for node in nodes if node in near]
+            if not nodes or not self._allowed(ctx, pat, op, nodes, matcher):
+                continue
             if op == "Clip":
                 nodes.reverse()  # outer Min/Max first, so Min(Max(x, 0), 6) is one Clip
             for node in nodes:
@@ -264,15 +264,16 @@ class NormaliseActivations(OpsetGraphRule):
         return [self._match(ctx, pat, act) for act in found]
 
     @staticmethod
-    def _allowed(ctx: RuleContext, pat: Pattern, op: str, ops: tuple, matcher) -> bool:
+    def _allowed(ctx: RuleContext, pat: Pattern, op: str, nodes: list[int], matcher) -> bool:
         """Whether `op` may be emitted: the target runs it on the MLA (Swish) and the model
-        converts to the op's opset. The conversion is only tried when the pattern occurs."""
+        converts to the op's opset. The conversion is only tried when the pattern occurs at
+        one of `nodes` (the candidates the pass will match)."""
         if op == "Swish" and not ctx.target.supports("Swish", "MLA"):
             return False
         if model_opset(ctx) >= _OPSET[op]:
             return True
         probe = _Finder(pat)
-        if not any(matcher(probe, n) is not None for n in pat.nodes(*ops)):
+        if not any(matcher(probe, n) is not None for n in nodes):
             return False
         return opset_upgrade_error(ctx, _OPSET[op]) is None
 
