@@ -19,6 +19,7 @@ import onnx
 from surgery.errors import InvalidGraphError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
+from surgery.qdq import is_dynamic_quantization_op
 from surgery.targets import (
     PROCESSORS,
     NodeContext,
@@ -403,7 +404,15 @@ class NodePlacer:
         counted = node_macs_or_unknown(view, idx)
         pins = self.pins
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
-        if not placeable_domain(domain, op_type):
+        if is_dynamic_quantization_op(domain, op_type):
+            reason = Reason(
+                "dynamic_quantization",
+                "an op of ONNX Runtime's dynamic quantization (activations quantized at run "
+                "time), which the MLA does not run: quantize the float model statically with "
+                "`surgery quantize`",
+            )
+            processor, reasons, precisions = "APU", [reason], ()
+        elif not placeable_domain(domain, op_type):
             reason = Reason(
                 "custom_op",
                 f"{op_type} is a custom op (domain {domain!r}); it runs on the APU",

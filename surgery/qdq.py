@@ -23,6 +23,22 @@ QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
 requantization mode, per-node decisions)."""
 
+DYNAMIC_QUANTIZATION_OPS: dict[str, frozenset[str]] = {
+    "": frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
+    "ai.onnx": frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
+    "com.microsoft": frozenset(
+        {"DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+    ),
+}
+"""Ops of ONNX Runtime's dynamic quantization (`quantize_dynamic`), by domain: activations
+quantized at run time, which no NPU runs. A model made of them is quantized for a CPU; the
+accelerator needs the float model, quantized statically."""
+
+
+def is_dynamic_quantization_op(domain: str, op_type: str) -> bool:
+    return op_type in DYNAMIC_QUANTIZATION_OPS.get(domain, frozenset())
+
+
 _QUANTIZE = "QuantizeLinear"
 _DEQUANTIZE = "DequantizeLinear"
 _NARROW_FLOATS = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})

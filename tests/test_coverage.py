@@ -234,6 +234,31 @@ def test_unknown_op_is_named_as_unknown(plain_cnn):
     assert p.processor == "APU" and p.reasons[0].code == "unknown_op"
 
 
+def _dynamically_quantized_conv() -> onnx.ModelProto:
+    """ONNX Runtime's quantize_dynamic form of a Conv: the activation quantized at run time."""
+    w = numpy_helper.from_array(np.ones((4, 2, 3, 3), np.uint8), "w_q")
+    w_zp = numpy_helper.from_array(np.array(0, np.uint8), "w_zp")
+    w_scale = numpy_helper.from_array(np.array(0.01, np.float32), "w_scale")
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_scale", "x_zp"], name="dql"),
+        helper.make_node("ConvInteger", ["x_q", "w_q", "x_zp", "w_zp"], ["acc"], name="conv"),
+        helper.make_node("Cast", ["acc"], ["acc_f"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"], name="scale"),
+        helper.make_node("Mul", ["acc_f", "scale"], ["y"], name="rescale"),
+    ]
+    return _model(nodes, [_vi("x", [1, 2, 8, 8])], [_vi("y", [1, 4, 6, 6])], [w, w_zp, w_scale])
+
+
+def test_dynamic_quantization_ops_are_named_with_what_to_do_instead():
+    report = _coverage(_dynamically_quantized_conv())
+    by_name = {p.name: p for p in report.placements}
+    for name in ("dql", "conv"):
+        reason = by_name[name].reasons[0]
+        assert by_name[name].processor == "APU" and reason.code == "dynamic_quantization"
+        assert "surgery quantize" in reason.message
+    assert by_name["rescale"].reasons[0].code != "dynamic_quantization"
+
+
 def test_op_target_pins_a_node_to_the_host(plain_cnn):
     pool = next(n.name for n in plain_cnn.graph.node if n.op_type == "MaxPool")
     report = _coverage(plain_cnn, op_target={pool: "cvu"})
