@@ -329,6 +329,12 @@ class FixStep(Out):
     segments_after: int
     blockers_before: int
     blockers_after: int
+    macs_unknown_nodes_before: int = Field(
+        0,
+        description="Matrix ops of unknown shape before the step: while above 0, the segment "
+        "count is that of the model as it is, not as compiled (shapes wait for folding).",
+    )
+    macs_unknown_nodes_after: int = 0
     verify_passed: bool
     max_abs: float | None
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.compile import compile_model
 from surgery.check import check_model
-from surgery.rules.fix import fix_model
+from surgery.rules.fix import describe_step, fix_model
 from tests.lower_support import quantize_on
 
 C, H, W = 4, 3, 5
@@ -84,3 +84,28 @@ def test_fix_reports_the_segments_check_counts_before_and_after():
     result = fix_model(model, "mlsoc")
     assert result.coverage_before.mla_segments == check_model(model, "mlsoc").mla_segments == 2
     assert result.coverage_after.mla_segments == check_model(result.model, "mlsoc").mla_segments
+
+
+def test_a_fix_step_that_folds_records_the_matrix_ops_whose_shapes_it_reveals():
+    step = fix_model(_view_by_computed_shape(), "mlsoc").steps[0]
+    assert step["rule"] == "fold-constants"
+    assert step["macs_unknown_nodes_before"] == 1 and step["macs_unknown_nodes_after"] == 0
+    assert "segments 1→2 (1→0 matrix ops of unknown shape)" in describe_step(step)
+
+
+def test_a_step_line_names_unknown_shapes_only_while_there_are_some():
+    step = {
+        "step": 3,
+        "rule": "remove-identity",
+        "matches": 2,
+        "segments_before": 2,
+        "segments_after": 1,
+        "blockers_before": 4,
+        "blockers_after": 2,
+        "macs_unknown_nodes_before": 0,
+        "macs_unknown_nodes_after": 0,
+    }
+    assert describe_step(step) == "step 3: remove-identity ×2 — segments 2→1, blockers 4→2"
+    assert describe_step(step, ascii_only=True) == (
+        "step 3: remove-identity x2, segments 2->1, blockers 4->2"
+    )

@@ -26,7 +26,7 @@ from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.rules import RuleContext, all_rules
 from surgery.rules import apply_rule as core_apply_rule
-from surgery.rules.fix import FixResult
+from surgery.rules.fix import FixResult, describe_step
 from surgery.rules.fix import fix_model as core_fix_model
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.suggest import rule_matches
@@ -165,11 +165,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         await ctx.report_progress(0, max_steps, f"checking {parent.name} {parent.id}")
 
         def on_step(step: dict[str, Any]) -> None:
-            message = (
-                f"step {step['step']}: {step['rule']} x{step['matches']}, segments "
-                f"{step['segments_before']}->{step['segments_after']}, blockers "
-                f"{step['blockers_before']}->{step['blockers_after']}"
-            )
+            message = describe_step(step, ascii_only=True)
             anyio.from_thread.run(ctx.report_progress, step["step"], max_steps, message)
 
         def work() -> tuple[FixResult, VersionInfo, dict[str, Any] | None]:
@@ -233,6 +229,8 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                     segments_after=s["segments_after"],
                     blockers_before=s["blockers_before"],
                     blockers_after=s["blockers_after"],
+                    macs_unknown_nodes_before=s["macs_unknown_nodes_before"],
+                    macs_unknown_nodes_after=s["macs_unknown_nodes_after"],
                     verify_passed=s["verify"]["passed"],
                     max_abs=s["verify"]["max_abs"],
                 )

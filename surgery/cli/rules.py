@@ -23,7 +23,7 @@ from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
 from surgery.rules import all_rules, apply_rule, get_rule
-from surgery.rules.fix import fix_model
+from surgery.rules.fix import describe_step, fix_model
 from surgery.session import import_or_reuse, record_rewrite
 from surgery.workspace import Workspace
 
@@ -203,9 +203,7 @@ def fix_command(
     def show(step: dict) -> None:
         if not as_json:
             err_console.print(
-                f"  step {step['step']}: {step['rule']} ×{step['matches']} — segments "
-                f"{step['segments_before']}→{step['segments_after']}, blockers "
-                f"{step['blockers_before']}→{step['blockers_after']}, max abs {step['verify']['max_abs']:.2g}",
+                f"  {describe_step(step)}, max abs {step['verify']['max_abs']:.2g}",
                 highlight=False,
             )
 

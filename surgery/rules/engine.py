@@ -114,6 +114,8 @@ class RewriteResult:
             "blockers_after": len(after.blockers),
             "mla_mac_fraction_before": round(before.mla_mac_fraction, 6),
             "mla_mac_fraction_after": round(after.mla_mac_fraction, 6),
+            "macs_unknown_nodes_before": before.macs_unknown_nodes,
+            "macs_unknown_nodes_after": after.macs_unknown_nodes,
         }
 
 

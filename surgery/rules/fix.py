@@ -455,9 +455,31 @@ def _record(
         "blockers_before": summary["blockers_before"],
         "blockers_after": summary["blockers_after"],
         "mla_mac_fraction_after": summary["mla_mac_fraction_after"],
+        "macs_unknown_nodes_before": summary["macs_unknown_nodes_before"],
+        "macs_unknown_nodes_after": summary["macs_unknown_nodes_after"],
     }
     result.steps.append(entry)
     if on_rewrite:
         on_rewrite(step)
     if on_step:
         on_step(entry)
+
+
+def describe_step(step: dict[str, Any], *, ascii_only: bool = False) -> str:
+    """One line for a recorded fix step (progress in the CLI and the MCP server). While the
+    shapes of some matrix ops are unknown (they wait for folding), the segment count of the
+    model as it is is not that of the model as compiled: the line says so, or a fold that
+    only reveals the real count would read as a step that split the model."""
+    arrow, times, dash = ("->", "x", ",") if ascii_only else ("→", "×", " —")
+    unknown_before = step.get("macs_unknown_nodes_before", 0)
+    unknown_after = step.get("macs_unknown_nodes_after", 0)
+    unknown = (
+        f" ({unknown_before}{arrow}{unknown_after} matrix ops of unknown shape)"
+        if unknown_before or unknown_after
+        else ""
+    )
+    return (
+        f"step {step['step']}: {step['rule']} {times}{step['matches']}{dash} segments "
+        f"{step['segments_before']}{arrow}{step['segments_after']}{unknown}, blockers "
+        f"{step['blockers_before']}{arrow}{step['blockers_after']}"
+    )
