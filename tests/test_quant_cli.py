@@ -144,3 +144,35 @@ def test_bad_hybrid_settings_fail_cleanly_without_writing(
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_a_low_output_sqnr_comes_with_what_to_try(workdir: Path) -> None:
+    out = workdir / "qa.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), "--method", "minmax", "--json"])
+    advice = _json(result)["advice"]
+    assert "'scores'" in advice[0] and "dB" in advice[0]
+    assert any("--target-sqnr 30" in line for line in advice)
+    assert any(f"surgery analyze {workdir / 'head.onnx'} {out}" in line for line in advice)
+    terminal = runner.invoke(app, [*args, "-o", str(out), "--method", "minmax"])
+    assert "try: --target-sqnr 30" in terminal.stdout
+
+
+def test_no_advice_when_every_output_is_precise(workdir: Path) -> None:
+    out = workdir / "qb.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(out), "--bits", "16", "--json"])
+    data = _json(result)
+    assert min(e["sqnr_db"] or 99 for e in data["outputs"].values()) >= 20
+    assert data["advice"] == []
+
+
+def test_the_advised_analyze_command_repeats_the_data_options(workdir: Path) -> None:
+    out = workdir / "qc.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    flags = ["--mean", "0.5", "--std", "2", "--method", "minmax", "--json"]
+    advice = _json(runner.invoke(app, [*args, "-o", str(out), *flags]))["advice"]
+    command = next(line for line in advice if "surgery analyze" in line).strip("`").split("`")[0]
+    assert command.endswith("--mean 0.5 --std 2")
+    analyzed = runner.invoke(app, command.split()[1:] + ["--json"])
+    assert analyzed.exit_code == 0, analyzed.output

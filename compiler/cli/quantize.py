@@ -132,6 +132,59 @@ def output_errors(float_out: dict[str, np.ndarray], quant_out: dict[str, np.ndar
     return result
 
 
+LOW_OUTPUT_SQNR_DB = 20.0
+"""Held-out output SQNR under which `quantize` says how to get more precision: at 20 dB the
+noise is a tenth of the signal's amplitude, where int8 detectors start to lose boxes."""
+
+
+def low_sqnr_advice(
+    errors: dict[str, dict[str, float | None]],
+    *,
+    raised: bool,
+    analyze_command: str,
+) -> list[str]:
+    """What to try when an output's held-out SQNR is under `LOW_OUTPUT_SQNR_DB` (nothing
+    otherwise). `raised`: layers were already raised by --auto-hybrid/--target-sqnr or
+    --bits 16, so the advice is about the target and the data rather than the switch."""
+    scored = [(e["sqnr_db"], name) for name, e in errors.items() if e["sqnr_db"] is not None]
+    if not scored or min(scored)[0] >= LOW_OUTPUT_SQNR_DB:
+        return []
+    worst, name = min(scored)
+    advice = [
+        f"output {name!r} is at {worst:.1f} dB on the held-out samples (under "
+        f"{LOW_OUTPUT_SQNR_DB:.0f} dB): quantization loses much of its signal"
+    ]
+    if raised:
+        advice.append("raise more layers: a higher --target-sqnr, or a lower --auto-hybrid")
+    else:
+        advice.append(
+            "--target-sqnr 30 raises the layers that hurt the outputs most to int16 "
+            "(bf16 on modalix), only as many as it takes"
+        )
+    advice.append(f"`{analyze_command}` ranks the layers by their error")
+    advice.append(
+        "calibrate and hold out samples like the deployment's: on unrelated images a detector's "
+        "scores sit near zero and a classifier is unsure, which SQNR punishes"
+    )
+    return advice
+
+
+def _analyze_command(
+    model_path: Path,
+    out_path: Path,
+    calib: Path,
+    input_shape: list[str] | None,
+    mean: list[float] | None,
+    std: list[float] | None,
+    bgr: bool,
+) -> str:
+    """The `surgery analyze` command line for this quantization, with the same data options."""
+    words = ["surgery analyze", str(model_path), str(out_path), "--data", str(calib)]
+    words += [f"--input-shape {s}" for s in input_shape or []]
+    words += [f"--mean {v:g}" for v in mean or []] + [f"--std {v:g}" for v in std or []]
+    return " ".join(words + (["--bgr"] if bgr else []))
+
+
 def _evaluate(net: Any, model: Any, held: Any) -> dict[str, dict[str, float | None]]:
     floats: dict[str, list[np.ndarray]] = {}
     quants: dict[str, list[np.ndarray]] = {}
@@ -279,6 +332,11 @@ def quantize_command(
     }
     if hybrid is not None:
         payload["auto_hybrid"] = hybrid
+    payload["advice"] = low_sqnr_advice(
+        errors,
+        raised=hybrid is not None or bits == 16,
+        analyze_command=_analyze_command(model_path, out_path, calib, input_shape, mean, std, bgr),
+    )
     if as_json:
         emit_json(payload)
         raise typer.Exit(EXIT_OK)
@@ -299,6 +357,11 @@ def quantize_command(
     for name, err in errors.items():
         table.add_row(name, _fmt(err["sqnr_db"]), _fmt(err["cosine"], 5))
     console.print(table)
+    if payload["advice"]:
+        first, *rest = payload["advice"]
+        console.print(f"[yellow]{first}[/]", highlight=False)
+        for line in rest:
+            console.print(f"  try: {line}", highlight=False)
 
 
 @app.command("analyze")
