@@ -322,3 +322,23 @@ async def test_quantize_with_sqnr_target_raises_layers_and_still_compiles_bit_ex
     assert float(hybrid["worst_sqnr_db"]) > float(plain["worst_sqnr_db"])
     assert compiled["version"] == hybrid["version"]
     assert ran["outputs"] and all(o["bit_exact"] for o in ran["outputs"])
+
+
+async def test_quantize_notes_what_to_try_when_an_output_loses_its_signal(
+    sandbox: Sandbox,
+) -> None:
+    from tests.test_quant_hybrid import collapsing_head
+
+    save_model(collapsing_head(), sandbox.root / "head.onnx")
+    async with Client(sandbox.server()) as client:
+        calib = calibration_folder(sandbox.root / "head_calib", [1, 3, 8, 8], 4)
+        name = (await call(client, "open_model", {"path": "head.onnx"}))["model"]
+        q = await call(
+            client,
+            "quantize_model",
+            {"model": name, "calibration": str(calib), "holdout": 1, "method": "minmax"},
+        )
+    assert float(q["worst_sqnr_db"]) < 20
+    assert any("'scores'" in n and "dB" in n for n in q["notes"])
+    assert any("target_sqnr_db=30" in n for n in q["notes"])
+    assert any(f"analyze_quantization on {name} {q['version']}" in n for n in q["notes"])

@@ -132,43 +132,6 @@ def output_errors(float_out: dict[str, np.ndarray], quant_out: dict[str, np.ndar
     return result
 
 
-LOW_OUTPUT_SQNR_DB = 20.0
-"""Held-out output SQNR under which `quantize` says how to get more precision: at 20 dB the
-noise is a tenth of the signal's amplitude, where int8 detectors start to lose boxes."""
-
-
-def low_sqnr_advice(
-    errors: dict[str, dict[str, float | None]],
-    *,
-    raised: bool,
-    analyze_command: str,
-) -> list[str]:
-    """What to try when an output's held-out SQNR is under `LOW_OUTPUT_SQNR_DB` (nothing
-    otherwise). `raised`: layers were already raised by --auto-hybrid/--target-sqnr or
-    --bits 16, so the advice is about the target and the data rather than the switch."""
-    scored = [(e["sqnr_db"], name) for name, e in errors.items() if e["sqnr_db"] is not None]
-    if not scored or min(scored)[0] >= LOW_OUTPUT_SQNR_DB:
-        return []
-    worst, name = min(scored)
-    advice = [
-        f"output {name!r} is at {worst:.1f} dB on the held-out samples (under "
-        f"{LOW_OUTPUT_SQNR_DB:.0f} dB): quantization loses much of its signal"
-    ]
-    if raised:
-        advice.append("raise more layers: a higher --target-sqnr, or a lower --auto-hybrid")
-    else:
-        advice.append(
-            "--target-sqnr 30 raises the layers that hurt the outputs most to int16 "
-            "(bf16 on modalix), only as many as it takes"
-        )
-    advice.append(f"`{analyze_command}` ranks the layers by their error")
-    advice.append(
-        "calibrate and hold out samples like the deployment's: on unrelated images a detector's "
-        "scores sit near zero and a classifier is unsure, which SQNR punishes"
-    )
-    return advice
-
-
 def _analyze_command(
     model_path: Path,
     out_path: Path,
@@ -277,6 +240,7 @@ def quantize_command(
     """Quantize MODEL post-training to QDQ ONNX and report output SQNR on held-out samples."""
     from compiler.api import load_model
     from compiler.quantize import load_calibration_data
+    from compiler.quantize.advice import low_sqnr_advice
     from compiler.quantize.hybrid import auto_hybrid as run_auto_hybrid
     from surgery.model import save_model
 
@@ -333,9 +297,10 @@ def quantize_command(
     if hybrid is not None:
         payload["auto_hybrid"] = hybrid
     payload["advice"] = low_sqnr_advice(
-        errors,
+        {name: e["sqnr_db"] for name, e in errors.items()},
         raised=hybrid is not None or bits == 16,
-        analyze_command=_analyze_command(model_path, out_path, calib, input_shape, mean, std, bgr),
+        raise_layers="--target-sqnr 30",
+        analyze=f"`{_analyze_command(model_path, out_path, calib, input_shape, mean, std, bgr)}`",
     )
     if as_json:
         emit_json(payload)

@@ -203,6 +203,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from compiler.api import load_model
         from compiler.defines import default_quantization, int16_quantization
         from compiler.quantize import load_calibration_data
+        from compiler.quantize.advice import low_sqnr_advice
         from surgery.check import check_model
         from surgery.session import coverage_summary
         from surgery.verify import compare_arrays
@@ -308,6 +309,12 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                     "only one calibration sample: the metrics are measured on it (optimistic); "
                     "give more samples for a held-out estimate"
                 )
+            notes += low_sqnr_advice(
+                {n: None if r["sqnr_db"] == math.inf else r["sqnr_db"] for n, r in worst.items()},
+                raised=bool(raised) or params.activation_quantization_scheme.bits == 16,
+                raise_layers="target_sqnr_db=30",
+                analyze=f"analyze_quantization on {new.name} {new.id}",
+            )
             return QuantizeOut(
                 model=new.name,
                 version=new.id,

@@ -1,0 +1,45 @@
+"""What to try when a quantized model's outputs come out imprecise: one text for the CLI's
+`quantize` and the MCP `quantize_model` tool, which name the same remedies their own way."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+LOW_OUTPUT_SQNR_DB = 20.0
+"""Held-out output SQNR under which quantize says how to get more precision: at 20 dB the
+noise is a tenth of the signal's amplitude, where int8 detectors start to lose boxes."""
+
+
+def low_sqnr_advice(
+    output_sqnr_db: Mapping[str, float | None],
+    *,
+    raised: bool,
+    raise_layers: str,
+    analyze: str,
+) -> list[str]:
+    """What to try when an output's held-out SQNR (None: exact) is under `LOW_OUTPUT_SQNR_DB`;
+    nothing otherwise. `raised`: layers were already raised to int16/bf16 (hybrid or 16 bits),
+    so the advice is about raising more and about the data. `raise_layers` names the switch
+    that raises layers to an output target (`--target-sqnr 30`), `analyze` the per-layer
+    analysis of this model."""
+    scored = [(sqnr, name) for name, sqnr in output_sqnr_db.items() if sqnr is not None]
+    if not scored or min(scored)[0] >= LOW_OUTPUT_SQNR_DB:
+        return []
+    worst, name = min(scored)
+    advice = [
+        f"output {name!r} is at {worst:.1f} dB on the held-out samples (under "
+        f"{LOW_OUTPUT_SQNR_DB:.0f} dB): quantization loses much of its signal"
+    ]
+    if raised:
+        advice.append(f"raise more layers: a higher output target ({raise_layers})")
+    else:
+        advice.append(
+            f"{raise_layers} raises the layers that hurt the outputs most to int16 "
+            "(bf16 on modalix), only as many as it takes"
+        )
+    advice.append(f"{analyze} ranks the layers by their error")
+    advice.append(
+        "calibrate and hold out samples like the deployment's: on unrelated images a detector's "
+        "scores sit near zero and a classifier is unsure, which SQNR punishes"
+    )
+    return advice
