@@ -19,7 +19,7 @@ import onnx
 from surgery.errors import InvalidGraphError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
-from surgery.qdq import is_dynamic_quantization_op
+from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
 from surgery.targets import (
     PROCESSORS,
     NodeContext,
@@ -405,12 +405,7 @@ class NodePlacer:
         pins = self.pins
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
         if is_dynamic_quantization_op(domain, op_type):
-            reason = Reason(
-                "dynamic_quantization",
-                "an op of ONNX Runtime's dynamic quantization (activations quantized at run "
-                "time), which the MLA does not run: quantize the float model statically with "
-                "`surgery quantize`",
-            )
+            reason = Reason("dynamic_quantization", DYNAMIC_QUANTIZATION_REASON)
             processor, reasons, precisions = "APU", [reason], ()
         elif not placeable_domain(domain, op_type):
             reason = Reason(

@@ -35,6 +35,12 @@ quantized at run time, which no NPU runs. A model made of them is quantized for 
 accelerator needs the float model, quantized statically."""
 
 
+DYNAMIC_QUANTIZATION_REASON = (
+    "an op of ONNX Runtime's dynamic quantization (activations quantized at run time), which "
+    "the MLA does not run: quantize the float model statically with `surgery quantize`"
+)
+
+
 def is_dynamic_quantization_op(domain: str, op_type: str) -> bool:
     return op_type in DYNAMIC_QUANTIZATION_OPS.get(domain, frozenset())
 

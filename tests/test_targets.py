@@ -62,3 +62,9 @@ def test_explain_fills_the_documented_rule_with_parameters():
 def test_explain_op_not_in_table_falls_back_to_apu():
     info = load_target("mlsoc").explain("NonMaxSuppression")
     assert not info["on_mla"] and info["placements"][-1]["processor"] == "APU"
+
+
+def test_explain_names_a_dynamic_quantization_op_as_such():
+    note = load_target("rk3588").explain("MatMulInteger")["note"]
+    assert "dynamic quantization" in note and "surgery quantize" in note
+    assert "dynamic" not in load_target("rk3588").explain("NonMaxSuppression")["note"]

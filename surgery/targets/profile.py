@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from surgery.errors import TargetError
+from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
 from surgery.targets.constraints import CHECKS, REQUIRED_PARAMS, NodeContext, Reason, describe
 
 Processor = Literal["MLA", "CVU", "APU"]
@@ -238,11 +239,15 @@ class Target:
             "op": op_type,
             "in_table": spec is not None,
             "on_mla": self.supports(op_type, "MLA"),
-            "note": spec.note
-            if spec
-            else f"{op_type} is not in the {self.name} op table: it runs on the APU",
+            "note": spec.note if spec else self._not_in_table(op_type),
             "placements": placements,
         }
+
+    def _not_in_table(self, op_type: str) -> str:
+        note = f"{op_type} is not in the {self.name} op table: it runs on the APU"
+        if is_dynamic_quantization_op("", op_type):
+            note += f"; {DYNAMIC_QUANTIZATION_REASON}"
+        return note
 
 
 def profile_dir() -> Path:
