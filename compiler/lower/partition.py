@@ -45,6 +45,7 @@ from compiler.runtime.program import (
 )
 from compiler.runtime.qparams import QuantParams
 from surgery.coverage import CoverageReport, analyze_coverage
+from surgery.edit import node_reads
 from surgery.errors import first_line
 from surgery.model import infer_shapes_through_contrib_ops
 from surgery.qdq import float_view, quantization_record
@@ -473,7 +474,8 @@ def stage_graph(
 
     Walks back from the stage's outputs through the (named) QDQ graph, stopping at the stage's
     inputs and at constants, so the subgraph holds the stage's own nodes, the DequantizeLinear /
-    QuantizeLinear around integer steps, and the constants they read.
+    QuantizeLinear around integer steps, and the constants they read. A control-flow node's
+    bodies read tensors of this graph by name: their producers are walked to as well.
     """
     model = partition.model
     producer = {out: node for node in model.graph.node for out in node.output if out}
@@ -495,7 +497,7 @@ def stage_graph(
             raise CompileError(f"stage {stage.name} needs {name!r}, which nothing produces")
         if id(node) not in chosen:
             chosen.add(id(node))
-            stack.extend(i for i in node.input if i)
+            stack.extend(node_reads(node))  # with what If/Loop/Scan bodies read outside
     nodes = [copy.deepcopy(n) for n in model.graph.node if id(n) in chosen]
 
     def value_info(name: str) -> onnx.ValueInfoProto:
