@@ -10,6 +10,7 @@ Softmax is the quantized value's only reader.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -320,3 +321,18 @@ def test_finfo_min_range_dequantizes_its_lowest_code_to_a_finite_value() -> None
     lowest = np.float32(ASYM8.qmin - qp.zero_point) * np.float32(qp.scale)
     assert np.isfinite(lowest)
     assert qp.zero_point == ASYM8.qmax
+
+
+@pytest.mark.parametrize("scheme", [ASYM8, SYM8, dataclasses.replace(SYM8, power_of_two=True)])
+def test_a_range_across_the_whole_float32_line_gets_the_largest_finite_step(scheme) -> None:
+    big = float(np.finfo(np.float32).max)
+    qp = activation_qparams(Range(-big, big), scheme)
+    codes = np.float32(scheme.qmax - scheme.qmin)
+    larger = (
+        np.float32(qp.scale) * 2
+        if scheme.power_of_two
+        else np.nextafter(np.float32(qp.scale), np.float32(np.inf))
+    )
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.float32(qp.scale) * codes)
+        assert not np.isfinite(np.float32(larger) * codes)

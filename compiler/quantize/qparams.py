@@ -55,15 +55,29 @@ def _finite_steps(scale: np.ndarray, codes: int, power_of_two: bool) -> np.ndarr
     DequantizeLinear computes (q − zero_point)·scale in float32: a constant or range at
     ±finfo(float32).max (attention-mask fills) gives a scale that rounds up, so the extreme code
     would dequantize to ±inf and 0·inf = NaN downstream. One ulp lower (a power of two lower for
-    power-of-two scales) keeps it finite, clipping the extreme by a relative 1e-7."""
+    power-of-two scales) keeps it finite, clipping the extreme by a relative 1e-7. A range
+    spanning ±finfo.max overflows by 2×: the largest finite step is computed, not walked down
+    to ulp by ulp (2²³ steps)."""
     out = np.asarray(scale, dtype=np.float32)
     with np.errstate(over="ignore"):
-        while True:
-            overflow = ~np.isfinite(out * np.float32(codes)) & np.isfinite(out)
-            if not overflow.any():
-                return out
-            lower = out / np.float32(2) if power_of_two else np.nextafter(out, np.float32(0))
-            out = np.where(overflow, lower, out).astype(np.float32)
+        overflow = ~np.isfinite(out * np.float32(codes)) & np.isfinite(out)
+        if not overflow.any():
+            return out
+        return np.where(overflow, _largest_finite_step(codes, power_of_two), out).astype(np.float32)
+
+
+def _largest_finite_step(codes: int, power_of_two: bool) -> np.float32:
+    """The largest float32 scale (a power of two if asked) whose `codes` steps stay finite."""
+    limit = float(np.finfo(np.float32).max) / codes
+    if power_of_two:
+        return np.float32(2.0 ** math.floor(math.log2(limit)))
+    step = np.float32(limit)  # the nearest float32: at most a few ulps over
+    with np.errstate(over="ignore"):
+        while not np.isfinite(step * np.float32(codes)):
+            step = np.nextafter(step, np.float32(0))
+        while np.isfinite(np.nextafter(step, np.float32(np.inf)) * np.float32(codes)):
+            step = np.nextafter(step, np.float32(np.inf))
+    return step
 
 
 @dataclass(frozen=True)
