@@ -178,10 +178,13 @@ class _Builder:
         scales_out: dict[tuple[str, int], np.ndarray],
     ) -> str:
         bounds = self._saturating_bounds(spec, node) if spec.role == "constant" else None
+        if bounds is not None and np.issubdtype(value.dtype, np.floating):
+            largest = float(np.finfo(value.dtype).max)  # stored clipped, still finite
+            bounds = (max(bounds[0], -largest), min(bounds[1], largest))
         if (
             bounds is not None
             and value.size
-            and (value.min() < bounds[0] or value.max() > bounds[1])
+            and (float(value.min()) < bounds[0] or float(value.max()) > bounds[1])
         ):
             value = np.clip(value, *bounds).astype(value.dtype)
         else:
@@ -232,9 +235,17 @@ class _Builder:
         operand itself (a + c is below lo − width for every a ≤ hi_a once c < lo − hi_a −
         width). Stored as is, c would get a scale of ~1e36 and the integer op a ~1e35
         requantization multiplier that no fixed point holds; clipped, the stored constant and
-        the saturated results are unchanged in effect."""
+        the saturated results are unchanged in effect.
+
+        Max(a, c) / Min(a, c) read c only where it passes a: below a's range (above, for Min)
+        every value of c gives a itself, beyond the result's range it saturates. JAX's softmax
+        guard Max(−inf, ReduceMax(x)) is such a Max: its −inf is stored as a's lower end."""
         inputs, outputs = self._float_io[spec.node]
-        if node.op_type not in ("Mul", "Add") or len(inputs) != 2 or spec.axis is not None:
+        if (
+            node.op_type not in ("Mul", "Add", "Max", "Min")
+            or len(inputs) != 2
+            or spec.axis is not None
+        ):
             return None
         a_spec = self.plan.activations.get(inputs[1 - spec.input_index])
         out_spec = self.plan.activations.get(outputs[0])
@@ -245,9 +256,13 @@ class _Builder:
         if a_qp is None or out_qp is None:
             return None
         out = out_qp.range
+        width = out.hi - out.lo
         if node.op_type == "Add":
-            width = out.hi - out.lo
             return out.lo - a_qp.range.hi - width, out.hi - a_qp.range.lo + width
+        if node.op_type == "Max":  # a whole width below: a's lowest code rounds below a.lo
+            return min(a_qp.range.lo, out.lo) - width, out.hi + width
+        if node.op_type == "Min":
+            return out.lo - width, max(a_qp.range.hi, out.hi) + width
         reach = max(-out.lo, out.hi)
         if a_qp.scale <= 0 or reach <= 0:
             return None
