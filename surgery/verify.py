@@ -100,8 +100,10 @@ def input_specs(
     """Describe the random input each graph input needs (initializer-backed inputs excluded).
 
     Float inputs are image-like, uniform in [0, 1). Integer inputs that reach a Gather as
-    indices stay below the table's row count (token ids into an embedding), other integers
-    use [0, 100). Unknown dimensions become 1 unless `input_shapes` fixes them.
+    indices stay below the table's row count (token ids into an embedding); integer masks
+    (`attention_mask`, `padding_mask`: a name with "mask") hold 0 and 1, as transformers read
+    them (BERT's (1 − mask)·finfo.min is inf for any other value); other integers use
+    [0, 100). Unknown dimensions become 1 unless `input_shapes` fixes them.
     """
     proto = model if isinstance(model, onnx.ModelProto) else read_model(model)
     inputs = _shaped_inputs(proto, input_shapes or {})
@@ -129,6 +131,8 @@ def input_specs(
             low, high = 0, DEFAULT_INT_HIGH
             if bound is not None:
                 high, source = bound[0], f"Gather table {bound[1]!r} has {bound[0]} rows"
+            elif "mask" in vi.name.lower():
+                high, source = 2, "a mask: 0 or 1"
             high = min(high, int(np.iinfo(dtype).max) + 1)  # no wrap-around in int8/uint8
         specs.append(InputSpec(vi.name, dtype, shape, low, high, dynamic, source))
     return specs

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from compiler.defines import default_quantization
 from compiler.quantize import CalibrationDataError, load_calibration_data, quantize_model
@@ -125,3 +125,25 @@ def test_limit_and_quantize_from_a_folder(tmp_path: Path) -> None:
     assert len(ds) == 2
     result = quantize_model(conv_net(), ds, default_quantization.with_bias_correction())
     assert result.report["calibration"]["samples"] == 2
+
+
+def _sqrt_then_conv() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Sqrt", ["x"], ["root"]), helper.make_node("Conv", ["root", "w"], ["y"])],
+        "sqrt_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_sample_on_which_the_float_model_computes_nan_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "negative"
+    folder.mkdir()
+    for k in range(2):
+        np.save(folder / f"{k}.npy", np.full((1, 3, 4, 4), 1.0 - 2 * k, np.float32))
+    data = load_calibration_data(folder, _sqrt_then_conv())
+    with pytest.raises(CalibrationDataError, match=r"sample 1: tensor '(root|y)' holds NaN"):
+        quantize_model(_sqrt_then_conv(), data, default_quantization)

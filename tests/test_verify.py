@@ -255,6 +255,16 @@ def test_plain_integer_inputs_default_to_small_range():
     assert n.dtype == np.int32 and n.min() >= 0 and n.max() < 100
 
 
+def test_integer_mask_inputs_hold_zeros_and_ones():
+    model = _model(
+        [helper.make_node("Identity", ["attention_mask"], ["m"])],
+        [("attention_mask", TensorProto.INT64, (1, 64))],
+        [("m", TensorProto.INT64, (1, 64))],
+    )
+    mask = make_inputs(model)["attention_mask"]
+    assert set(np.unique(mask).tolist()) == {0, 1}
+
+
 def test_float_inputs_are_seeded_and_in_unit_range():
     first, again = make_inputs(add_model(), seed=7)["x"], make_inputs(add_model(), seed=7)["x"]
     assert first.dtype == np.float32

@@ -134,9 +134,9 @@ def calibrate(
             for group in groups:
                 assert session is not None
                 runs.append((group, _run(session, group, feed, done)))
-                pending = _hand_over(worker, pending, observers, runs)
+                pending = _hand_over(worker, pending, observers, runs, done)
                 runs = []
-            pending = _hand_over(worker, pending, observers, runs)
+            pending = _hand_over(worker, pending, observers, runs, done)
             del feed, sample
             done += 1
             if progress is not None:
@@ -163,13 +163,16 @@ def _hand_over(
     pending: list[Future[None]],
     observers: Mapping[str, list[Observer]],
     runs: list[Run],
+    sample: int,
 ) -> list[Future[None]]:
     """Wait for the previous update (at most two runs' arrays alive, observers fed in order) and
-    start observing `runs` in the workers; an exception of the previous update surfaces here."""
+    start observing `runs` (of calibration sample `sample`) in the workers; an exception of the
+    previous update surfaces here."""
     if not runs:
         return pending
     _wait(pending)
-    return [worker.submit(_observe, observers, share) for share in _shares(runs, OBSERVER_THREADS)]
+    shares = _shares(runs, OBSERVER_THREADS)
+    return [worker.submit(_observe, observers, share, sample) for share in shares]
 
 
 def _wait(pending: list[Future[None]]) -> None:
@@ -198,8 +201,19 @@ def _shares(runs: list[Run], count: int) -> list[list[Run]]:
     return [[share] for share in shares if share[0]]
 
 
-def _observe(observers: Mapping[str, list[Observer]], runs: list[Run]) -> None:
+def _observe(observers: Mapping[str, list[Observer]], runs: list[Run], sample: int) -> None:
+    """Feed the observers; a NaN is refused: no range can be fitted to it, and it means the
+    float model itself fails on the sample (an attention mask of other values than 0 and 1
+    turns BERT's (1 − mask)·finfo.min into inf, then NaN)."""
     for names, values in runs:
         for name, value in zip(names, values, strict=True):
+            if value.dtype.kind == "f" and np.isnan(value).any():
+                raise CalibrationDataError(
+                    f"calibration sample {sample}: tensor {name!r} holds NaN (the float "
+                    "model's value on this sample), so no range can be fitted",
+                    hint="check the sample against what the model expects (value ranges, "
+                    "normalisation; attention masks hold 0 and 1): run the float model on it "
+                    "with ONNX Runtime",
+                )
             for obs in observers[name]:
                 obs.update(value)
