@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -669,3 +671,19 @@ def test_a_compiled_program_gives_the_same_outputs_with_and_without_the_kernels(
     for name in compiled:
         np.testing.assert_array_equal(compiled[name], plain[name])
         np.testing.assert_array_equal(blas[name], plain[name])
+
+
+def test_without_the_built_extension_the_status_says_it_is_missing(tmp_path) -> None:
+    source = Path(compiler.intmath.__file__).parent
+    (tmp_path / "compiler" / "native").mkdir(parents=True)
+    for part in ("__init__.py", "native/__init__.py"):
+        (tmp_path / "compiler" / part).write_text((source / part).read_text())
+    shown = subprocess.run(
+        [sys.executable, "-c", "import compiler.native as n; print(n.status)"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "no compiled _mla_kernels" in shown and "circular" not in shown

@@ -9,6 +9,7 @@ int8 CONV kernels (AVX-512 VNNI), as on a CPU that lacks it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import ModuleType
 
 __all__ = ["describe", "kernels", "status", "vnni"]
@@ -20,7 +21,16 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         from compiler.native import _mla_kernels
     except ImportError as error:
-        return None, f"not built ({error}); the emulator runs its numpy code"
+        # Python words a missing submodule as "cannot import name … (most likely due to a
+        # circular import)": say what it is, and keep the error of a file that is there.
+        missing = not any(Path(__file__).parent.glob("_mla_kernels.*"))
+        why = (
+            "no compiled _mla_kernels beside compiler/native: `pip install -e .` builds it "
+            "where a C compiler is available"
+            if missing
+            else f"{error}"
+        )
+        return None, f"not built ({why}); the emulator runs its numpy code"
     return _mla_kernels, "compiled kernels in use"
 
 
