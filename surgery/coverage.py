@@ -163,6 +163,11 @@ class CoverageReport:
         return list(self._blockers)
 
     @cached_property
+    def blocker_op_types(self) -> frozenset[str]:
+        """Op types of the blockers (every rule's `may_free` asks)."""
+        return frozenset(p.op_type for p in self._blockers)
+
+    @cached_property
     def blocker_names(self) -> frozenset[str]:
         """Names of the blockers (a set, for the rules' membership tests)."""
         return frozenset(p.name for p in self._blockers)

@@ -50,7 +50,7 @@ def _unfiltered_suggestions(source, target: str, shapes, report) -> dict[str, li
     for rule, matches in rule_matches(ctx, [cls() for cls in all_rules()]):
         listed = {b for m in matches for b in m.blockers}
         if listed:
-            assert rule.may_free(ctx.coverage.blockers), (
+            assert rule.may_free(ctx.coverage), (
                 f"{rule.name} lists blockers {sorted(listed)[:3]} but may_free() said no"
             )
         for b in listed:

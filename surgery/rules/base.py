@@ -9,7 +9,6 @@ only the pattern and the edit.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar, Literal
@@ -20,7 +19,6 @@ from pydantic import BaseModel, ConfigDict
 
 from surgery.coverage import (
     CoverageReport,
-    NodePlacement,
     analyze_coverage,
     constant_tensors,
     topo_order,
@@ -144,11 +142,11 @@ class Rule:
     them (it frees only such nodes, or only matches around such a blocker). `surgery check`
     then skips the rule on models without one; None (the default) always asks the rule."""
 
-    def may_free(self, blockers: Sequence[NodePlacement]) -> bool:
-        """False only when `find` cannot list any of these blockers (a cheap pre-check that
-        keeps rule suggestions from pattern-matching the whole graph for nothing)."""
+    def may_free(self, coverage: CoverageReport) -> bool:
+        """False only when `find` cannot list any of the report's blockers (a cheap pre-check
+        that keeps rule suggestions from pattern-matching the whole graph for nothing)."""
         ops = self.suggest_for
-        return ops is None or any(b.op_type in ops for b in blockers)
+        return ops is None or not ops.isdisjoint(coverage.blocker_op_types)
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         raise NotImplementedError

@@ -7,14 +7,14 @@ rules pattern-match on (constants as initializers, no Identity chains, static sh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from pydantic import Field
 
-from surgery.coverage import NodePlacement, analyze_coverage
+from surgery.coverage import CoverageReport, NodePlacement, analyze_coverage
 from surgery.graph import GraphView
 from surgery.model import infer_model_shapes, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
@@ -51,9 +51,9 @@ class FoldConstants(Rule):
     category = "cleanup"
     example = "surgery apply fold-constants yolov8n.onnx -o folded.onnx"
 
-    def may_free(self, blockers: Sequence[NodePlacement]) -> bool:
+    def may_free(self, coverage: CoverageReport) -> bool:
         """Folding frees only blockers that wait for a constant operand."""
-        return any(r.code in _NEEDS_VALUE for b in blockers for r in b.reasons)
+        return any(r.code in _NEEDS_VALUE for b in coverage.blockers for r in b.reasons)
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         folded = [p for p in ctx.coverage.placements if p.foldable]

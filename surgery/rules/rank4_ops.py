@@ -57,7 +57,7 @@ class NodeInfo:
 
     def shape(self, name: str) -> Shape | None:
         info = self.view.tensor(name)
-        return static_dims(info.shape) if info.is_static else None
+        return info.shape if info.is_static else None  # static: a tuple of ints already
 
     def dims(self, name: str) -> Shape:
         """Static shape of a tensor `accept` already checked (ValueError otherwise)."""

@@ -51,8 +51,7 @@ def suggest_rules(
 ) -> dict[str, list[str]]:
     """Blocker node name → names of rules with a match that removes that blocker."""
     ctx = RuleContext(model, target, view, report, constants, focus=report.blocker_names)
-    blockers = report.blockers
-    rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(blockers)]
+    rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(report)]
     suggestions: dict[str, list[str]] = {}
     for rule, matches in rule_matches(ctx, rules):
         for m in matches:
