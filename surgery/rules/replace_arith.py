@@ -53,15 +53,21 @@ class SubDivToAddMul(GraphRule):
                 value = constant_array(ctx, c, _MAX_CONSTANT)
                 if value is None or not np.all(value != 0):
                     continue
-            new = "Add" if op == "Sub" else "Mul"
-            probe = probe_node(ctx, new, [pat.spec(x), pat.spec(c)], [pat.spec(pat.outs(node)[0])])
-            found.append(
-                self.match(
-                    [pat.name(node)],
-                    f"{op} {pat.name(node)} by a constant → {new}",
-                    net_freed(ctx, [pat.name(node)], [probe]),
+            new, name = ("Add" if op == "Sub" else "Mul"), pat.name(node)
+            freed = (  # the probe only matters for a blocker: nothing else can be freed
+                net_freed(
+                    ctx,
+                    [name],
+                    [
+                        probe_node(
+                            ctx, new, [pat.spec(x), pat.spec(c)], [pat.spec(pat.outs(node)[0])]
+                        )
+                    ],
                 )
+                if name in ctx.blocker_names
+                else []
             )
+            found.append(self.match([name], f"{op} {name} by a constant → {new}", freed))
         return found
 
     def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
