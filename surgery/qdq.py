@@ -23,9 +23,10 @@ QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
 requantization mode, per-node decisions)."""
 
+_STANDARD_DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"})
 DYNAMIC_QUANTIZATION_OPS: dict[str, frozenset[str]] = {
-    "": frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
-    "ai.onnx": frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
+    "": _STANDARD_DYNAMIC_OPS,
+    "ai.onnx": _STANDARD_DYNAMIC_OPS,
     "com.microsoft": frozenset(
         {"DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
     ),
