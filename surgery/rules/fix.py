@@ -471,8 +471,10 @@ def describe_step(step: dict[str, Any], *, ascii_only: bool = False) -> str:
     model as it is is not that of the model as compiled: the line says so, or a fold that
     only reveals the real count would read as a step that split the model."""
     arrow, times, dash = ("->", "x", ",") if ascii_only else ("→", "×", " —")
-    unknown_before = step.get("macs_unknown_nodes_before", 0)
-    unknown_after = step.get("macs_unknown_nodes_after", 0)
+    unknown_before, unknown_after = (
+        step["macs_unknown_nodes_before"],
+        step["macs_unknown_nodes_after"],
+    )
     unknown = (
         f" ({unknown_before}{arrow}{unknown_after} matrix ops of unknown shape)"
         if unknown_before or unknown_after

@@ -54,19 +54,11 @@ class SubDivToAddMul(GraphRule):
                 if value is None or not np.all(value != 0):
                     continue
             new, name = ("Add" if op == "Sub" else "Mul"), pat.name(node)
-            freed = (  # the probe only matters for a blocker: nothing else can be freed
-                net_freed(
-                    ctx,
-                    [name],
-                    [
-                        probe_node(
-                            ctx, new, [pat.spec(x), pat.spec(c)], [pat.spec(pat.outs(node)[0])]
-                        )
-                    ],
-                )
-                if name in ctx.blocker_names
-                else []
-            )
+            freed: list[str] = []
+            if name in ctx.blocker_names:  # the probe only matters for a blocker
+                out = pat.spec(pat.outs(node)[0])
+                probe = probe_node(ctx, new, [pat.spec(x), pat.spec(c)], [out])
+                freed = net_freed(ctx, [name], [probe])
             found.append(self.match([name], f"{op} {name} by a constant → {new}", freed))
         return found
 
