@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
 from surgery.coverage import (
@@ -298,6 +297,8 @@ def _evaluate(
     sub = onnx.helper.make_model(
         graph, opset_imports=list(model.opset_import), ir_version=model.ir_version
     )
+    import onnxruntime as ort  # loaded only when something folds: most checks never need it
+
     options = quiet_session_options()
     try:
         session = ort.InferenceSession(

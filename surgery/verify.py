@@ -30,11 +30,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from surgery.errors import ShapeError, SurgeryError, VerifyError, first_line
 from surgery.model import (
@@ -46,6 +45,9 @@ from surgery.model import (
     set_input_shapes,
 )
 from surgery.ort_logging import ERRORS_ONLY, quiet_ort_logging
+
+if TYPE_CHECKING:  # ONNX Runtime loads when a model first runs: `check` never pays for it
+    import onnxruntime as ort
 
 ModelSource = str | os.PathLike | onnx.ModelProto
 
@@ -268,6 +270,8 @@ def _tensor_dims(model: onnx.ModelProto, name: str, depth: int = 0) -> list[int]
 def quiet_session_options() -> ort.SessionOptions:
     """Session options that log errors only, for every session the project opens (and ORT's
     default logger too: see surgery.ort_logging)."""
+    import onnxruntime as ort
+
     quiet_ort_logging()
     options = ort.SessionOptions()
     options.log_severity_level = ERRORS_ONLY
@@ -325,6 +329,8 @@ def _without_value_info(model: onnx.ModelProto) -> Iterator[None]:
 def _open_session(
     model: bytes | str, options: ort.SessionOptions, label: str
 ) -> ort.InferenceSession:
+    import onnxruntime as ort
+
     try:
         return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own exception types, all direct Exception subclasses
@@ -342,6 +348,8 @@ def run_model(
     Keys of `inputs` the model does not take are ignored, so one dict can feed several models.
     Pass an `InferenceSession` (from `ort_session`) to avoid reloading for repeated runs.
     """
+    import onnxruntime as ort
+
     if isinstance(model, ort.InferenceSession):
         session = model
     else:
@@ -370,6 +378,8 @@ def run_model(
 
 def _quiet_run() -> ort.RunOptions:
     """Run failures are raised as VerifyError; stop ORT also logging them to stderr."""
+    import onnxruntime as ort
+
     options = ort.RunOptions()
     options.log_severity_level = 4
     return options

@@ -17,7 +17,6 @@ import onnx
 import typer
 from rich.table import Table
 
-from compiler.runtime.compare import compare_with_reference, random_inputs
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt
 from surgery.errors import SurgeryError
@@ -227,6 +226,7 @@ def run_command(
     --compare-reference finds a difference, 2 on bad input.
     """
     from compiler.archive import read_archive
+    from compiler.runtime.compare import compare_with_reference, random_inputs
     from compiler.runtime.pipeline import run_archive
 
     opened = read_archive(archive)

@@ -13,24 +13,19 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from compiler.api import load_model as load_net
-from compiler.archive import read_archive
-from compiler.runtime.compare import compare_output, reference_outputs
-from compiler.runtime.pipeline import run_archive
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.check import render_report
 from surgery.cli.options import JsonOpt, TargetOpt
-from surgery.coverage import analyze_coverage
 from surgery.examples import EXAMPLES
 from surgery.model import load_model, save_model
-from surgery.rules.fix import fix_model
-from surgery.verify import make_inputs
 
 CALIBRATION_SAMPLES = 8
 
 
 def _synthetic_images(model, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Smooth random images in [0, 1] (blurred noise): closer to photos than white noise."""
+    from surgery.verify import make_inputs
+
     samples = []
     for k in range(count):
         feed = make_inputs(model, seed=seed + k)
@@ -59,6 +54,14 @@ def demo_command(
 ) -> None:
     """Run the whole pipeline on a small YOLO-style model that ships with the package:
     check → fix → quantize → compile → run (bit-exact against the integer reference)."""
+    # The pipeline's modules load here, not at start-up: every other command would pay for them.
+    from compiler.api import load_model as load_net
+    from compiler.archive import read_archive
+    from compiler.runtime.compare import compare_output, reference_outputs
+    from compiler.runtime.pipeline import run_archive
+    from surgery.coverage import analyze_coverage
+    from surgery.rules.fix import fix_model
+
     if example not in EXAMPLES:
         raise typer.BadParameter(f"unknown example {example!r}; choose from {', '.join(EXAMPLES)}")
     folder = out or Path(tempfile.mkdtemp(prefix="surgery-demo-"))

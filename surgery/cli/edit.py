@@ -16,12 +16,8 @@ import typer
 
 from surgery.cli.app import app, console, emit_json, handle_errors
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
-from surgery.edit import EditError, apply_edits
 from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
-from surgery.rules.structure import cut_postprocess
-from surgery.split import SplitError, merge_models, split_model
-from surgery.verify import load_inputs
 
 OutArg = Annotated[Path, typer.Option("--out", "-o", help="Where to write the resulting model.")]
 TensorsOpt = Annotated[
@@ -75,6 +71,8 @@ def split_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Extract the subgraph between named tensors as its own model."""
+    from surgery.split import SplitError, split_model
+
     _refuse_overwrite(out, model)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     ins, outs = _names(inputs), _names(outputs)
@@ -98,6 +96,9 @@ def split_command(
 
 
 def _parse_map(items: Sequence[str]) -> list[tuple[str, str]]:
+    """`--map A_OUT=B_IN,…` as (A output, B input) pairs."""
+    from surgery.split import SplitError
+
     pairs = []
     for item in items:
         for spec in item.split(","):
@@ -136,6 +137,8 @@ def merge_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Connect two models into one (e.g. a body and its post-processing)."""
+    from surgery.split import SplitError, merge_models
+
     _refuse_overwrite(out, model_a, model_b)
     a, b = load_model(model_a), load_model(model_b)
     pairs = _parse_map(io_map or []) or _same_name_map(a, b)
@@ -159,6 +162,8 @@ def merge_command(
 
 def _read_ops(spec: str) -> list[Any]:
     """An edit list from a JSON file, or inline JSON when the value starts with '['."""
+    from surgery.edit import EditError
+
     text = spec
     if not spec.lstrip().startswith("["):
         path = Path(spec)
@@ -194,6 +199,8 @@ def edit_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Apply low-level edits (each checked by the ONNX checker) and write the result."""
+    from surgery.edit import apply_edits
+
     _refuse_overwrite(out, model)
     edits = _read_ops(ops)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
@@ -237,6 +244,9 @@ def cut_postprocess_command(
 ) -> None:
     """Cut the decode tail off a detector: an MLA body (4-D maps) and a post-processing model,
     with the proof that body→post reproduces the original exactly."""
+    from surgery.rules.structure import cut_postprocess
+    from surgery.verify import load_inputs
+
     _refuse_overwrite(out, model)
     _refuse_overwrite(post, model)
     if out.resolve() == post.resolve():

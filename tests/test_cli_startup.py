@@ -1,0 +1,52 @@
+"""What `surgery check` loads: every command pays for the modules imported at start-up, so the
+runtime, the quantizer and ONNX Runtime load only in the commands that use them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, sys
+from typer.testing import CliRunner
+from server.cli import app
+result = CliRunner().invoke(app, ["check", sys.argv[1], "--json"])
+print(json.dumps({"exit": result.exit_code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _relu_model(path: Path) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _modules_after_check(model: Path) -> tuple[int, set[str]]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(model)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return report["exit"], set(report["modules"])
+
+
+def test_check_command_loads_neither_onnxruntime_nor_the_compiler_runtime(tmp_path):
+    exit_code, modules = _modules_after_check(_relu_model(tmp_path / "relu.onnx"))
+    assert exit_code == 0
+    assert "surgery.check" in modules  # the probe did run the check
+    loaded = {
+        m for m in modules if m.split(".")[0] == "onnxruntime" or m.startswith("compiler.runtime")
+    }
+    assert not loaded, f"`surgery check` imported {sorted(loaded)[:5]}"
