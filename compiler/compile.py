@@ -69,6 +69,11 @@ class CompileResult:
         }
 
 
+_ARCHIVE_FILE_ENDINGS = (ARCHIVE_SUFFIX, ".tar.gz", ".tgz", ".tar")
+"""Output names that mean an archive file, not the directory compile writes the archive into
+(`-o out.tar.gz` once made a directory of that name)."""
+
+
 def compile_model(
     qdq_model: onnx.ModelProto | str | os.PathLike,
     output_path: str | os.PathLike,
@@ -121,7 +126,7 @@ def compile_model(
         arena_bytes=arena_bytes,
     )
     output_dir = Path(output_path)
-    if output_dir.name.endswith(ARCHIVE_SUFFIX):  # before compiling: fail fast
+    if output_dir.name.endswith(_ARCHIVE_FILE_ENDINGS):  # before compiling: fail fast
         raise CompileError(
             f"{output_dir}: the output is the directory to write the archive into, not its "
             f"file name; the archive is named {name}{ARCHIVE_SUFFIX} "

@@ -254,7 +254,7 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
     boundary = {i for idx, ins in enumerate(node_inputs) if idx not in folded_set for i in ins}
     boundary |= {o.name for o in g.output}
     needed = sorted(t for t in boundary if t in constants and t not in initializers)
-    values = _evaluate(model, [g.node[i] for i in folded], needed) if needed else {}
+    values = evaluate_nodes(model, [g.node[i] for i in folded], needed) if needed else {}
     if values is None:
         return 0
     oversize = {n for n, v in values.items() if v.nbytes > FOLD_LIMIT_BYTES}
@@ -282,9 +282,12 @@ def _ancestors(g: onnx.GraphProto, within: set[int], tensors: set[str]) -> set[i
     return seen
 
 
-def _evaluate(
+def evaluate_nodes(
     model: onnx.ModelProto, nodes: list[onnx.NodeProto], outputs: list[str]
 ) -> dict[str, np.ndarray] | None:
+    """The values of `outputs` of `nodes`, which read only `model`'s initializers, computed
+    once with ONNX Runtime (which runs every opset; ONNX's reference evaluator lacks some
+    versions, such as DequantizeLinear-13); None if ONNX Runtime cannot."""
     g = model.graph
     used = {i for n in nodes for i in n.input if i}
     graph = onnx.helper.make_graph(

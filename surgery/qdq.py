@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import onnx
+from onnx import numpy_helper
 
 from surgery.graph import GraphView
 
@@ -157,6 +158,56 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.value_info[:]
     graph.value_info.extend(keep)
     return model
+
+
+def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The float model a QDQ model quantizes, for rewriting: its float view with every weight
+    DequantizeLinear evaluated into a float initializer (rules see a MatMul's weight as a
+    constant only when it is one, and onnx-graphsurgeon's folding never folds a Dequantize)
+    and without the quantizer's record (the model is no longer quantized)."""
+    # Imported here: fold reads coverage, which reads this module.
+    from surgery.fold import evaluate_nodes
+
+    model = float_view(qdq_model)
+    graph = model.graph
+    view = GraphView(model)
+    outputs = {o.name for o in graph.output}
+    weights = [
+        k
+        for k, (op, ins, outs) in enumerate(
+            zip(view.op_types, view.node_inputs, view.node_outputs, strict=True)
+        )
+        if op == _DEQUANTIZE
+        and outs
+        and outs[0] not in outputs
+        and all(not t or t in view.initializers for t in ins)
+    ]
+    values = (
+        evaluate_nodes(
+            model, [view.nodes[k] for k in weights], [view.node_outputs[k][0] for k in weights]
+        )
+        if weights
+        else None
+    )
+    if values:
+        nodes = [_copy(n) for n in graph.node if not (n.output and n.output[0] in values)]
+        used = {t for n in nodes for t in n.input} | outputs
+        initializers = [_copy(t) for t in graph.initializer if t.name in used]
+        del graph.node[:], graph.initializer[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(initializers)
+        graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
+    props = [_copy(p) for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    return model
+
+
+def _copy(message: Any) -> Any:
+    """A detached copy of a protobuf message, to put back after its container is cleared."""
+    copied = type(message)()
+    copied.CopyFrom(message)
+    return copied
 
 
 def quantization_record(model: onnx.ModelProto) -> dict[str, Any]:

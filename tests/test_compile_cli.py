@@ -125,9 +125,12 @@ def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
     assert "not a readable .npz" in result.output
 
 
-def test_an_archive_file_name_as_output_is_refused_before_compiling(tmp_path, compiled) -> None:
+@pytest.mark.parametrize("file_name", ["topk_mpk.tar.gz", "topk.tar.gz", "topk.tgz"])
+def test_an_archive_file_name_as_output_is_refused_before_compiling(
+    tmp_path, compiled, file_name
+) -> None:
     model_path, _ = compiled
-    target = tmp_path / "topk_mpk.tar.gz"
+    target = tmp_path / file_name
     result = _run("compile", model_path, "-o", target, "--json")
     assert result.exit_code == 2
     message = json.loads(result.stdout)["error"]["message"]

@@ -249,4 +249,6 @@ def fix_command(
                 f"  {group['count']:>4} × {'/'.join(group['op_types'])}: {group['reason']}",
                 highlight=False,
             )
+        for note in result.notes:
+            console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
     raise typer.Exit(EXIT_OK if result.single_elf else EXIT_VERDICT)

@@ -5,6 +5,10 @@ matches remove the most current blockers (cleanup rules run first whenever they 
 is kept only if it verifies and makes the model better by (segments, blockers, MLA MACs);
 otherwise it is rolled back and that rule is not tried again on the same model state. As a last
 resort, MLA islands under 1% of the MACs are pinned to the host (`place-on-host`).
+
+A QDQ model is fixed as the float model it quantizes (`surgery.qdq.float_model`), whose
+segments `check` and the compiler count: the rules rewrite float graphs, and between Q/DQ
+pairs no pattern of theirs would match. The result is a float model, to be quantized again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import onnx
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
+from surgery.graph import GraphView
 from surgery.model import load_model
+from surgery.qdq import float_model, is_qdq
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
 from surgery.rules.graph_edit import with_unique_node_names
@@ -61,6 +67,12 @@ class FixResult:
             "notes": self.notes,
         }
 
+
+QDQ_INPUT_NOTE = (
+    "the model is quantized (QDQ): fix rewrote its float view (activation Q/DQ pairs removed, "
+    "weights dequantized), so the result is a float model and its quantization is gone; "
+    "quantize it again with `surgery quantize` before compiling"
+)
 
 LOOK_AHEAD_DEPTH = 2
 """Nested look-aheads `fix_model` may open (each runs a fix of its own from a worse step)."""
@@ -167,10 +179,16 @@ def fix_model(
     tgt = resolve_target(target)
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
-    start = with_unique_node_names(load_model(model) if not model.graph.value_info else model)
+    loaded = load_model(model) if not model.graph.value_info else model
+    quantized = is_qdq(GraphView(loaded))
+    if quantized:
+        loaded = load_model(float_model(loaded))
+    start = with_unique_node_names(loaded)
     result = _fix(
         start, tgt, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
     )
+    if quantized:
+        result.notes.insert(0, QDQ_INPUT_NOTE)
     result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
     return result

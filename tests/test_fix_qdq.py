@@ -1,0 +1,118 @@
+"""`fix` on a model that is already quantized (QDQ): it rewrites the float model the QDQ graph
+quantizes, whose segments `check` counts, and says that the result must be quantized again."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery.check import check_model
+from surgery.qdq import QUANTIZATION_METADATA_KEY, float_model, float_view
+from surgery.rules.fix import QDQ_INPUT_NOTE, fix_model
+from surgery.verify import make_inputs, run_model
+
+TOKENS, CHANNELS = 16, 32
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+
+
+def _int8_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> list:
+    """An int8 weight with per-tensor scale and zero point, as initializers."""
+    return [
+        numpy_helper.from_array(rng.integers(-127, 128, size=shape).astype(np.int8), name),
+        numpy_helper.from_array(np.array(0.01, np.float32), f"{name}_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), f"{name}_zero"),
+    ]
+
+
+def _activation_pair(tensor: str) -> list[onnx.NodeProto]:
+    """QuantizeLinear → DequantizeLinear of a run-time tensor (scale 0.05, zero point 0)."""
+    return [
+        helper.make_node("QuantizeLinear", [tensor, "act_scale", "act_zero"], [f"{tensor}_q"]),
+        helper.make_node(
+            "DequantizeLinear", [f"{tensor}_q", "act_scale", "act_zero"], [f"{tensor}_dq"]
+        ),
+    ]
+
+
+@pytest.fixture
+def qdq_linear() -> onnx.ModelProto:
+    """A transformer's linear layer on rank-3 tokens, quantized as ONNX Runtime writes it:
+    x → Q/DQ → MatMul(DQ(int8 weight)) → Add(bias) → Relu → Q/DQ → y. Opset 13, whose
+    DequantizeLinear ONNX's reference evaluator cannot run."""
+    rng = np.random.default_rng(0)
+    inits = [
+        *_int8_weight(rng, "w", (CHANNELS, CHANNELS)),
+        numpy_helper.from_array(rng.normal(size=CHANNELS).astype(np.float32), "bias"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "act_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "act_zero"),
+    ]
+    nodes = [
+        *_activation_pair("x"),
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["w_dq"], name="w_dq"),
+        helper.make_node("MatMul", ["x_dq", "w_dq"], ["mm"], name="linear"),
+        helper.make_node("Add", ["mm", "bias"], ["biased"], name="bias_add"),
+        helper.make_node("Relu", ["biased"], ["r"], name="relu"),
+        *_activation_pair("r"),
+        helper.make_node("Identity", ["r_dq"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, CHANNELS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, CHANNELS])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    helper.set_model_props(model, {QUANTIZATION_METADATA_KEY: '{"target": "mlsoc"}'})
+    return model
+
+
+def test_float_model_has_no_quantize_or_dequantize_nodes(qdq_linear):
+    ops = {n.op_type for n in float_model(qdq_linear).graph.node}
+    assert not ops & QDQ_OPS
+
+
+def test_float_model_weight_is_the_dequantized_int8_weight(qdq_linear):
+    weights = {t.name: numpy_helper.to_array(t) for t in float_model(qdq_linear).graph.initializer}
+    stored = {t.name: numpy_helper.to_array(t) for t in qdq_linear.graph.initializer}
+    np.testing.assert_array_equal(
+        weights["w_dq"], stored["w"].astype(np.float32) * np.float32(0.01)
+    )
+
+
+def test_float_model_computes_what_the_float_view_computes(qdq_linear):
+    feed = make_inputs(qdq_linear, seed=0)
+    expected = run_model(float_view(qdq_linear), feed)["y"]
+    np.testing.assert_allclose(run_model(float_model(qdq_linear), feed)["y"], expected, atol=1e-6)
+
+
+def test_float_model_drops_the_quantization_record(qdq_linear):
+    keys = {p.key for p in float_model(qdq_linear).metadata_props}
+    assert QUANTIZATION_METADATA_KEY not in keys
+
+
+def test_fix_of_a_qdq_model_starts_from_the_coverage_check_reports(qdq_linear):
+    before = fix_model(qdq_linear, "mlsoc").coverage_before
+    checked = check_model(qdq_linear, "mlsoc")
+    assert before.mla_segments == checked.mla_segments
+    assert sorted(b.op_type for b in before.blockers) == sorted(b.op_type for b in checked.blockers)
+    assert not {b.op_type for b in before.blockers} & QDQ_OPS
+
+
+def test_fix_of_a_qdq_model_returns_a_float_model_on_one_segment(qdq_linear):
+    result = fix_model(qdq_linear, "mlsoc")
+    assert not {n.op_type for n in result.model.graph.node} & QDQ_OPS
+    assert result.single_elf, [b.name for b in result.coverage_after.blockers]
+
+
+def test_fix_of_a_qdq_model_says_it_must_be_quantized_again(qdq_linear):
+    result = fix_model(qdq_linear, "mlsoc")
+    assert result.notes[0] == QDQ_INPUT_NOTE
+    assert "surgery quantize" in QDQ_INPUT_NOTE
+
+
+def test_fix_of_a_float_model_adds_no_quantization_note(qdq_linear):
+    result = fix_model(float_model(qdq_linear), "mlsoc")
+    assert QDQ_INPUT_NOTE not in result.notes
