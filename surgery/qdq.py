@@ -161,46 +161,77 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
-    """The float model a QDQ model quantizes, for rewriting: its float view with every weight
-    DequantizeLinear evaluated into a float initializer (rules see a MatMul's weight as a
-    constant only when it is one, and onnx-graphsurgeon's folding never folds a Dequantize)
-    and without the quantizer's record (the model is no longer quantized)."""
-    # Imported here: fold reads coverage, which reads this module.
+    """The float model a QDQ model quantizes, for rewriting: its float view with every
+    DequantizeLinear of a constant (a weight, or a Constant → Q → DQ as ONNX Runtime's quantizer
+    writes a GELU's 1 and 0.5) evaluated into a float initializer, and without the quantizer's
+    record (the model is no longer quantized). Rules see an operand as constant only when it is
+    an initializer, and onnx-graphsurgeon's folding never folds a Dequantize."""
+    # Imported here: fold and coverage read this module.
+    from surgery.coverage import constant_tensors
     from surgery.fold import evaluate_nodes
 
     model = float_view(qdq_model)
     graph = model.graph
     view = GraphView(model)
     outputs = {o.name for o in graph.output}
-    weights = [
+    _, foldable = constant_tensors(view)
+    behind = _computed_constants(view, foldable)
+    wanted = [
         k
-        for k, (op, ins, outs) in enumerate(
-            zip(view.op_types, view.node_inputs, view.node_outputs, strict=True)
-        )
-        if op == _DEQUANTIZE
-        and outs
-        and outs[0] not in outputs
-        and all(not t or t in view.initializers for t in ins)
+        for k, op in enumerate(view.op_types)
+        if op == _DEQUANTIZE and k in behind and view.node_outputs[k][0] not in outputs
     ]
-    values = (
-        evaluate_nodes(
-            model, [view.nodes[k] for k in weights], [view.node_outputs[k][0] for k in weights]
-        )
-        if weights
-        else None
-    )
+    within = sorted({j for k in wanted for j in behind[k]})
+    names = [view.node_outputs[k][0] for k in wanted]
+    values = evaluate_nodes(model, [view.nodes[j] for j in within], names) if wanted else None
     if values:
-        nodes = [_copy(n) for n in graph.node if not (n.output and n.output[0] in values)]
-        used = {t for n in nodes for t in n.input} | outputs
-        initializers = [_copy(t) for t in graph.initializer if t.name in used]
-        del graph.node[:], graph.initializer[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(initializers)
-        graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
+        _replace_by_initializers(graph, values, set(within))
     props = [_copy(p) for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     return model
+
+
+def _computed_constants(view: GraphView, foldable: list[bool]) -> dict[int, set[int]]:
+    """For each node that only computes constants from initializers, the nodes (itself
+    included) that compute it; nodes behind a Shape or Size (a run-time tensor's shape) are
+    left out, since evaluating them needs the model's inputs."""
+    producer = view.producer
+    behind: dict[int, set[int]] = {}
+    for k in range(len(view.nodes)):
+        if not foldable[k] or view.op_types[k] in ("Shape", "Size"):
+            continue
+        closure = {k}
+        for t in view.node_inputs[k]:
+            if t in producer:
+                if producer[t] not in behind:
+                    break
+                closure |= behind[producer[t]]
+        else:
+            behind[k] = closure
+    return behind
+
+
+def _replace_by_initializers(
+    graph: onnx.GraphProto, values: dict[str, Any], evaluated: set[int]
+) -> None:
+    """`values` become initializers; the evaluated nodes nothing reads any more go."""
+    nodes = list(graph.node)
+    kept = [k for k, n in enumerate(nodes) if not (k in evaluated and n.output[0] in values)]
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {t for k in kept for t in nodes[k].input} | outputs
+        unread = {k for k in kept if k in evaluated and not any(o in read for o in nodes[k].output)}
+        if not unread:
+            break
+        kept = [k for k in kept if k not in unread]
+    read = {t for k in kept for t in nodes[k].input} | outputs
+    copies = [_copy(nodes[k]) for k in kept]
+    initializers = [_copy(t) for t in graph.initializer if t.name in read]
+    del graph.node[:], graph.initializer[:]
+    graph.node.extend(copies)
+    graph.initializer.extend(initializers)
+    graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
 
 
 def _copy(message: Any) -> Any:

@@ -7,11 +7,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 from surgery.check import check_model
+from surgery.model import set_input_shapes
 from surgery.qdq import QUANTIZATION_METADATA_KEY, float_model, float_view
 from surgery.rules.fix import QDQ_INPUT_NOTE, fix_model
 from surgery.verify import make_inputs, run_model
+from tests.conftest import shared_model
 
 TOKENS, CHANNELS = 16, 32
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -93,6 +96,47 @@ def test_float_model_drops_the_quantization_record(qdq_linear):
     assert QUANTIZATION_METADATA_KEY not in keys
 
 
+@pytest.fixture
+def qdq_constant_operand() -> onnx.ModelProto:
+    """A GELU's `+ 1` as ONNX Runtime's quantizer writes it: the Constant 1 is quantized and
+    dequantized in the graph (Constant → QuantizeLinear → DequantizeLinear → Add)."""
+    nodes = [
+        helper.make_node("Erf", ["x"], ["e"], name="erf"),
+        helper.make_node(
+            "Constant",
+            [],
+            ["one"],
+            name="one",
+            value=numpy_helper.from_array(np.array(1.0, np.float32)),
+        ),
+        helper.make_node("QuantizeLinear", ["one", "c_scale", "c_zero"], ["one_q"], name="one_q"),
+        helper.make_node(
+            "DequantizeLinear", ["one_q", "c_scale", "c_zero"], ["one_dq"], name="one_dq"
+        ),
+        helper.make_node("Add", ["e", "one_dq"], ["y"], name="add_one"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, CHANNELS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, CHANNELS])],
+        [
+            numpy_helper.from_array(np.array(1 / 127, np.float32), "c_scale"),
+            numpy_helper.from_array(np.array(0, np.int8), "c_zero"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_float_model_makes_a_quantized_constant_operand_an_initializer(qdq_constant_operand):
+    model = float_model(qdq_constant_operand)
+    add = next(n for n in model.graph.node if n.op_type == "Add")
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert add.input[1] in initializers
+    np.testing.assert_allclose(initializers[add.input[1]], 1.0, rtol=1e-6)
+    assert [n.op_type for n in model.graph.node] == ["Erf", "Add"]
+
+
 def test_fix_of_a_qdq_model_starts_from_the_coverage_check_reports(qdq_linear):
     before = fix_model(qdq_linear, "mlsoc").coverage_before
     checked = check_model(qdq_linear, "mlsoc")
@@ -116,3 +160,36 @@ def test_fix_of_a_qdq_model_says_it_must_be_quantized_again(qdq_linear):
 def test_fix_of_a_float_model_adds_no_quantization_note(qdq_linear):
     result = fix_model(float_model(qdq_linear), "mlsoc")
     assert QDQ_INPUT_NOTE not in result.notes
+
+
+class _RandomImages(CalibrationDataReader):
+    """Calibration reader for ONNX Runtime's quantizer: two seeded images."""
+
+    def __init__(self, name: str, shape: list[int]) -> None:
+        rng = np.random.default_rng(0)
+        self._feeds = iter([{name: rng.random(shape, dtype=np.float32)} for _ in range(2)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+@pytest.mark.slow
+def test_fix_takes_a_vit_quantized_by_onnx_runtime_to_one_segment(tmp_path):
+    """ONNX Runtime's `quantize_static` (QDQ, per channel) on ViT-Tiny: its float model, whose
+    GELU constants the quantizer wrote as Constant → Q → DQ, lifts to one segment."""
+    model = onnx.load(shared_model("vit_tiny_patch16_224"))
+    set_input_shapes(model, {"input": [1, 3, 224, 224]})
+    onnx.save(model, tmp_path / "vit.onnx")
+    reader = _RandomImages("input", [1, 3, 224, 224])
+    quantize_static(
+        tmp_path / "vit.onnx",
+        tmp_path / "vit_qdq.onnx",
+        reader,
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+    )
+    qdq = onnx.load(tmp_path / "vit_qdq.onnx")
+    result = fix_model(qdq, "mlsoc")
+    assert result.coverage_before.mla_segments > 1
+    assert result.single_elf, result.notes
+    assert result.notes[0] == QDQ_INPUT_NOTE
