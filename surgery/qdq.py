@@ -160,6 +160,14 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+REWRITTEN_AS_FLOAT_NOTE = (
+    "the model is quantized (QDQ): the rules rewrote the float model it quantizes (activation "
+    "Q/DQ pairs removed, weights dequantized), so the result is a float model and its "
+    "quantization is gone; quantize it again with `surgery quantize` before compiling"
+)
+"""What `fix` and `apply` say when given a QDQ model (they rewrite its `float_model`)."""
+
+
 def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     """The float model a QDQ model quantizes, for rewriting: its float view with every
     DequantizeLinear of a constant (a weight, or a Constant → Q → DQ as ONNX Runtime's quantizer

@@ -11,8 +11,14 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantiz
 
 from surgery.check import check_model
 from surgery.model import set_input_shapes
-from surgery.qdq import QUANTIZATION_METADATA_KEY, float_model, float_view
-from surgery.rules.fix import QDQ_INPUT_NOTE, fix_model
+from surgery.qdq import (
+    QUANTIZATION_METADATA_KEY,
+    REWRITTEN_AS_FLOAT_NOTE,
+    float_model,
+    float_view,
+)
+from surgery.rules.engine import apply_rule
+from surgery.rules.fix import fix_model
 from surgery.verify import make_inputs, run_model
 from tests.conftest import shared_model
 
@@ -153,13 +159,20 @@ def test_fix_of_a_qdq_model_returns_a_float_model_on_one_segment(qdq_linear):
 
 def test_fix_of_a_qdq_model_says_it_must_be_quantized_again(qdq_linear):
     result = fix_model(qdq_linear, "mlsoc")
-    assert result.notes[0] == QDQ_INPUT_NOTE
-    assert "surgery quantize" in QDQ_INPUT_NOTE
+    assert result.notes[0] == REWRITTEN_AS_FLOAT_NOTE
+    assert "surgery quantize" in REWRITTEN_AS_FLOAT_NOTE
+
+
+def test_apply_on_a_qdq_model_rewrites_its_float_model_and_says_so(qdq_linear):
+    result = apply_rule(qdq_linear, "transformer-to-4d", "mlsoc")
+    assert not {n.op_type for n in result.model.graph.node} & QDQ_OPS
+    assert result.summary()["notes"] == [REWRITTEN_AS_FLOAT_NOTE]
+    assert result.coverage_after.mla_segments == 1
 
 
 def test_fix_of_a_float_model_adds_no_quantization_note(qdq_linear):
     result = fix_model(float_model(qdq_linear), "mlsoc")
-    assert QDQ_INPUT_NOTE not in result.notes
+    assert REWRITTEN_AS_FLOAT_NOTE not in result.notes
 
 
 class _RandomImages(CalibrationDataReader):
@@ -192,4 +205,4 @@ def test_fix_takes_a_vit_quantized_by_onnx_runtime_to_one_segment(tmp_path):
     result = fix_model(qdq, "mlsoc")
     assert result.coverage_before.mla_segments > 1
     assert result.single_elf, result.notes
-    assert result.notes[0] == QDQ_INPUT_NOTE
+    assert result.notes[0] == REWRITTEN_AS_FLOAT_NOTE

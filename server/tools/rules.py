@@ -141,7 +141,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 verify=result.verification.to_dict(),
                 coverage=result.coverage_after,
                 segments_before=result.coverage_before.mla_segments,
-                notes=[f"{len(result.matches)} match(es) rewritten"],
+                notes=[f"{len(result.matches)} match(es) rewritten", *result.notes],
             )
         )
 

@@ -167,6 +167,8 @@ def apply_command(
         f"saved {output} ({v0.name} {version.id})",
         highlight=False,
     )
+    for note in result.notes:
+        console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
 
 
 @app.command("fix")

@@ -19,7 +19,9 @@ from pydantic import ValidationError
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError
+from surgery.graph import GraphView
 from surgery.model import check_model_fully, load_model, outputs_as_inferred
+from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_qdq
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import export_graph, import_graph, with_unique_node_names
 from surgery.rules.registry import get_rule
@@ -99,6 +101,7 @@ class RewriteResult:
     nodes_removed: list[str] = field(default_factory=list)
     reference: Reference | None = None
     """The child's own outputs on the same inputs: the reference for the next step."""
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         before, after = self.coverage_before, self.coverage_after
@@ -116,6 +119,7 @@ class RewriteResult:
             "mla_mac_fraction_after": round(after.mla_mac_fraction, 6),
             "macs_unknown_nodes_before": before.macs_unknown_nodes,
             "macs_unknown_nodes_after": after.macs_unknown_nodes,
+            "notes": self.notes,
         }
 
 
@@ -164,6 +168,10 @@ def apply_rule(
     rule = get_rule(rule) if isinstance(rule, str) else rule
     tgt = resolve_target(target)
     p = parse_params(rule, params)
+    notes: list[str] = []
+    if ctx is None and is_qdq(GraphView(model)):  # rules match float graphs: see float_model
+        model = load_model(float_model(model))
+        notes.append(REWRITTEN_AS_FLOAT_NOTE)
     model = with_unique_node_names(model)
     ctx = ctx or RuleContext.build(model, tgt)
     matches = rule.find(ctx, p)
@@ -216,6 +224,7 @@ def apply_rule(
         nodes_added=sorted(after_names - before_names),
         nodes_removed=sorted(before_names - after_names),
         reference=child_reference,
+        notes=notes,
     )
 
 

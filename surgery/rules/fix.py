@@ -24,7 +24,7 @@ from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView
 from surgery.model import load_model
-from surgery.qdq import float_model, is_qdq
+from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_qdq
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
 from surgery.rules.graph_edit import with_unique_node_names
@@ -67,12 +67,6 @@ class FixResult:
             "notes": self.notes,
         }
 
-
-QDQ_INPUT_NOTE = (
-    "the model is quantized (QDQ): fix rewrote its float view (activation Q/DQ pairs removed, "
-    "weights dequantized), so the result is a float model and its quantization is gone; "
-    "quantize it again with `surgery quantize` before compiling"
-)
 
 LOOK_AHEAD_DEPTH = 2
 """Nested look-aheads `fix_model` may open (each runs a fix of its own from a worse step)."""
@@ -188,7 +182,7 @@ def fix_model(
         start, tgt, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
     )
     if quantized:
-        result.notes.insert(0, QDQ_INPUT_NOTE)
+        result.notes.insert(0, REWRITTEN_AS_FLOAT_NOTE)
     result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
     return result

@@ -1,0 +1,86 @@
+"""Quantize the shared models with ONNX Runtime's own `quantize_static` (QDQ), as a user brings
+a model quantized elsewhere: the corpus for `fix` on already-quantized models.
+
+Each model of ../shared/models gets its input shapes fixed (INDEX.tsv's run_inputs) and is
+quantized per channel to int8 QDQ on two seeded random inputs (`surgery.verify.make_inputs`:
+images in [0, 1], token ids within their table): this measures what `fix` does with the
+graph ONNX Runtime writes, not accuracy. Models it cannot quantize are listed and skipped.
+Writes the models and an INDEX.tsv into --out, so the folder feeds the pipeline sweep:
+
+    python bench/ort_quantized_models.py --out /tmp/ort_qdq_models
+    python bench/pipeline_sweep.py --models /tmp/ort_qdq_models --target mlsoc rk3588 \\
+        --out bench/results/pipeline_sweep_ort_qdq.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from check_speed import run_inputs
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+from surgery.model import set_input_shapes
+from surgery.verify import make_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SeededInputs(CalibrationDataReader):
+    """Two seeded inputs per model, in the form ONNX Runtime's quantizer reads them."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._feeds = iter([make_inputs(model, seed=k) for k in range(2)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize(source: Path, shapes: dict[str, list[int]], target: Path) -> str | None:
+    """`source` quantized to QDQ at `target`; the reason when ONNX Runtime cannot."""
+    model = onnx.load(source)
+    if shapes:
+        set_input_shapes(model, shapes)
+    with tempfile.TemporaryDirectory() as tmp:
+        static = Path(tmp) / source.name
+        onnx.save(model, static)
+        try:
+            quantize_static(
+                static, target, SeededInputs(model), quant_format=QuantFormat.QDQ, per_channel=True
+            )
+        except Exception as exc:  # noqa: BLE001 - ORT's quantizer raises many types; report it
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="Folder for the QDQ models.")
+    parser.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = run_inputs(args.models / "INDEX.tsv")
+    rows = []
+    for path in sorted(args.models.glob("*.onnx")):
+        name = f"{path.stem}_ort_qdq.onnx"
+        given = shapes.get(path.name, {})
+        failed = quantize(path, given, args.out / name)
+        if failed:
+            print(f"{path.name:30s} skipped: {failed}")
+            continue
+        spec = " ".join(f"{n}{list(d)}" for n, d in given.items())
+        rows.append({"file": name, "run_inputs": spec, "what": f"{path.name}, ORT quantize_static"})
+        print(f"{name:40s} {(args.out / name).stat().st_size / 1e6:7.1f} MB")
+    with (args.out / "INDEX.tsv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["file", "run_inputs", "what"], delimiter="\t")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {args.out / 'INDEX.tsv'}")
+
+
+if __name__ == "__main__":
+    main()
