@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from surgery.graph import GraphView
+from surgery.graph import GraphView, detached_copy
 
 QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
@@ -39,7 +39,8 @@ accelerator needs the float model, quantized statically."""
 
 DYNAMIC_QUANTIZATION_REASON = (
     "an op of ONNX Runtime's dynamic quantization (activations quantized at run time), which "
-    "the MLA does not run: quantize the float model statically with `surgery quantize`"
+    "the MLA does not run: `surgery fix` rewrites the model as the float model it quantizes, "
+    "to quantize statically with `surgery quantize`"
 )
 
 
@@ -161,21 +162,33 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 REWRITTEN_AS_FLOAT_NOTE = (
-    "the model is quantized (QDQ): the rules rewrote the float model it quantizes (activation "
-    "Q/DQ pairs removed, weights dequantized), so the result is a float model and its "
-    "quantization is gone; quantize it again with `surgery quantize` before compiling"
+    "the model is quantized: the rules rewrote the float model it quantizes (Q/DQ pairs and "
+    "ONNX Runtime's dynamic quantization removed, weights dequantized), so the result is a "
+    "float model and its quantization is gone; quantize it again with `surgery quantize` "
+    "before compiling"
 )
-"""What `fix` and `apply` say when given a QDQ model (they rewrite its `float_model`)."""
+"""What `fix` and `apply` say when given a quantized model (they rewrite its `float_model`)."""
+
+
+def is_quantized(view: GraphView) -> bool:
+    """Whether the model is quantized, statically (QDQ) or by ONNX Runtime's dynamic
+    quantization: the models `fix` and `apply` rewrite as their `float_model`."""
+    return is_qdq(view) or any(
+        is_dynamic_quantization_op(domain, op)
+        for domain, op in zip(view.domains, view.op_types, strict=True)
+    )
 
 
 def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
-    """The float model a QDQ model quantizes, for rewriting: its float view with every
+    """The float model a quantized model quantizes, for rewriting: its float view with every
     DequantizeLinear of a constant (a weight, or a Constant → Q → DQ as ONNX Runtime's quantizer
-    writes a GELU's 1 and 0.5) evaluated into a float initializer, and without the quantizer's
-    record (the model is no longer quantized). Rules see an operand as constant only when it is
-    an initializer, and onnx-graphsurgeon's folding never folds a Dequantize."""
-    # Imported here: fold and coverage read this module.
+    writes a GELU's 1 and 0.5) evaluated into a float initializer, ONNX Runtime's dynamic
+    quantization undone (`surgery.dynamic_quantization`), and without the quantizer's record
+    (the model is no longer quantized). Rules see an operand as constant only when it is an
+    initializer, and onnx-graphsurgeon's folding never folds a Dequantize."""
+    # Imported here: fold, coverage and the model loader read this module.
     from surgery.coverage import constant_tensors
+    from surgery.dynamic_quantization import undo_dynamic_quantization
     from surgery.fold import evaluate_nodes
 
     model = float_view(qdq_model)
@@ -194,7 +207,8 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     values = evaluate_nodes(model, [view.nodes[j] for j in within], names) if wanted else None
     if values:
         _replace_by_initializers(graph, values, set(within))
-    props = [_copy(p) for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
+    undo_dynamic_quantization(model)
+    props = [detached_copy(p) for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     return model
@@ -234,19 +248,12 @@ def _replace_by_initializers(
             break
         kept = [k for k in kept if k not in unread]
     read = {t for k in kept for t in nodes[k].input} | outputs
-    copies = [_copy(nodes[k]) for k in kept]
-    initializers = [_copy(t) for t in graph.initializer if t.name in read]
+    copies = [detached_copy(nodes[k]) for k in kept]
+    initializers = [detached_copy(t) for t in graph.initializer if t.name in read]
     del graph.node[:], graph.initializer[:]
     graph.node.extend(copies)
     graph.initializer.extend(initializers)
     graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
-
-
-def _copy(message: Any) -> Any:
-    """A detached copy of a protobuf message, to put back after its container is cleared."""
-    copied = type(message)()
-    copied.CopyFrom(message)
-    return copied
 
 
 def quantization_record(model: onnx.ModelProto) -> dict[str, Any]:

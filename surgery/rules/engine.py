@@ -21,7 +21,7 @@ from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError
 from surgery.graph import GraphView
 from surgery.model import check_model_fully, load_model, outputs_as_inferred
-from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_qdq
+from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.graph_edit import export_graph, import_graph, with_unique_node_names
 from surgery.rules.registry import get_rule
@@ -169,7 +169,7 @@ def apply_rule(
     tgt = resolve_target(target)
     p = parse_params(rule, params)
     notes: list[str] = []
-    if ctx is None and is_qdq(GraphView(model)):  # rules match float graphs: see float_model
+    if ctx is None and is_quantized(GraphView(model)):  # rules match float graphs: see float_model
         model = load_model(float_model(model))
         notes.append(REWRITTEN_AS_FLOAT_NOTE)
     model = with_unique_node_names(model)

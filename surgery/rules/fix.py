@@ -24,7 +24,7 @@ from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView
 from surgery.model import load_model
-from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_qdq
+from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule
 from surgery.rules.graph_edit import with_unique_node_names
@@ -174,7 +174,7 @@ def fix_model(
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
     loaded = load_model(model) if not model.graph.value_info else model
-    quantized = is_qdq(GraphView(loaded))
+    quantized = is_quantized(GraphView(loaded))
     if quantized:
         loaded = load_model(float_model(loaded))
     start = with_unique_node_names(loaded)
