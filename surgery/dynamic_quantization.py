@@ -4,7 +4,8 @@
 `DynamicQuantizeLinear(x)` feeds `MatMulInteger` / `ConvInteger` with the int8 weight, whose
 int32 result is cast to float and scaled by the activation's and the weight's scales; LSTMs
 become `com.microsoft.DynamicQuantizeLSTM`, and ORT's optimiser fuses a MatMul's pattern into
-`com.microsoft.DynamicQuantizeMatMul`. No NPU runs these. Each becomes the float op on the
+`com.microsoft.DynamicQuantizeMatMul`; an embedding is a Gather of an int8 table followed by
+a DequantizeLinear. No NPU runs these. Each becomes the float op on the
 float activation with the dequantized weight, `(w - zero_point) * scale`, so the model can be
 rewritten and quantized statically; it then differs from the dynamic model by that model's
 activation rounding only.
@@ -103,6 +104,8 @@ def undo_dynamic_quantization(model: onnx.ModelProto) -> int:
             _undo_dynamic_matmul(g, k)
         elif node.domain == _CONTRIB and node.op_type == "DynamicQuantizeLSTM":
             _undo_dynamic_lstm(g, k)
+        elif node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+            _undo_gathered_table(g, k)
     if not g.added:
         return 0
     kept = [detached_copy(n) for k, n in enumerate(model.graph.node) if k not in g.removed]
@@ -216,6 +219,31 @@ def _undo_dynamic_matmul(g: _Graph, k: int) -> None:
     if ins[4]:
         g.added.append(helper.make_node("Add", [product, ins[4]], [out], name=f"{node.name}_bias"))
     g.removed.add(k)
+
+
+def _undo_gathered_table(g: _Graph, k: int) -> None:
+    """Gather of an int8 table (an embedding) → DequantizeLinear → Gather of the dequantized
+    table, as `quantize_dynamic` quantizes embeddings."""
+    node = g.node(k)
+    ins = [*node.input, ""][:3]
+    gather = g.produced_by(ins[0], "Gather")
+    if gather is None or g.only_reader(ins[0]) != k:
+        return
+    table, scale = g.weight(g.node(gather).input[0]), g.weight(ins[1])
+    zero = g.weight(ins[2]) if ins[2] else np.zeros((), np.int8)
+    if table is None or scale is None or zero is None or scale.ndim or np.ndim(zero):
+        return  # per-axis tables would need the axis: not what ORT writes
+    source = g.node(gather)
+    name = g.add_initializer(
+        f"{source.input[0]}_dequantized", (table.astype(np.float32) - zero) * scale
+    )
+    attrs = {a.name: helper.get_attribute_value(a) for a in source.attribute}
+    g.added.append(
+        helper.make_node(
+            "Gather", [name, source.input[1]], [node.output[0]], name=source.name, **attrs
+        )
+    )
+    g.removed.update((k, gather))
 
 
 def _undo_dynamic_lstm(g: _Graph, k: int) -> None:

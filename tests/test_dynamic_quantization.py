@@ -173,3 +173,61 @@ def test_fix_of_a_dynamically_quantized_model_returns_the_float_model_and_says_s
     result = fix_model(dynamic, "mlsoc")
     assert not {n.op_type for n in result.model.graph.node} & DYNAMIC_OPS
     assert result.notes[0] == REWRITTEN_AS_FLOAT_NOTE
+
+
+def test_a_quantized_embedding_becomes_a_gather_of_the_float_table(tmp_path):
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.normal(size=(50, 16)).astype(np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], name="embed")],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [table],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(original, tmp_path / "float.onnx")
+    quantize_dynamic(
+        tmp_path / "float.onnx", tmp_path / "dynamic.onnx", op_types_to_quantize=["Gather"]
+    )
+    dynamic = onnx.load(tmp_path / "dynamic.onnx")
+    assert "DequantizeLinear" in {n.op_type for n in dynamic.graph.node}
+    undone = float_model(dynamic)
+    assert [n.op_type for n in undone.graph.node] == ["Gather"]
+    feed = make_inputs(original, seed=0)
+    np.testing.assert_allclose(
+        run_model(undone, feed)["y"], run_model(dynamic, feed)["y"], rtol=1e-6, atol=1e-6
+    )
+
+
+def test_a_fused_dynamic_matmul_becomes_a_matmul_and_its_bias():
+    """com.microsoft.DynamicQuantizeMatMul, which ORT's optimiser fuses the pattern into."""
+    rng = np.random.default_rng(4)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (16, 8)).astype(np.int8), "w_q"),
+        numpy_helper.from_array(np.full(8, 0.01, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(8, np.int8), "w_zero"),
+        numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "bias"),
+    ]
+    node = helper.make_node(
+        "DynamicQuantizeMatMul",
+        ["x", "w_q", "w_scale", "w_zero", "bias"],
+        ["y"],
+        name="fused",
+        domain="com.microsoft",
+    )
+    graph = helper.make_graph(
+        [node],
+        "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        inits,
+    )
+    dynamic = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    undone = float_model(dynamic)
+    assert [n.op_type for n in undone.graph.node] == ["MatMul", "Add"]
+    feed = make_inputs(dynamic, seed=0)
+    assert _cosine(run_model(dynamic, feed)["y"], run_model(undone, feed)["y"]) > 0.999
