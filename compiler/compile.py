@@ -69,7 +69,7 @@ class CompileResult:
         }
 
 
-_ARCHIVE_FILE_ENDINGS = (ARCHIVE_SUFFIX, ".tar.gz", ".tgz", ".tar")
+_ARCHIVE_FILE_ENDINGS = (".tar.gz", ".tgz", ".tar")  # ARCHIVE_SUFFIX ends in .tar.gz
 """Output names that mean an archive file, not the directory compile writes the archive into
 (`-o out.tar.gz` once made a directory of that name)."""
 

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from surgery.graph import detached_copy
-from surgery.model import toposort_nodes
+from surgery.edit import prune_dead
+from surgery.model import DEFAULT_DOMAINS, toposort_nodes
 
 _FLOAT = onnx.TensorProto.FLOAT
 _CONTRIB = "com.microsoft"
@@ -28,7 +28,10 @@ _CONTRIB = "com.microsoft"
 
 @dataclass
 class _Graph:
-    """The graph's nodes with their producers, readers and initializers, edited in place."""
+    """The graph's nodes with their producers, readers and initializers. Each undo marks the
+    nodes it replaces as removed and adds their float replacement; what only fed them (the
+    activation's DynamicQuantizeLinear, the scales' product, a bias's quantization) is dead
+    afterwards and goes with `prune_dead`."""
 
     graph: onnx.GraphProto
     initializers: dict[str, np.ndarray] = field(init=False)
@@ -50,12 +53,13 @@ class _Graph:
     def node(self, k: int) -> onnx.NodeProto:
         return self.graph.node[k]
 
-    def produced_by(self, tensor: str, op_type: str, domain: str = "") -> int | None:
+    def produced_by(self, tensor: str, op_type: str) -> int | None:
+        """The index of the default-domain `op_type` node that makes `tensor`, if one does."""
         k = self.producer.get(tensor)
         if k is None or k in self.removed:
             return None
         node = self.node(k)
-        return k if node.op_type == op_type and node.domain in (domain, *_default(domain)) else None
+        return k if node.op_type == op_type and node.domain in DEFAULT_DOMAINS else None
 
     def only_reader(self, tensor: str) -> int | None:
         """The one node that reads `tensor`, if it is not also a graph output."""
@@ -65,57 +69,53 @@ class _Graph:
     def weight(self, name: str) -> np.ndarray | None:
         return self.initializers.get(name) if name else None
 
-    def add_initializer(self, name: str, value: np.ndarray) -> str:
-        self.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
-        self.initializers[name] = value
-        return name
-
-    def drop_unread(self, k: int) -> None:
-        """Remove node `k` when nothing left reads any of its outputs, then the nodes that
-        only fed it (a bias's quantization, the scales' product)."""
-        node = self.node(k)
-        if k in self.removed or any(
-            o in self.outputs or o in self.read_by_added for o in node.output
-        ):
-            return
-        if all(r in self.removed for o in node.output for r in self.readers.get(o, [])):
-            self.removed.add(k)
-            for t in node.input:
-                if t in self.producer:
-                    self.drop_unread(self.producer[t])
-
-    @property
-    def read_by_added(self) -> set[str]:
-        return {t for n in self.added for t in n.input}
+    def add_dequantized(
+        self,
+        name: str,
+        scale: np.ndarray,
+        zero: np.ndarray | None,
+        channels: tuple[int, ...],
+        axes: tuple[int, ...] | None = None,
+    ) -> str:
+        """A float initializer `(w - zero) * scale` for weight `name`, the scale and zero point
+        one for all or one per channel (`channels`: the shape they broadcast as), its axes
+        permuted by `axes` if given; its name."""
+        weight = self.initializers[name]
+        zero = np.zeros((), weight.dtype) if zero is None else zero
+        value = (weight.astype(np.float32) - _channels(zero, channels)) * _channels(scale, channels)
+        if axes is not None:
+            value = value.transpose(axes)
+        new = f"{name}_dequantized"
+        self.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), new))
+        return new
 
 
-def _default(domain: str) -> tuple[str, ...]:
-    return ("ai.onnx",) if domain == "" else ()
+def _channels(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    value = np.asarray(value, np.float32)
+    return value if value.ndim == 0 else value.reshape(shape)
 
 
 def undo_dynamic_quantization(model: onnx.ModelProto) -> int:
     """Rewrite `model` in place as the float model its dynamic quantization quantizes; the
-    number of quantized ops undone. Patterns other than the ones ORT writes stay as they are."""
+    number of float ops added. Patterns other than the ones ORT writes stay as they are."""
     g = _Graph(model.graph)
     for k, node in enumerate(model.graph.node):
-        if node.op_type in ("MatMulInteger", "ConvInteger") and node.domain in ("", "ai.onnx"):
+        default = node.domain in DEFAULT_DOMAINS
+        if default and node.op_type in ("MatMulInteger", "ConvInteger"):
             _undo_integer_op(g, k)
+        elif default and node.op_type == "DequantizeLinear":
+            _undo_gathered_table(g, k)
         elif node.domain == _CONTRIB and node.op_type == "DynamicQuantizeMatMul":
             _undo_dynamic_matmul(g, k)
         elif node.domain == _CONTRIB and node.op_type == "DynamicQuantizeLSTM":
             _undo_dynamic_lstm(g, k)
-        elif node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
-            _undo_gathered_table(g, k)
     if not g.added:
         return 0
-    kept = [detached_copy(n) for k, n in enumerate(model.graph.node) if k not in g.removed]
+    kept = [n for k, n in enumerate(model.graph.node) if k not in g.removed]
     del model.graph.node[:]
-    model.graph.node.extend(kept + g.added)
+    model.graph.node.extend([*kept, *g.added])
     toposort_nodes(model)
-    read = {t for n in model.graph.node for t in n.input} | g.outputs
-    inits = [detached_copy(t) for t in model.graph.initializer if t.name in read]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(inits)
+    prune_dead(model)
     return len(g.added)
 
 
@@ -125,20 +125,20 @@ def _undo_integer_op(g: _Graph, k: int) -> None:
     node = g.node(k)
     ins = [*node.input, "", "", "", ""][:4]
     quantize = g.produced_by(ins[0], "DynamicQuantizeLinear")
-    weight = g.weight(ins[1])
-    if quantize is None or weight is None:
+    if quantize is None or g.weight(ins[1]) is None:
         return
     dql = g.node(quantize)
     if ins[2] not in ("", dql.output[2]):
         return
+    replaced = [k]
     cast = g.only_reader(node.output[0])
-    bias, bias_chain = None, []
+    bias = None
     if cast is not None and g.node(cast).op_type == "Add":  # older ORT adds a quantized bias
         add = g.node(cast)
-        bias, bias_chain = _float_bias(g, add.input[1 if add.input[0] == node.output[0] else 0])
+        bias = _float_bias(g, add.input[1 if add.input[0] == node.output[0] else 0])
         if bias is None:
             return
-        bias_chain.insert(0, cast)
+        replaced.append(cast)
         cast = g.only_reader(add.output[0])
     if cast is None or g.node(cast).op_type != "Cast":
         return
@@ -157,14 +157,10 @@ def _undo_integer_op(g: _Graph, k: int) -> None:
     w_scale = g.weight(factors[1 - factors.index(dql.output[1])])
     if w_scale is None:
         return
-    zero = g.weight(ins[3])
-    zero = np.zeros((), weight.dtype) if zero is None else zero
     conv = node.op_type == "ConvInteger"
-    per_channel = (-1,) + (1,) * (weight.ndim - 1) if conv else (-1,)
-    dequantized = (weight.astype(np.float32) - _channels(zero, per_channel)) * _channels(
-        w_scale, per_channel
-    )
-    name = g.add_initializer(f"{ins[1]}_dequantized", dequantized)
+    rank = g.weight(ins[1]).ndim
+    channels = (-1,) + (1,) * (rank - 1) if conv else (-1,)
+    name = g.add_dequantized(ins[1], w_scale, g.weight(ins[3]), channels)
     out, label = g.node(scaled).output[0], node.name or g.node(scaled).name
     if conv:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -175,44 +171,29 @@ def _undo_integer_op(g: _Graph, k: int) -> None:
         g.added.append(helper.make_node("Add", [f"{out}_mm", bias], [out], name=f"{label}_bias"))
     else:
         g.added.append(helper.make_node("MatMul", [dql.input[0], name], [out], name=label))
-    g.removed.update((k, cast, scaled))
-    for j in (*bias_chain, scales, quantize):
-        g.drop_unread(j)
+    g.removed.update((*replaced, cast, scaled))
 
 
-def _float_bias(g: _Graph, tensor: str) -> tuple[str | None, list[int]]:
+def _float_bias(g: _Graph, tensor: str) -> str | None:
     """The float bias initializer behind an integer bias quantized at run time
-    (Reshape(Cast(Floor(Div(bias, scale))))), and those nodes, readers first."""
-    chain: list[int] = []
+    (Reshape(Cast(Floor(Div(bias, scale)))))."""
     for op in ("Reshape", "Cast", "Floor", "Div"):
         k = g.produced_by(tensor, op)
         if k is None:
-            return None, []
-        chain.append(k)
+            return None
         tensor = g.node(k).input[0]
     bias = g.weight(tensor)
-    if bias is None or bias.dtype.kind != "f" or bias.ndim != 1:
-        return None, []
-    return tensor, chain
-
-
-def _channels(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A scale or zero point per output channel (or one for all) shaped to broadcast."""
-    value = np.asarray(value, np.float32)
-    return value if value.ndim == 0 else value.reshape(shape)
+    return tensor if bias is not None and bias.dtype.kind == "f" and bias.ndim == 1 else None
 
 
 def _undo_dynamic_matmul(g: _Graph, k: int) -> None:
     """DynamicQuantizeMatMul(A, B, b_scale, b_zero_point, bias) → MatMul(A, B') (+ bias)."""
     node = g.node(k)
     ins = [*node.input, "", "", ""][:5]
-    weight, scale = g.weight(ins[1]), g.weight(ins[2])
-    if weight is None or scale is None:
+    scale = g.weight(ins[2])
+    if g.weight(ins[1]) is None or scale is None:
         return
-    zero = g.weight(ins[3])
-    zero = np.zeros((), weight.dtype) if zero is None else zero
-    dequantized = (weight.astype(np.float32) - _channels(zero, (-1,))) * _channels(scale, (-1,))
-    name = g.add_initializer(f"{ins[1]}_dequantized", dequantized)
+    name = g.add_dequantized(ins[1], scale, g.weight(ins[3]), (-1,))
     out = node.output[0]
     product = f"{out}_matmul" if ins[4] else out
     g.added.append(helper.make_node("MatMul", [ins[0], name], [product], name=node.name))
@@ -229,14 +210,13 @@ def _undo_gathered_table(g: _Graph, k: int) -> None:
     gather = g.produced_by(ins[0], "Gather")
     if gather is None or g.only_reader(ins[0]) != k:
         return
-    table, scale = g.weight(g.node(gather).input[0]), g.weight(ins[1])
-    zero = g.weight(ins[2]) if ins[2] else np.zeros((), np.int8)
-    if table is None or scale is None or zero is None or scale.ndim or np.ndim(zero):
-        return  # per-axis tables would need the axis: not what ORT writes
     source = g.node(gather)
-    name = g.add_initializer(
-        f"{source.input[0]}_dequantized", (table.astype(np.float32) - zero) * scale
-    )
+    scale, zero = g.weight(ins[1]), g.weight(ins[2])
+    if g.weight(source.input[0]) is None or scale is None or scale.ndim or np.ndim(zero):
+        return  # per-axis tables would need the axis: not what ORT writes
+    if ins[2] and zero is None:
+        return
+    name = g.add_dequantized(source.input[0], scale, zero, ())
     attrs = {a.name: helper.get_attribute_value(a) for a in source.attribute}
     g.added.append(
         helper.make_node(
@@ -253,13 +233,11 @@ def _undo_dynamic_lstm(g: _Graph, k: int) -> None:
     ins = [*node.input, *[""] * 12][:12]
     weights = []
     for value, scale, zero in ((ins[1], ins[8], ins[9]), (ins[2], ins[10], ins[11])):
-        w, s, z = g.weight(value), g.weight(scale), g.weight(zero)
+        w, s = g.weight(value), g.weight(scale)
         if w is None or s is None:
             return
-        z = np.zeros((), w.dtype) if z is None else z
-        shape = (-1, 1, 1) if np.ndim(s) == 1 else (w.shape[0], 1, -1)
-        dequantized = (w.astype(np.float32) - _channels(z, shape)) * _channels(s, shape)
-        weights.append(g.add_initializer(f"{value}_dequantized", dequantized.transpose(0, 2, 1)))
+        channels = (-1, 1, 1) if np.ndim(s) == 1 else (w.shape[0], 1, -1)
+        weights.append(g.add_dequantized(value, s, g.weight(zero), channels, axes=(0, 2, 1)))
     inputs = [ins[0], *weights, *ins[3:8]]
     while inputs and not inputs[-1]:
         inputs.pop()

@@ -31,14 +31,6 @@ SMALL_CONSTANT_ELEMENTS = 4096
 """Constants up to this size are decoded eagerly (shape vectors, axes, scalars)."""
 
 
-def detached_copy(message):
-    """A copy of a protobuf message independent of the repeated field it came from, so that a
-    graph's nodes or initializers can be cleared and refilled from such copies."""
-    copied = type(message)()
-    copied.CopyFrom(message)
-    return copied
-
-
 @cache
 def dtype_name(elem_type: int) -> str:
     """ONNX elem type → short lowercase name (`float32`, `int64`, …); cached, since placement

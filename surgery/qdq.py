@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from surgery.graph import GraphView, detached_copy
+from surgery.graph import GraphView
 
 QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
@@ -186,15 +186,14 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     quantization undone (`surgery.dynamic_quantization`), and without the quantizer's record
     (the model is no longer quantized). Rules see an operand as constant only when it is an
     initializer, and onnx-graphsurgeon's folding never folds a Dequantize."""
-    # Imported here: fold, coverage and the model loader read this module.
+    # Imported here: fold, coverage and the rule engine read this module.
     from surgery.coverage import constant_tensors
     from surgery.dynamic_quantization import undo_dynamic_quantization
     from surgery.fold import evaluate_nodes
 
     model = float_view(qdq_model)
-    graph = model.graph
     view = GraphView(model)
-    outputs = {o.name for o in graph.output}
+    outputs = {o.name for o in model.graph.output}
     _, foldable = constant_tensors(view)
     behind = _computed_constants(view, foldable)
     wanted = [
@@ -206,9 +205,9 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     names = [view.node_outputs[k][0] for k in wanted]
     values = evaluate_nodes(model, [view.nodes[j] for j in within], names) if wanted else None
     if values:
-        _replace_by_initializers(graph, values, set(within))
+        _replace_by_initializers(model, values)
     undo_dynamic_quantization(model)
-    props = [detached_copy(p) for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
+    props = [p for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     return model
@@ -234,26 +233,17 @@ def _computed_constants(view: GraphView, foldable: list[bool]) -> dict[int, set[
     return behind
 
 
-def _replace_by_initializers(
-    graph: onnx.GraphProto, values: dict[str, Any], evaluated: set[int]
-) -> None:
-    """`values` become initializers; the evaluated nodes nothing reads any more go."""
-    nodes = list(graph.node)
-    kept = [k for k, n in enumerate(nodes) if not (k in evaluated and n.output[0] in values)]
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {t for k in kept for t in nodes[k].input} | outputs
-        unread = {k for k in kept if k in evaluated and not any(o in read for o in nodes[k].output)}
-        if not unread:
-            break
-        kept = [k for k in kept if k not in unread]
-    read = {t for k in kept for t in nodes[k].input} | outputs
-    copies = [detached_copy(nodes[k]) for k in kept]
-    initializers = [detached_copy(t) for t in graph.initializer if t.name in read]
-    del graph.node[:], graph.initializer[:]
-    graph.node.extend(copies)
-    graph.initializer.extend(initializers)
+def _replace_by_initializers(model: onnx.ModelProto, values: dict[str, Any]) -> None:
+    """The nodes making `values` give way to initializers of those values; what only fed them
+    (Constant → QuantizeLinear, the int8 weights) is dead then and goes (`prune_dead`)."""
+    from surgery.edit import prune_dead
+
+    graph = model.graph
+    kept = [n for n in graph.node if not (n.output and n.output[0] in values)]
+    del graph.node[:]
+    graph.node.extend(kept)
     graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
+    prune_dead(model)
 
 
 def quantization_record(model: onnx.ModelProto) -> dict[str, Any]:
