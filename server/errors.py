@@ -22,6 +22,13 @@ from surgery.errors import SurgeryError, WorkspaceError
 
 log = logging.getLogger("server")
 
+
+class FileExistsSurgeryError(SurgeryError):
+    """A tool would replace an existing file."""
+
+    code = "file_exists"
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -50,8 +50,8 @@ class PathPolicy:
         """The real path of `raw`, or PathNotAllowedError saying why it is refused.
 
         Relative paths are taken from the first root. With `write`, the path must also end in
-        `.onnx`, must not lie in a protected folder (the workspace: versions are immutable) and
-        its parent folder must exist.
+        `.onnx` and must not lie in a protected folder (the workspace: versions are immutable);
+        missing folders on the way are allowed (`ServerState.output_path` creates them).
         """
         if not isinstance(raw, str) or not raw.strip():
             raise PathNotAllowedError("empty path")
@@ -91,11 +91,9 @@ class PathPolicy:
                     "versions are immutable",
                     hint="export to a path outside the workspace folder",
                 )
-        if not real.parent.is_dir():
-            raise PathNotAllowedError(
-                f"cannot write {raw!r}: folder {real.parent} does not exist",
-                hint="create the folder first or choose an existing one",
-            )
+        blocking = next((p for p in real.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise PathNotAllowedError(f"cannot write {raw!r}: {blocking} is a file, not a folder")
         if real.is_dir():
             raise PathNotAllowedError(f"cannot write {raw!r}: it is a folder")
 

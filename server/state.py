@@ -77,6 +77,7 @@ class ServerState:
     ) -> tuple[VersionInfo, onnx.ModelProto]:
         """A version and its shared, shape-inferred proto (do not modify it)."""
         info = self.info(name, version)
+        self.workspace.checked_path(info)
         return info, self.cache.get(info)
 
     def editable(
@@ -84,10 +85,13 @@ class ServerState:
     ) -> tuple[VersionInfo, onnx.ModelProto]:
         """A version and a fresh, shape-inferred proto the caller owns."""
         info = self.info(name, version)
-        return info, load_model(info.path)
+        return info, load_model(self.workspace.checked_path(info))
 
     def input_path(self, raw: str) -> Path:
         return self.policy.resolve(raw)
 
     def output_path(self, raw: str) -> Path:
-        return self.policy.resolve(raw, write=True)
+        """A confined path to write, with its folder created (an agent may have no shell)."""
+        dest = self.policy.resolve(raw, write=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return dest

@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 
 from surgery.coverage import CoverageReport
+from surgery.errors import WorkspaceError
 from surgery.model import load_model
 from surgery.rules.engine import RewriteResult
 from surgery.workspace import VersionInfo, Workspace, sanitize_name
@@ -34,20 +35,38 @@ def coverage_summary(cov: CoverageReport) -> dict[str, Any]:
 def import_or_reuse(
     ws: Workspace, source: str | os.PathLike, name: str | None = None
 ) -> VersionInfo:
-    """Import the file as a model (or, if that name exists, as a new version of it)."""
+    """Import the file as a model (or, if that name holds this file already, as a new version:
+    the file was edited outside)."""
     name = name or sanitize_name(Path(source).stem)
     if name in ws.list_models():
         from surgery.model import read_model
 
+        refuse_other_source(ws, name, source)
         latest = ws.latest(name)
         return ws.add_version(
             name,
             read_model(source),
             parent=latest.version,
             action="import",
-            params={"source": str(source)},
+            params={"source": str(Path(source).resolve())},
         )
     return ws.import_model(source, name)
+
+
+def refuse_other_source(ws: Workspace, name: str, source: str | os.PathLike) -> None:
+    """A WorkspaceError unless some version of `name` was imported from `source`: a new
+    version under an existing name must be that model edited, not another network that
+    happens to share its file name (two folders' model.onnx)."""
+    wanted = Path(source).resolve()
+    recorded = [v.params.get("source") for v in ws.versions(name) if v.action == "import"]
+    if any(s and Path(s).resolve() == wanted for s in recorded):
+        return
+    origin = next((s for s in recorded if s), None)
+    where = f"imported from {origin}" if origin else "not imported from a file"
+    raise WorkspaceError(
+        f"model {name!r} already exists in workspace {ws.root} ({where}); {wanted} is another file",
+        hint="pass another name to open it as a separate model",
+    )
 
 
 def open_in_workspace(
@@ -73,15 +92,18 @@ def open_in_workspace(
     if not input_shapes:
         return import_or_reuse(ws, path, name), True, validated
     if exists:
+        refuse_other_source(ws, name, path)
         params = {
-            "source": str(path),
+            "source": str(path.resolve()),
             "input_shapes": {k: list(v) for k, v in input_shapes.items()},
         }
         info = ws.add_version(
             name, validated, parent=ws.latest(name).version, action="import", params=params
         )
     else:
-        info = ws.import_model(validated, name, note=f"input shapes fixed: {dict(input_shapes)}")
+        info = ws.import_model(
+            validated, name, note=f"input shapes fixed: {dict(input_shapes)}", read_from=path
+        )
     return info, True, validated
 
 

@@ -238,6 +238,7 @@ class Workspace:
         if self.root.exists() and not self.root.is_dir():
             raise WorkspaceError(f"workspace root {self.root} is a file, not a folder")
         self.models_dir = self.root / "models"
+        self._digests: dict[tuple[str, int, int], str] = {}
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -280,18 +281,46 @@ class Workspace:
         return self._read_record(folder, name, self._resolve(folder, name, version))
 
     def path(self, name: str, version: VersionRef = "latest") -> Path:
-        """The .onnx file of a version (read it, never write it)."""
-        return self.info(name, version).path
+        """The .onnx file of a version (read it, never write it), checked against its record."""
+        return self.checked_path(self.info(name, version))
 
     def load(self, name: str, version: VersionRef = "latest") -> onnx.ModelProto:
         """A fresh ModelProto of a version (with external data); editing it changes nothing."""
         return read_model(self.path(name, version))
 
+    def checked_path(self, info: VersionInfo) -> Path:
+        """`info.path`, after checking the file still has the sha256 its record gives: versions
+        are immutable, so a file changed behind the workspace's back is an error, not a
+        silently different model. Digests are remembered per file size and mtime."""
+        path = info.path
+        if not info.sha256:
+            return path  # records older than digests
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise WorkspaceError(
+                f"{info.name} {info.id}: its file {path} is missing ({exc.strerror})"
+            ) from None
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        digest = self._digests.get(key) or _sha256(path)
+        if digest != info.sha256:
+            raise WorkspaceError(
+                f"{info.name} {info.id} was modified outside the workspace: {path} no longer "
+                "has the sha256 its history records",
+                hint="revert to another version, or import the file again under a new name",
+            )
+        self._digests[key] = digest
+        return path
+
     def diff(self, name: str, a: VersionRef, b: VersionRef = "latest") -> GraphDiff:
         """What changed from version `a` to version `b` of `name`."""
         info_a, info_b = self.info(name, a), self.info(name, b)
         return diff_models(
-            read_model(info_a.path), read_model(info_b.path), name, info_a.version, info_b.version
+            read_model(self.checked_path(info_a)),
+            read_model(self.checked_path(info_b)),
+            name,
+            info_a.version,
+            info_b.version,
         )
 
     # ------------------------------------------------------------------ writing
@@ -302,11 +331,13 @@ class Workspace:
         name: str | None = None,
         *,
         note: str = "",
+        read_from: str | os.PathLike[str] | None = None,
     ) -> VersionInfo:
         """Copy a model in as v0 of a new model name; a source file is only read.
 
         A self-contained source file is copied byte for byte, so v0 is exactly the user's file;
         a ModelProto, or a file with external data, is serialised with `save_model`.
+        `read_from` is the file a ModelProto source was made from (recorded as its source).
         """
         model = read_model(source)
         is_file = not isinstance(source, onnx.ModelProto)
@@ -314,7 +345,8 @@ class Workspace:
             stem = Path(source).stem if is_file else (model.graph.name or "model")
             name = sanitize_name(stem)
         validate_name(name)
-        params: dict[str, Any] = {"source": str(Path(source).resolve()) if is_file else None}
+        origin = source if is_file else read_from
+        params: dict[str, Any] = {"source": str(Path(origin).resolve()) if origin else None}
         copy_from = Path(source) if is_file and not _uses_external_data(Path(source)) else None
         with self._writer(name) as folder:
             existing = self._record_numbers(folder)
@@ -392,7 +424,7 @@ class Workspace:
                 name,
                 numbers[-1] + 1,
                 None,
-                copy_from=target.path,
+                copy_from=self.checked_path(target),
                 parent=numbers[-1],
                 action="revert",
                 params={"to": target.id},

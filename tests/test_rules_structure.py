@@ -146,7 +146,7 @@ def test_cut_postprocess_rule_returns_body_and_proof(tmp_path):
     assert match["proof"]["passed"] and match["proof"]["bitwise_identical"]
     assert match["post_model"] == str(post_path) and match["body_single_segment"]
     post = load_model(post_path)
-    assert result.matches[0].data["post_model"].graph.output[0].name == "output0"
+    assert result.matches[0].split_off.graph.output[0].name == "output0"
     proof = prove_cut(model, result.model, post)
     assert proof.passed and proof.bitwise
 

@@ -64,7 +64,7 @@ async def test_write_paths_are_confined(sandbox: Sandbox) -> None:
             "link.onnx": "through a symbolic link",
             ".surgery/models/cnn/v0000.onnx": "inside the workspace",
             "notes.txt": "only .onnx files",
-            "missing_folder/out.onnx": "does not exist",
+            "cnn.onnx/out.onnx": "is a file, not a folder",
         }
         for raw, words in cases.items():
             text = await call_error(
@@ -72,6 +72,39 @@ async def test_write_paths_are_confined(sandbox: Sandbox) -> None:
             )
             assert words in text, (raw, text)
     assert tree_digest(sandbox.outside) == before
+
+
+async def test_export_creates_missing_folders_inside_a_root(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "cnn.onnx"})
+        out = await call(client, "export_model", {"model": "cnn", "path": "new/sub/cnn.onnx"})
+    assert Path(out["path"]) == (sandbox.root / "new" / "sub" / "cnn.onnx").resolve()
+    assert Path(out["path"]).is_file()
+
+
+async def test_rule_file_parameters_are_confined(sandbox: Sandbox) -> None:
+    """cut-postprocess's `post` is a file the rule writes: the same policy as export_model."""
+    _escapes(sandbox)
+    before = tree_digest(sandbox.outside)
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "yolo.onnx"})
+        stored = sandbox.workspace / "models" / "yolo" / "v0000.onnx"
+        original = stored.read_bytes()
+        cases = {
+            str(sandbox.outside / "post.onnx"): "outside the allowed roots",
+            "../outside/post.onnx": "'..'",
+            "linkdir/post.onnx": "through a symbolic link",
+            ".surgery/models/yolo/v0000.onnx": "inside the workspace",
+            "yolo.onnx": "already exists",
+        }
+        for raw, words in cases.items():
+            args = {"model": "yolo", "rule": "cut-postprocess", "params": {"post": raw}}
+            text = await call_error(client, "apply_rule", args)
+            assert words in text, (raw, text)
+        assert stored.read_bytes() == original
+        versions = await call(client, "history", {"model": "yolo"})
+    assert tree_digest(sandbox.outside) == before
+    assert len(versions["versions"]) == 1  # nothing was stored by the refused calls
 
 
 def test_policy_accepts_paths_inside(tmp_path: Path) -> None:

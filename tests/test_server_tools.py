@@ -10,6 +10,8 @@ import onnx
 import pytest
 from mcp import Client
 
+from surgery import examples
+from surgery.model import save_model
 from tests.test_server_common import (  # noqa: F401  (fixtures)
     Sandbox,
     anyio_backend_fixture,
@@ -94,6 +96,34 @@ async def test_open_summary_find_inspect(sandbox: Sandbox) -> None:
         assert node["node"]["op_type"] == "Cast"
         assert node["node"]["inputs"][0]["shape"] == [1, 8, 16, 16]
         assert {n["distance"] for n in node["neighbourhood"]} == {0, 1}
+
+
+async def test_open_model_refuses_another_file_under_an_existing_name(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "cnn.onnx"})
+        text = await call_error(client, "open_model", {"path": "yolo.onnx", "name": "cnn"})
+        assert "model 'cnn' already exists" in text and "another file" in text, text
+        history = await call(client, "history", {"model": "cnn"})
+    assert len(history["versions"]) == 1
+
+
+async def test_open_model_adds_a_version_when_the_same_file_changed(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "cnn.onnx"})
+        save_model(examples.plain_cnn(), sandbox.root / "cnn.onnx")  # edited outside
+        again = await call(client, "open_model", {"path": "cnn.onnx"})
+    assert (again["model"], again["version"], again["created"]) == ("cnn", "v1", True)
+
+
+async def test_cut_postprocess_stores_the_tail_as_its_own_model(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "yolo.onnx"})
+        cut = await call(client, "apply_rule", {"model": "yolo", "rule": "cut-postprocess"})
+        assert any("'yolo_post' v0" in note for note in cut["notes"]), cut["notes"]
+        post = await call(client, "model_summary", {"model": "yolo_post"})
+        body = await call(client, "model_summary", {"model": "yolo", "version": cut["version"]})
+    assert [o["name"] for o in post["outputs"]] == ["output0"]
+    assert {i["name"] for i in post["inputs"]} == {o["name"] for o in body["outputs"]}
 
 
 async def test_check_suggest_apply_verify_history_diff_revert_export(sandbox: Sandbox) -> None:

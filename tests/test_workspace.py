@@ -134,6 +134,16 @@ def test_load_round_trips_the_stored_model(
     assert ws.load("net", 0).graph.node[0].op_type == "Relu"
 
 
+def test_a_version_changed_behind_the_workspace_is_refused(ws: Workspace, source: Path) -> None:
+    info = ws.import_model(source, "m")
+    ws.load("m", 0)
+    info.path.write_bytes(info.path.read_bytes() + b"\x00")  # a byte appended outside
+    with pytest.raises(WorkspaceError, match="modified outside the workspace"):
+        ws.load("m", 0)
+    with pytest.raises(WorkspaceError, match="modified outside the workspace"):
+        ws.revert("m", 0)
+
+
 def test_version_refs_accept_int_string_and_prefixed_forms() -> None:
     assert [parse_version(r) for r in (3, "3", "v3", "V3", " latest ")] == [3, 3, 3, 3, None]
 

@@ -89,7 +89,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
     ws = state.workspace
 
     def output_folder(raw: str) -> Path:
-        """An allowed folder outside the workspace (created if only its parent exists)."""
+        """An allowed folder outside the workspace (created, with its missing parents)."""
         folder = state.input_path(raw)
         for protected in state.policy.protected:
             if folder == protected or folder.is_relative_to(protected):
@@ -99,13 +99,10 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 )
         if folder.exists() and not folder.is_dir():
             raise PathNotAllowedError(f"{raw!r} is a file; output_dir must be a folder")
-        if not folder.exists():
-            if not folder.parent.is_dir():
-                raise PathNotAllowedError(
-                    f"cannot create {raw!r}: folder {folder.parent} does not exist",
-                    hint="create the parent folder first or choose an existing one",
-                )
-            folder.mkdir()
+        blocking = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise PathNotAllowedError(f"cannot create {raw!r}: {blocking} is a file")
+        folder.mkdir(parents=True, exist_ok=True)
         return folder
 
     def reference_path(archive: Any, model: str | None, version: VersionArg) -> Path:
@@ -440,6 +437,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from surgery.qdq import quantized_for
 
         info = ws.info(model, version)
+        ws.checked_path(info)
         folder = output_folder(output_dir)
         archive_name = name or f"{info.name}_{info.id}"
         dest = folder / f"{archive_name}{ARCHIVE_SUFFIX}"

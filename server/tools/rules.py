@@ -6,10 +6,12 @@ from typing import Annotated, Any
 
 import anyio
 import anyio.from_thread
+import onnx
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
 from server.convert import blocker_groups, cap, edit_fields
+from server.errors import FileExistsSurgeryError
 from server.models import (
     EditOut,
     FixOut,
@@ -24,7 +26,7 @@ from server.models import (
 )
 from server.state import ServerState
 from server.tools._base import register_tool
-from surgery.rules import RuleContext, all_rules
+from surgery.rules import RuleContext, all_rules, get_rule
 from surgery.rules import apply_rule as core_apply_rule
 from surgery.rules.fix import FixResult, describe_step
 from surgery.rules.fix import fix_model as core_fix_model
@@ -61,6 +63,43 @@ def _rule_matches(ctx: RuleContext) -> tuple[list[RuleMatchBrief], dict[str, lis
         found.append((0 if rule.category == "cleanup" else 1, -len(addressed), brief))
     found.sort(key=lambda t: (t[0], t[1]))
     return [b for _, _, b in found], by_blocker
+
+
+def _confined_file_params(
+    state: ServerState, rule: str, params: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """`params` with every file the rule would write checked against the allowed roots (and
+    kept out of the workspace, whose versions are immutable): a rule must not be a way around
+    export_model's path policy. An existing file is refused, as export_model refuses it."""
+    if not params:
+        return params
+    confined = dict(params)
+    for key in get_rule(rule).Params.file_outputs():
+        raw = confined.get(key)
+        if not isinstance(raw, str):
+            continue  # absent, or the wrong type: the rule's own validation names it
+        dest = state.output_path(raw)
+        if dest.exists():
+            raise FileExistsSurgeryError(
+                f"parameter {key}: {dest} already exists", hint="choose another path"
+            )
+        confined[key] = str(dest)
+    return confined
+
+
+def _store_split_off(state: ServerState, parent: VersionInfo, model: onnx.ModelProto) -> str:
+    """Keep a model a rule split off (cut-postprocess's tail) in the workspace, as
+    `<name>_post`, so later tools can verify or merge it; the note names it."""
+    name = f"{parent.name}_post"
+    note = f"split off from {parent.name} {parent.id}"
+    ws = state.workspace
+    if name in ws.list_models():
+        info = ws.add_version(
+            name, model, parent=ws.latest(name).version, action="split-off", note=note
+        )
+    else:
+        info = ws.import_model(model, name, note=note)
+    return f"the split-off model is stored as {info.name!r} {info.id} (merge_models joins it back)"
 
 
 def register(mcp: MCPServer, state: ServerState) -> None:
@@ -127,11 +166,15 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         """Apply one rule, verify the result numerically against the version it came from,
         and store it as a new version (the old one is kept). A rule that does not apply or
         fails verification is an error and nothing is stored."""
+        params = _confined_file_params(state, rule, params)
         parent, proto = state.editable(model, version)
         result = core_apply_rule(
             proto, rule, target or state.default_target, nodes=nodes, params=params
         )
         new = record_rewrite(state.workspace, parent.name, parent.version, result, params)
+        split_notes = [
+            _store_split_off(state, new, m.split_off) for m in result.matches if m.split_off
+        ]
         return EditOut(
             **edit_fields(
                 parent,
@@ -141,7 +184,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 verify=result.verification.to_dict(),
                 coverage=result.coverage_after,
                 segments_before=result.coverage_before.mla_segments,
-                notes=[f"{len(result.matches)} match(es) rewritten", *result.notes],
+                notes=[f"{len(result.matches)} match(es) rewritten", *result.notes, *split_notes],
             )
         )
 

@@ -8,6 +8,7 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import Field
 
 from server.convert import cap, edit_fields, page, version_out
+from server.errors import FileExistsSurgeryError
 from server.models import (
     DiffOut,
     EditOut,
@@ -27,15 +28,11 @@ from server.paths import sha256_file
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.check import check_model as core_check_model
-from surgery.errors import SurgeryError, VerifyError
+from surgery.errors import VerifyError
 from surgery.model import PROTOBUF_LIMIT, model_nbytes, save_model
 from surgery.verify import verify_models as core_verify_models
 
 MAX_OUTPUTS = 20
-
-
-class FileExistsSurgeryError(SurgeryError):
-    code = "file_exists"
 
 
 def register(mcp: MCPServer, state: ServerState) -> None:

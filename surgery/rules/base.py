@@ -30,10 +30,25 @@ Exactness = Literal["exact", "approximate"]
 Category = Literal["cleanup", "rank", "replace", "structure", "placement"]
 
 
+WRITES_FILE: dict[str, Any] = {"writes_file": True}
+"""`json_schema_extra` of a parameter that names a file the rule writes: callers that confine
+paths (the MCP server) check such parameters before the rule runs."""
+
+
 class RuleParams(BaseModel):
     """Parameters of a rule (none by default). Subclass per rule; unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def file_outputs(cls) -> list[str]:
+        """Names of the parameters marked WRITES_FILE."""
+        return [
+            name
+            for name, info in cls.model_fields.items()
+            if isinstance(info.json_schema_extra, dict)
+            and info.json_schema_extra.get("writes_file")
+        ]
 
 
 @dataclass
@@ -49,6 +64,9 @@ class Match:
     """Blocker nodes (from coverage) whose reason this match removes."""
     data: dict[str, Any] = field(default_factory=dict)
     """Private to the rule: whatever `apply` needs from `find`."""
+    split_off: onnx.ModelProto | None = None
+    """A model the rewrite splits off beside the rewritten one (cut-postprocess's tail), for
+    callers that keep it (the MCP server stores it in the workspace)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -31,7 +31,7 @@ from surgery.coverage import PLACEMENT_METADATA_KEY, CoverageReport, Segment, an
 from surgery.errors import SurgeryError
 from surgery.model import load_model, save_model
 from surgery.rules import graph_edit
-from surgery.rules.base import Match, Rule, RuleContext, RuleParams
+from surgery.rules.base import WRITES_FILE, Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleFailedError
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.registry import register
@@ -401,7 +401,8 @@ class CutParams(RuleParams):
     post: str | None = Field(
         None,
         description="Write the post-processing model to this path (it is also kept in "
-        "the match as `post_model`).",
+        "the match as `split_off`).",
+        json_schema_extra=WRITES_FILE,
     )
     max_island_fraction: float = Field(
         MAX_ISLAND_FRACTION,
@@ -474,7 +475,8 @@ class CutPostprocess(Rule):
             raise RuleFailedError(f"rule {self.name!r}: {exc.message}") from None
         if params.post:
             report.post_path = str(save_model(post, Path(params.post)))
-        match.data.update(post_model=post, report=report)
+        match.split_off = post
+        match.data["report"] = report
         tensors = graph.tensors()
         graph.outputs = [tensors[t] for t in plan.cut]
         return [match]
