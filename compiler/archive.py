@@ -50,6 +50,22 @@ def model_checksum(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def check_compiled_from(
+    manifest: Mapping[str, Any], path: Path, label: str = "", hint: str | None = None
+) -> None:
+    """ArchiveError unless the file at `path` is the model the archive was compiled from
+    (its recorded checksum): a bit-exact comparison against any other model is no evidence
+    about the compiled program, in either direction."""
+    if model_checksum(path.read_bytes()) == manifest.get("model_checksum"):
+        return
+    recorded = manifest.get("model_path") or "its recorded model_path"
+    raise ArchiveError(
+        f"{label or path} is not the model this archive was compiled from (checksum differs; "
+        f"it was compiled from {recorded})",
+        hint=hint or "compare against the QDQ model the archive was compiled from",
+    )
+
+
 def executable_name(model: str, sequence: int, stage: PipelineStage) -> str | None:
     """File of a plugin inside the archive (None for built-in CVU kernels)."""
     if stage.processor == "MLA":

@@ -109,7 +109,7 @@ def compile_model(
         path = Path(qdq_model)
         model = read_model(path)
         data = path.read_bytes()
-        model_path = str(path)
+        model_path = str(path.resolve())  # run --compare-reference finds it from any folder
         default_name = path.name.removesuffix(".onnx")
     target, notes = _resolve_target(model, target)
     notes += _check_quantized(model, model_path, target)

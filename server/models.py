@@ -194,10 +194,8 @@ class BlockerGroup(Out):
     count: int
     op_types: list[str]
     nodes: list[str] = Field(description="Up to `group_nodes` node names of this group.")
-    suggested_rules: list[str]
-    matching_rules: list[str] = Field(
-        default_factory=list,
-        description="Rules whose find() matches a node of this group (suggest_rules only).",
+    suggested_rules: list[str] = Field(
+        description="Rules with a match that removes a blocker of this group (apply_rule them)."
     )
 
 
@@ -298,6 +296,9 @@ class SuggestOut(Out):
     )
     unaddressed_blockers: int = Field(description="Blockers no rule currently matches.")
     next_step: str
+    notes: list[str] = Field(
+        default_factory=list, description="E.g. that a quantized model is rewritten as float."
+    )
 
 
 # --------------------------------------------------------------------------- edits

@@ -116,6 +116,16 @@ def test_errors_exit_two(tmp_path, compiled) -> None:
     assert no_model.exit_code == 2
 
 
+def test_run_refuses_a_reference_that_is_not_the_compiled_model(tmp_path, compiled) -> None:
+    """A bit-exact comparison against another model would be a false diagnosis."""
+    _, data = compiled
+    other = tmp_path / "other.onnx"
+    onnx.save(load_example("plain_cnn"), other)
+    result = _run("run", data["archive"], "--compare-reference", "--model", other)
+    assert result.exit_code == 2
+    assert "is not the model this archive was compiled from" in result.output
+
+
 def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
     _, data = compiled
     empty = tmp_path / "empty.npz"

@@ -45,8 +45,12 @@ def _activation_pair(tensor: str) -> list[onnx.NodeProto]:
     ]
 
 
-@pytest.fixture
-def qdq_linear() -> onnx.ModelProto:
+@pytest.fixture(name="qdq_linear")
+def qdq_linear_fixture() -> onnx.ModelProto:
+    return qdq_linear_model()
+
+
+def qdq_linear_model() -> onnx.ModelProto:
     """A transformer's linear layer on rank-3 tokens, quantized as ONNX Runtime writes it:
     x → Q/DQ → MatMul(DQ(int8 weight)) → Add(bias) → Relu → Q/DQ → y. Opset 13, whose
     DequantizeLinear ONNX's reference evaluator cannot run."""

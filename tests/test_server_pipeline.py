@@ -227,24 +227,29 @@ async def test_compile_refuses_float_outside_workspace_and_overwrite(sandbox: Sa
         assert other["archive"].endswith("again_mpk.tar.gz") and other["elf_count"] == 1
 
 
+def ran_args(compiled: dict, name: str) -> dict:
+    """run_archive on in.npz, compared with the workspace model `name` (latest)."""
+    return {
+        "archive": compiled["archive"],
+        "inputs": "in.npz",
+        "compare_reference": True,
+        "reference_model": name,
+    }
+
+
 async def test_run_archive_with_npz_inputs_and_workspace_reference(sandbox: Sandbox) -> None:
     async with Client(sandbox.server()) as client:
         name, _ = await _quantized(client, sandbox)
         compiled = await call(client, "compile_model", {"model": name, "output_dir": "out"})
         rng = np.random.default_rng(3)
         np.savez(sandbox.root / "in.npz", images=rng.random((2, 3, 64, 64), dtype=np.float32))
-        ran = await call(
-            client,
-            "run_archive",
-            {
-                "archive": compiled["archive"],
-                "inputs": "in.npz",
-                "compare_reference": True,
-                "reference_model": name,
-            },
-        )
+        ran = await call(client, "run_archive", ran_args(compiled, name))
         assert ran["frames"] == 2 and ran["bit_exact"] is True
         assert ran["outputs"][0]["shape"][0] == 2
+        wrong = {**ran_args(compiled, name), "reference_version": "v1"}  # the float model
+        text = await call_error(client, "run_archive", wrong)
+        assert "is not the model this archive was compiled from" in text
+        assert f"reference_version={compiled['version']!r}" in text, text
         plain = await call(client, "run_archive", {"archive": compiled["archive"], "seed": 1})
         assert plain["bit_exact"] is None and plain["outputs"][0]["bit_exact"] is None
         shutil.copy(sandbox.outside / "notes.txt", sandbox.outside / "in.npz")

@@ -3,6 +3,7 @@ progress, resources, the prompt, and clear errors."""
 
 from __future__ import annotations
 
+import shutil
 from importlib.util import find_spec
 
 import anyio
@@ -12,6 +13,8 @@ from mcp import Client
 
 from surgery import examples
 from surgery.model import save_model
+from tests.conftest import shared_model
+from tests.test_fix_qdq import qdq_linear_model
 from tests.test_server_common import (  # noqa: F401  (fixtures)
     Sandbox,
     anyio_backend_fixture,
@@ -115,6 +118,34 @@ async def test_open_model_adds_a_version_when_the_same_file_changed(sandbox: San
     assert (again["model"], again["version"], again["created"]) == ("cnn", "v1", True)
 
 
+def _group_counts(result: dict) -> list[tuple[str, int]]:
+    return sorted((g["code"], g["count"]) for g in result["blocker_groups"])
+
+
+async def test_suggest_rules_counts_what_check_model_counts(sandbox: Sandbox) -> None:
+    """bert_tiny's shapes wait for folding: both tools read them folded (suggest_rules used
+    to report dynamic-shape blockers that check_model does not)."""
+    shutil.copy(shared_model("bert_tiny"), sandbox.root / "bert.onnx")
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "bert.onnx"})
+        check = await call(client, "check_model", {"model": "bert"})
+        suggest = await call(client, "suggest_rules", {"model": "bert"})
+    assert suggest["mla_segments"] == check["mla_segments"]
+    assert _group_counts(suggest) == _group_counts(check)
+    assert not any(g["code"] == "dynamic_shape" for g in suggest["blocker_groups"])
+
+
+async def test_suggest_rules_on_a_quantized_model_reads_its_float_model(sandbox: Sandbox) -> None:
+    save_model(qdq_linear_model(), sandbox.root / "qdq.onnx")
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "qdq.onnx"})
+        check = await call(client, "check_model", {"model": "qdq"})
+        suggest = await call(client, "suggest_rules", {"model": "qdq"})
+    assert suggest["mla_segments"] == check["mla_segments"]
+    assert not any("QuantizeLinear" in g["op_types"] for g in suggest["blocker_groups"])
+    assert suggest["notes"] and "quantize" in suggest["notes"][0]
+
+
 async def test_cut_postprocess_stores_the_tail_as_its_own_model(sandbox: Sandbox) -> None:
     async with Client(sandbox.server()) as client:
         await call(client, "open_model", {"path": "yolo.onnx"})
@@ -138,7 +169,7 @@ async def test_check_suggest_apply_verify_history_diff_revert_export(sandbox: Sa
         suggest = await call(client, "suggest_rules", {"model": "cnn"})
         assert suggest["rules"][0]["rule"] == "remove-identity"
         assert suggest["rules"][0]["blockers_removed"] == 1
-        assert suggest["blocker_groups"][0]["matching_rules"] == ["remove-identity"]
+        assert suggest["blocker_groups"][0]["suggested_rules"] == ["remove-identity"]
         assert suggest["unaddressed_blockers"] == 0
 
         applied = await call(client, "apply_rule", {"model": "cnn", "rule": "remove-identity"})

@@ -276,8 +276,9 @@ def _load_inputs(path: Path) -> dict[str, np.ndarray]:
 
 
 def _reference_model(opened, model: Path | None) -> onnx.ModelProto:
-    """The QDQ model the archive was compiled from (checked by its checksum), or `model`."""
-    from compiler.archive import model_checksum
+    """The QDQ model the archive was compiled from (`model`, or the path the archive records),
+    checked by its checksum."""
+    from compiler.archive import check_compiled_from
     from surgery.model import read_model
 
     document = opened.manifest
@@ -287,11 +288,7 @@ def _reference_model(opened, model: Path | None) -> onnx.ModelProto:
             f"--compare-reference needs the QDQ model; {str(path)!r} is not a file",
             hint="pass it with --model PATH",
         )
-    if model is None and model_checksum(path.read_bytes()) != document.get("model_checksum"):
-        raise SurgeryError(
-            f"{path} changed since the archive was compiled (checksum differs)",
-            hint="pass the compiled model with --model PATH",
-        )
+    check_compiled_from(document, path)
     return read_model(path)
 
 

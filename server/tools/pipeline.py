@@ -108,10 +108,16 @@ def register(mcp: MCPServer, state: ServerState) -> None:
     def reference_path(archive: Any, model: str | None, version: VersionArg) -> Path:
         """The QDQ model for the bit-exact comparison: a workspace version when named, else
         the model_path the archive records, if the server may read it and it is unchanged."""
-        from compiler.archive import model_checksum
+        from compiler.archive import check_compiled_from
 
         if model is not None:
-            return ws.info(model, version).path
+            info = ws.info(model, version)
+            checksum = archive.manifest.get("model_checksum")
+            compiled = [v.id for v in ws.versions(info.name) if f"sha256:{v.sha256}" == checksum]
+            hint = f"pass reference_version={compiled[-1]!r}" if compiled else None
+            path = ws.checked_path(info)
+            check_compiled_from(archive.manifest, path, f"{info.name} {info.id}", hint)
+            return path
         recorded = str(archive.manifest.get("model_path") or "")
         if not recorded or not Path(recorded).is_file():
             raise SurgeryError(
@@ -121,11 +127,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         path = Path(recorded).resolve()
         if not path.is_relative_to(ws.root.resolve()):
             path = state.input_path(recorded)  # refuses paths outside the allowed roots
-        if model_checksum(path.read_bytes()) != archive.manifest.get("model_checksum"):
-            raise SurgeryError(
-                f"{path} changed since the archive was compiled (checksum differs)",
-                hint="pass the compiled QDQ version as reference_model (+ reference_version)",
-            )
+        check_compiled_from(archive.manifest, path)
         return path
 
     @register_tool(mcp, title="Quantize a model", read_only=False, idempotent=False)

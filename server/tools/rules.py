@@ -26,6 +26,10 @@ from server.models import (
 )
 from server.state import ServerState
 from server.tools._base import register_tool
+from surgery.fold import coverage_as_compiled
+from surgery.graph import GraphView
+from surgery.model import load_model
+from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules import RuleContext, all_rules, get_rule
 from surgery.rules import apply_rule as core_apply_rule
 from surgery.rules.fix import FixResult, describe_step
@@ -33,6 +37,7 @@ from surgery.rules.fix import fix_model as core_fix_model
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.suggest import rule_matches
 from surgery.session import coverage_summary, record_rewrite
+from surgery.targets import resolve_target
 from surgery.verify import verify_models
 from surgery.workspace import VersionInfo
 
@@ -124,13 +129,21 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         every rule that applies now (most blockers removed first). Apply one with apply_rule,
         or let fix_model choose."""
         info, proto = state.read_only(model, version)
-        ctx = RuleContext.build(with_unique_node_names(proto), target or state.default_target)
+        tgt = resolve_target(target or state.default_target)
+        notes: list[str] = []
+        if is_quantized(GraphView(proto)):  # the model apply_rule and fix_model rewrite
+            proto = load_model(float_model(proto))
+            notes.append(REWRITTEN_AS_FLOAT_NOTE)
+        named = with_unique_node_names(proto)
+        ctx = RuleContext.build(named, tgt)
         rules, by_blocker = _rule_matches(ctx)
-        groups = blocker_groups(ctx.coverage)
-        for group, raw in zip(groups, ctx.coverage.blocker_groups(), strict=True):
-            group.matching_rules = sorted({r for n in raw["nodes"] for r in by_blocker.get(n, [])})
-        unaddressed = len(ctx.blocker_names - set(by_blocker))
-        cov = ctx.coverage
+        # The segments and blockers as check_model counts them (shapes that wait for folding
+        # are read folded); the rules are found on the model as the rules see it.
+        cov = coverage_as_compiled(named, ctx.coverage, tgt, [n.name for n in named.graph.node])
+        groups = blocker_groups(cov)
+        for group, raw in zip(groups, cov.blocker_groups(), strict=True):
+            group.suggested_rules = sorted({r for n in raw["nodes"] for r in by_blocker.get(n, [])})
+        unaddressed = len(cov.blocker_names - set(by_blocker))
         if cov.single_elf and not cov.blockers:
             advice = "already one MLA segment with no blockers: verify, then quantize and compile"
         elif rules:
@@ -150,6 +163,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             rules=rules,
             unaddressed_blockers=unaddressed,
             next_step=advice,
+            notes=notes,
         )
 
     @register_tool(mcp, title="Apply a rule", read_only=False, idempotent=False)
