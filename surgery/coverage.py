@@ -229,11 +229,15 @@ class CoverageReport:
 
 
 _QUOTED = re.compile(r" \(?'[^']*'\)?")
+_DYNAMIC_SHAPE = re.compile(r"(dynamic shape) \[[^\]]*\]")
 
 
 def _generic(message: str) -> str:
-    """Strip tensor names from a reason so identical reasons group together."""
-    return _QUOTED.sub("", message) if "'" in message else message
+    """Strip tensor names (reasons quote them, and only them) and dynamic shapes from a reason,
+    so one cause is one group: every tensor with a dynamic height is one "dynamic shape"."""
+    if "'" in message:
+        message = _QUOTED.sub("", message)
+    return _DYNAMIC_SHAPE.sub(r"\1", message) if "dynamic shape" in message else message
 
 
 RuleSuggester = Callable[
@@ -415,7 +419,7 @@ class NodePlacer:
         elif not placeable_domain(domain, op_type):
             reason = Reason(
                 "custom_op",
-                f"{op_type} is a custom op (domain {domain!r}); it runs on the APU",
+                f"{op_type} is a custom op (domain {domain}); it runs on the APU",
             )
             processor, reasons, precisions = "APU", [reason], ()
         else:

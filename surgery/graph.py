@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache, cached_property
 
 import numpy as np
@@ -95,6 +95,14 @@ class TensorInfo:
             "dtype": self.dtype,
             "shape": list(self.shape) if self.shape is not None else None,
         }
+
+
+def shape_text(shape: Sequence[Dim] | None) -> str:
+    """A shape as people write it: [batch, 3, h, w], `?` for an unnamed dynamic dim (no
+    Python quotes: reason texts quote only tensor names)."""
+    if shape is None:
+        return "[unknown rank]"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def shape_from_type(tp: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None]:

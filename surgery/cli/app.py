@@ -7,6 +7,7 @@ line on stderr and exit 2; a command's own verdict (e.g. "not a single segment")
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -26,8 +27,21 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 160
+"""Line width when output goes to a pipe or file (agents, CI logs), where rich would assume 80
+columns and wrap node names and tables; a terminal's own width, or COLUMNS, still wins."""
+
+
+def _console(stderr: bool) -> Console:
+    """A console that writes to whatever sys.stdout/stderr is at the time (test runners swap
+    them), as wide as PIPE_WIDTH when that is not a terminal."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPE_WIDTH if wide else None)
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 
 EXIT_OK, EXIT_VERDICT, EXIT_ERROR = 0, 1, 2
 

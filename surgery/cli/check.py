@@ -11,6 +11,7 @@ from surgery.check import check_model
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
 from surgery.coverage import CoverageReport
+from surgery.graph import shape_text
 from surgery.model import parse_input_shapes
 
 
@@ -66,8 +67,11 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
         table.add_row("[dim]folded[/]", f"[dim]{folded}[/]", "[dim]0[/]", "[dim]-[/]")
     console.print(table)
     if report.dynamic_inputs:
-        dims = ", ".join(f"{k}={v}" for k, v in report.dynamic_inputs.items())
-        console.print(f"[yellow]dynamic inputs:[/] {dims} — fix them with --input-shape NAME=DIMS")
+        dims = ", ".join(f"{k}={shape_text(v)}" for k, v in report.dynamic_inputs.items())
+        console.print(
+            f"[yellow]dynamic inputs:[/] {dims} — fix them with --input-shape NAME=DIMS",
+            highlight=False,
+        )
     for seg in report.segments:
         ins = ", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else "")
         outs = ", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else "")

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from surgery.cli.app import app, console, emit_json, handle_errors
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
+from surgery.graph import shape_text
 from surgery.model import load_model, parse_input_shapes
 from surgery.query import find_nodes, inspect_node, neighbourhood
 from surgery.summary import summarize
@@ -68,8 +69,10 @@ def _render_summary(label: str, s: dict) -> None:
     ops = ", ".join(f"{k} {v}" for k, v in list(s["op_histogram"].items())[:20])
     console.print(f"ops: {ops}", highlight=False)
     if s["dynamic_dims"]:
+        dims = ", ".join(f"{k}={shape_text(v)}" for k, v in s["dynamic_dims"].items())
         console.print(
-            f"[yellow]dynamic inputs:[/] {s['dynamic_dims']} — fix with --input-shape NAME=DIMS"
+            f"[yellow]dynamic inputs:[/] {dims} — fix with --input-shape NAME=DIMS",
+            highlight=False,
         )
     if s["custom_domains"]:
         console.print(f"custom domains: {', '.join(s['custom_domains'])}")

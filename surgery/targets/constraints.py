@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from surgery.graph import FLOAT_TYPES, GraphView, TensorInfo, attribute_value, dtype_name
+from surgery.graph import (
+    FLOAT_TYPES,
+    GraphView,
+    TensorInfo,
+    attribute_value,
+    dtype_name,
+    shape_text,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +214,7 @@ def check_static_shape(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
         if t.shape is not None and not t.is_static:
             return Reason(
                 "dynamic_shape",
-                f"{role} {t.name!r} has dynamic shape {list(t.shape)}; the {ctx.processor} "
+                f"{role} {t.name!r} has dynamic shape {shape_text(t.shape)}; the {ctx.processor} "
                 "needs static shapes (use --input-shape)",
                 ctx.processor,
             )
@@ -229,7 +236,7 @@ def check_attr_in(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if value not in p["values"]:
         return Reason(
             "attribute",
-            f"attribute {p['attr']}={value!r} is not supported on the {ctx.processor} (allowed: {_fmt(p['values'])})",
+            f"attribute {p['attr']}={value} is not supported on the {ctx.processor} (allowed: {_fmt(p['values'])})",
             ctx.processor,
         )
     return None
@@ -336,7 +343,7 @@ def check_vector_input(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if t is not None and t.shape is not None and sum(1 for d in t.shape if d != 1) > 1:
         return Reason(
             "shape",
-            f"input {p['index']} ({t.name!r}) has shape {list(t.shape)}; the {ctx.processor} needs a 1-D vector",
+            f"input {p['index']} ({t.name!r}) has shape {shape_text(t.shape)}; the {ctx.processor} needs a 1-D vector",
             ctx.processor,
         )
     return None
@@ -560,7 +567,7 @@ def check_pad(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if mode != "constant":
         return Reason(
             "attribute",
-            f"pad mode {mode!r}; the {ctx.processor} pads with constant zeros only",
+            f"pad mode {mode}; the {ctx.processor} pads with constant zeros only",
             ctx.processor,
         )
     pads = ctx.input_value(1) if len(ctx.input_names) > 1 else np.array(ctx.attr("pads", []))
@@ -620,7 +627,7 @@ def check_resize(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if mode not in p["modes"]:
         return Reason(
             "attribute",
-            f"resize mode {mode!r}; the {ctx.processor} supports {_fmt(p['modes'])}",
+            f"resize mode {mode}; the {ctx.processor} supports {_fmt(p['modes'])}",
             ctx.processor,
         )
     ctm = ctx.attr("coordinate_transformation_mode", "half_pixel")
@@ -682,7 +689,7 @@ def check_einsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     if "->" not in eq or len(ctx.input_names) != 2 or "..." in eq:
         return Reason(
             "attribute",
-            f"einsum {eq!r}: the {ctx.processor} needs two inputs and an explicit output",
+            f"einsum {eq}: the {ctx.processor} needs two inputs and an explicit output",
             ctx.processor,
         )
     lhs, out = eq.split("->")
@@ -690,20 +697,20 @@ def check_einsum(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     for t in terms:
         if len(set(t)) != len(t):
             return Reason(
-                "attribute", f"einsum {eq!r} repeats an index within one tensor", ctx.processor
+                "attribute", f"einsum {eq} repeats an index within one tensor", ctx.processor
             )
     for idx in set("".join(terms)):
         if sum(idx in t for t in terms) < 2:
             return Reason(
                 "attribute",
-                f"einsum {eq!r}: index {idx!r} appears in only one tensor",
+                f"einsum {eq}: index {idx} appears in only one tensor",
                 ctx.processor,
             )
     constant = (ctx.input_is_constant(0), ctx.input_is_constant(1))
     if not _contracted_as_one_axis(terms[0], terms[1], out, *constant):
         return Reason(
             "attribute",
-            f"einsum {eq!r}: the summed indices are not one run of axes in the same order in "
+            f"einsum {eq}: the summed indices are not one run of axes in the same order in "
             "both operands (the product would need a copy, not a view)",
             ctx.processor,
         )
