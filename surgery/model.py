@@ -618,6 +618,25 @@ _CHECK_MARGIN = 2**26
 """Room under the protobuf limit for what `model_nbytes` does not count (names, value infos)."""
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_current_umask()
+"""The mode open() gives a new file (read at import, while there is one thread)."""
+
+
+def temp_file_beside(path: Path) -> tuple[int, str]:
+    """A temporary file in `path`'s folder, to be renamed over `path`, with the mode a plain
+    open() would give: mkstemp's 0600 would leave every model written unreadable to the
+    other users, containers and CI steps that share it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, _FILE_MODE)
+    return fd, tmp
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,
@@ -632,7 +651,7 @@ def save_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data is None:
         external_data = model_nbytes(model) > PROTOBUF_LIMIT - 64 * 2**20
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     os.close(fd)
     data_name = f"{path.name}.data"
     tmp_data = path.parent / f".{data_name}.tmp"

@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 
 from surgery.errors import ShapeError, SurgeryError, VerifyError, first_line
+from surgery.graph import shape_from_type, shape_text
 from surgery.model import (
     PROTOBUF_LIMIT,
     load_model,
@@ -164,8 +165,11 @@ def generate_inputs(specs: Iterable[InputSpec], seed: int = 0) -> dict[str, np.n
     return arrays
 
 
-def load_inputs(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """User inputs from a mapping or an `.npz` file whose keys are input names."""
+def load_inputs(
+    source: str | os.PathLike | Mapping[str, Any], input_names: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """User inputs from a mapping, an `.npz` file whose keys are input names, or an `.npy`
+    holding the one input of a model whose only input is `input_names[0]`."""
     if isinstance(source, Mapping):
         return {str(k): np.asarray(v) for k, v in source.items()}
     path = Path(source)
@@ -174,10 +178,69 @@ def load_inputs(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.n
             f"{path}: inputs file not found", hint="pass an .npz file keyed by input name"
         )
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: np.asarray(data[k]) for k in data.files}
+        loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise VerifyError(f"{path}: not a readable .npz file ({first_line(exc)})") from None
+    if isinstance(loaded, np.ndarray):  # a .npy: one array, no name
+        if len(input_names) != 1:
+            raise VerifyError(
+                f"{path} is a .npy (one array without a name), but the model takes "
+                f"{len(input_names)} inputs",
+                hint="pass an .npz keyed by input name (numpy.savez(path, name=array, ...))",
+            )
+        return {input_names[0]: loaded}
+    with loaded as data:
+        return {k: np.asarray(data[k]) for k in data.files}
+
+
+def check_user_inputs(
+    model: onnx.ModelProto, given: Mapping[str, np.ndarray], notes: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """`given` checked against the model's inputs (every input present, shapes matching the
+    declared dims, finite floats) and cast to the declared dtypes; casts and ignored arrays
+    are noted. A mismatch is a VerifyError that names the input, not ONNX Runtime's message."""
+    notes = notes if notes is not None else []
+    declared = _shaped_inputs(model, {})
+    missing = [vi.name for vi in declared if vi.name not in given]
+    if missing:
+        raise VerifyError(
+            f"the inputs file lacks the model's input(s) {', '.join(map(repr, missing))}",
+            hint=f"it has: {', '.join(given) or '(nothing)'}",
+        )
+    extra = sorted(set(given) - {vi.name for vi in declared})
+    if extra:
+        notes.append(f"ignored supplied arrays that are not model inputs: {', '.join(extra)}")
+    feed = {}
+    for vi in declared:
+        value = np.asarray(given[vi.name])
+        _check_shape(vi, value)
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise VerifyError(f"input {vi.name!r} holds NaN or infinite values")
+        dtype = _np_dtype(vi.type.tensor_type.elem_type, vi.name)
+        if value.dtype != dtype:
+            notes.append(f"input {vi.name!r} cast from {value.dtype} to {dtype}")
+            value = value.astype(dtype)
+        feed[vi.name] = value
+    return feed
+
+
+def model_input_names(model: onnx.ModelProto) -> list[str]:
+    """The inputs a caller feeds (graph inputs that are not initializers)."""
+    return [vi.name for vi in _shaped_inputs(model, {})]
+
+
+def _check_shape(vi: onnx.ValueInfoProto, value: np.ndarray) -> None:
+    _, declared = shape_from_type(vi.type)
+    if declared is None:
+        return
+    fits = len(declared) == value.ndim and all(
+        not isinstance(d, int) or d == n for d, n in zip(declared, value.shape, strict=False)
+    )
+    if not fits:
+        raise VerifyError(
+            f"input {vi.name!r} has shape {list(value.shape)}; the model takes "
+            f"{shape_text(declared)}"
+        )
 
 
 def _shaped_inputs(
@@ -705,7 +768,9 @@ def verify_models(
     notes: list[str] = []
     specs: list[InputSpec] = []
     if inputs is not None:
-        trials = [_user_inputs(proto_a, load_inputs(inputs), notes)]
+        trials = [
+            check_user_inputs(proto_a, load_inputs(inputs, model_input_names(proto_a)), notes)
+        ]
         if input_shapes:
             notes.append("input shapes come from the supplied inputs; --input-shape was ignored")
         if samples > 1:
@@ -774,31 +839,6 @@ def _load(source: ModelSource, which: str) -> onnx.ModelProto:
         return load_model(source, infer_shapes=False)
     except SurgeryError as exc:
         raise VerifyError(f"model {which}: {exc.message}", hint=exc.hint) from exc
-
-
-def _user_inputs(
-    model: onnx.ModelProto, given: Mapping[str, np.ndarray], notes: list[str]
-) -> dict[str, np.ndarray]:
-    """Check user inputs against A's signature and cast them to the declared dtypes."""
-    declared = _shaped_inputs(model, {})
-    missing = [vi.name for vi in declared if vi.name not in given]
-    if missing:
-        raise VerifyError(
-            f"the inputs file lacks model A's input(s) {', '.join(map(repr, missing))}",
-            hint=f"it has: {', '.join(given) or '(nothing)'}",
-        )
-    extra = sorted(set(given) - {vi.name for vi in declared})
-    if extra:
-        notes.append(f"ignored supplied arrays that are not model inputs: {', '.join(extra)}")
-    feed = {}
-    for vi in declared:
-        value = given[vi.name]
-        dtype = _np_dtype(vi.type.tensor_type.elem_type, vi.name)
-        if value.dtype != dtype:
-            notes.append(f"input {vi.name!r} cast from {value.dtype} to {dtype}")
-            value = value.astype(dtype)
-        feed[vi.name] = value
-    return feed
 
 
 def _check_b_inputs(
@@ -892,6 +932,8 @@ __all__ = [
     "compare_arrays",
     "generate_inputs",
     "input_specs",
+    "check_user_inputs",
+    "model_input_names",
     "load_inputs",
     "make_inputs",
     "match_outputs",

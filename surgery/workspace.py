@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -39,7 +38,7 @@ import onnx
 from onnx import numpy_helper
 
 from surgery.errors import WorkspaceError
-from surgery.model import read_model, save_model
+from surgery.model import read_model, save_model, temp_file_beside
 
 try:
     import fcntl
@@ -764,7 +763,7 @@ def _json_default(obj: Any) -> Any:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename: readers see the old state or the new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -779,7 +778,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    fd, tmp = temp_file_beside(dst)
     try:
         with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
             shutil.copyfileobj(inp, out, 1 << 20)

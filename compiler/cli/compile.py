@@ -228,9 +228,14 @@ def run_command(
     from compiler.archive import read_archive
     from compiler.runtime.compare import compare_with_reference, random_inputs
     from compiler.runtime.pipeline import run_archive
+    from surgery.verify import load_inputs
 
     opened = read_archive(archive)
-    feed = _load_inputs(inputs) if inputs else random_inputs(opened.manifest, frames, seed)
+    feed = (
+        load_inputs(inputs, [node["name"] for node in opened.manifest["input_nodes"]])
+        if inputs
+        else random_inputs(opened.manifest, frames, seed)
+    )
     qdq_model = _reference_model(opened, model) if compare_reference else None
     try:
         outputs, stats = run_archive(opened, feed, keep_tensors=compare_reference)
@@ -265,14 +270,6 @@ def run_command(
         raise typer.Exit(code)
     _render_run(report, compare_reference)
     raise typer.Exit(code)
-
-
-def _load_inputs(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path) as data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError) as error:
-        raise SurgeryError(f"{path}: not a readable .npz ({error})") from None
 
 
 def _reference_model(opened, model: Path | None) -> onnx.ModelProto:

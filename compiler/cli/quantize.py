@@ -21,7 +21,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from surgery.cli.app import EXIT_OK, app, console, emit_json, err_console, handle_errors
+from surgery.cli.app import (
+    EXIT_OK,
+    app,
+    console,
+    emit_json,
+    err_console,
+    handle_errors,
+    refuse_overwrite,
+)
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
 from surgery.model import parse_input_shapes
@@ -238,6 +246,8 @@ def quantize_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Quantize MODEL post-training to QDQ ONNX and report output SQNR on held-out samples."""
+    out_path = output or model_path.with_name(f"{model_path.stem}_quant.onnx")
+    refuse_overwrite(out_path, model_path)
     from compiler.api import load_model
     from compiler.quantize import load_calibration_data
     from compiler.quantize.advice import low_sqnr_advice
@@ -281,7 +291,6 @@ def quantize_command(
             model = Model(q.model, q.target, net.name, q.params, q.report)
         else:
             model = net.quantize(calib_data, params, progress=progress)
-    out_path = output or model_path.with_name(f"{model_path.stem}_quant.onnx")
     # Evaluate first: a model ONNX Runtime rejects is reported, not written.
     errors = _evaluate(net, model, held) if len(held.rows) else {}
     save_model(model.qdq_model, out_path)

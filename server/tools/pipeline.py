@@ -77,14 +77,6 @@ def _stat(values: np.ndarray, fn: Any) -> float | None:
     return float(fn(values)) if values.size else None
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: np.asarray(data[key]) for key in data.files}
-    except (OSError, ValueError, EOFError) as error:
-        raise InvalidArgumentError(f"{path}: not a readable .npz ({error})") from None
-
-
 def register(mcp: MCPServer, state: ServerState) -> None:
     ws = state.workspace
 
@@ -589,11 +581,13 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from compiler.runtime.compare import compare_with_reference, random_inputs
         from compiler.runtime.pipeline import run_archive as core_run
         from surgery.model import read_model
+        from surgery.verify import load_inputs
 
         opened = read_archive(state.input_path(archive))
         if inputs is not None:
             npz = state.input_path(inputs)
-            feed, source = _load_npz(npz), str(npz)
+            names = [node["name"] for node in opened.manifest["input_nodes"]]
+            feed, source = load_inputs(npz, names), str(npz)
         else:
             feed = random_inputs(opened.manifest, frames, seed)
             source = f"random seed {seed}"

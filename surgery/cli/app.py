@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -87,3 +88,12 @@ def handle_errors(fn: F) -> F:
             fail(SurgeryError(f"{type(exc).__name__}: {exc}"), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def refuse_overwrite(out: Path | None, *sources: Path) -> None:
+    """Never write over an input: the user's files are only read (checked before any work)."""
+    if out is None:
+        return
+    for src in sources:
+        if out.resolve() == src.resolve():
+            raise SurgeryError(f"{out}: refusing to overwrite the input model; choose another -o")

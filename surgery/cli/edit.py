@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import onnx
 import typer
 
-from surgery.cli.app import app, console, emit_json, handle_errors
+from surgery.cli.app import app, console, emit_json, handle_errors, refuse_overwrite
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
@@ -28,13 +28,6 @@ TensorsOpt = Annotated[
 
 def _names(values: Sequence[str] | None) -> list[str]:
     return [t.strip() for v in values or [] for t in v.split(",") if t.strip()]
-
-
-def _refuse_overwrite(out: Path, *sources: Path) -> None:
-    """Never write over an input: the user's files are only read."""
-    for src in sources:
-        if out.resolve() == src.resolve():
-            raise SurgeryError(f"{out}: refusing to overwrite the input model; choose another -o")
 
 
 def _io_summary(model: onnx.ModelProto) -> dict[str, Any]:
@@ -73,7 +66,7 @@ def split_command(
     """Extract the subgraph between named tensors as its own model."""
     from surgery.split import SplitError, split_model
 
-    _refuse_overwrite(out, model)
+    refuse_overwrite(out, model)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     ins, outs = _names(inputs), _names(outputs)
     if not ins and not outs:
@@ -139,7 +132,7 @@ def merge_command(
     """Connect two models into one (e.g. a body and its post-processing)."""
     from surgery.split import SplitError, merge_models
 
-    _refuse_overwrite(out, model_a, model_b)
+    refuse_overwrite(out, model_a, model_b)
     a, b = load_model(model_a), load_model(model_b)
     pairs = _parse_map(io_map or []) or _same_name_map(a, b)
     if not pairs:
@@ -201,7 +194,7 @@ def edit_command(
     """Apply low-level edits (each checked by the ONNX checker) and write the result."""
     from surgery.edit import apply_edits
 
-    _refuse_overwrite(out, model)
+    refuse_overwrite(out, model)
     edits = _read_ops(ops)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     edited = apply_edits(loaded, edits)
@@ -245,14 +238,18 @@ def cut_postprocess_command(
     """Cut the decode tail off a detector: an MLA body (4-D maps) and a post-processing model,
     with the proof that body→post reproduces the original exactly."""
     from surgery.rules.structure import cut_postprocess
-    from surgery.verify import load_inputs
+    from surgery.verify import check_user_inputs, load_inputs, model_input_names
 
-    _refuse_overwrite(out, model)
-    _refuse_overwrite(post, model)
+    refuse_overwrite(out, model)
+    refuse_overwrite(post, model)
     if out.resolve() == post.resolve():
         raise SurgeryError("-o and --post name the same file; the body and post need two")
     loaded = load_model(model, parse_input_shapes(input_shape or []))
-    feed = load_inputs(inputs) if inputs else None
+    feed = (
+        check_user_inputs(loaded, load_inputs(inputs, model_input_names(loaded)))
+        if inputs
+        else None
+    )
     body, post_model, report = cut_postprocess(loaded, target, inputs=feed)
     body_path, post_path = save_model(body, out), save_model(post_model, post)
     report.post_path = str(post_path)

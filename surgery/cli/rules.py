@@ -18,6 +18,7 @@ from surgery.cli.app import (
     emit_json,
     err_console,
     handle_errors,
+    refuse_overwrite,
 )
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
@@ -134,6 +135,7 @@ def apply_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Apply one rule, verify the result against the original, and save it as a new version."""
+    refuse_overwrite(out, model)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     result = apply_rule(
         loaded,
@@ -194,13 +196,22 @@ def fix_command(
         Path | None,
         typer.Option(
             "--inputs",
-            help="A .npz of real inputs to verify every step with (default: seeded random).",
+            "-i",
+            help="A .npz of real inputs keyed by input name (or a .npy for a one-input model) "
+            "to verify every step with (default: seeded random).",
         ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Apply verified rules until the model maps to one MLA segment (exit 0) or nothing helps (1)."""
+    output_path = out or Path(f"{Path(model).stem}_fixed.onnx")
+    refuse_overwrite(output_path, model)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
+    feed = None
+    if inputs is not None:
+        from surgery.verify import check_user_inputs, load_inputs, model_input_names
+
+        feed = check_user_inputs(loaded, load_inputs(inputs, model_input_names(loaded)))
 
     def show(step: dict) -> None:
         if not as_json:
@@ -216,6 +227,7 @@ def fix_command(
         allow_approximate=allow_approximate,
         skip=skip or [],
         on_step=show,
+        inputs=feed,
     )
     ws = Workspace(workspace)
     v0 = import_or_reuse(ws, model)
@@ -230,7 +242,7 @@ def fix_command(
             "single_elf": result.single_elf,
         },
     )
-    output = save_model(result.model, out or Path(f"{Path(model).stem}_fixed.onnx"))
+    output = save_model(result.model, output_path)
     data = {**result.to_dict(str(output)), "workspace_version": final.id, "model": v0.name}
     if as_json:
         emit_json(data)

@@ -1,0 +1,95 @@
+"""What the CLI reads and writes: inputs files are used and checked, an input model is never
+overwritten, and the files written are readable by others (the mode open() gives)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import surgery.cli.rules as cli_rules
+from server.cli import app
+from surgery import examples
+from surgery.model import save_model
+from surgery.rules.fix import fix_model
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cnn(tmp_path: Path) -> Path:
+    return save_model(examples.plain_cnn(), tmp_path / "cnn.onnx")
+
+
+def _fix(cnn: Path, tmp_path: Path, *extra: str):
+    args = ["fix", str(cnn), "-o", str(tmp_path / "out.onnx"), "-w", str(tmp_path / "ws")]
+    return runner.invoke(app, [*args, *extra])
+
+
+def test_fix_verifies_with_the_inputs_file_it_is_given(cnn, tmp_path, monkeypatch) -> None:
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return fix_model(*args, **kwargs)
+
+    monkeypatch.setattr(cli_rules, "fix_model", spy)
+    frame = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32)
+    np.savez(tmp_path / "real.npz", input=frame)
+    result = _fix(cnn, tmp_path, "--inputs", str(tmp_path / "real.npz"))
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(seen["inputs"]["input"], frame)
+
+
+def test_fix_takes_a_npy_for_a_one_input_model(cnn, tmp_path) -> None:
+    np.save(tmp_path / "real.npy", np.zeros((1, 3, 32, 32), np.float32))
+    result = _fix(cnn, tmp_path, "-i", str(tmp_path / "real.npy"))
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("arrays", "words"),
+    [
+        ({"other": np.zeros((1, 3, 32, 32), np.float32)}, "lacks the model's input(s) 'input'"),
+        ({"input": np.zeros((1, 3, 16, 16), np.float32)}, "has shape [1, 3, 16, 16]"),
+        ({"input": np.full((1, 3, 32, 32), np.nan, np.float32)}, "NaN"),
+    ],
+)
+def test_fix_refuses_inputs_that_do_not_fit_the_model(cnn, tmp_path, arrays, words) -> None:
+    np.savez(tmp_path / "bad.npz", **arrays)
+    result = _fix(cnn, tmp_path, "--inputs", str(tmp_path / "bad.npz"))
+    assert result.exit_code == 2
+    assert words in result.output
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_fix_refuses_a_missing_inputs_file(cnn, tmp_path) -> None:
+    result = _fix(cnn, tmp_path, "--inputs", str(tmp_path / "nope.npz"))
+    assert result.exit_code == 2 and "inputs file not found" in result.output
+
+
+@pytest.mark.parametrize("command", ["fix", "apply", "quantize"])
+def test_an_output_equal_to_the_input_is_refused(cnn, tmp_path, command) -> None:
+    before = cnn.read_bytes()
+    args = {
+        "fix": ["fix", str(cnn), "-o", str(cnn)],
+        "apply": ["apply", "fold-constants", str(cnn), "-o", str(cnn)],
+        "quantize": ["quantize", str(cnn), "--calib", str(tmp_path), "-o", str(cnn)],
+    }[command]
+    result = runner.invoke(
+        app, [*args, "-w", str(tmp_path / "ws")] if command != "quantize" else args
+    )
+    assert result.exit_code == 2
+    assert "refusing to overwrite the input model" in result.output
+    assert cnn.read_bytes() == before
+
+
+def test_written_models_get_the_mode_open_would_give(tmp_path) -> None:
+    """Not mkstemp's 0600: other users and CI steps must be able to read them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path = save_model(examples.plain_cnn(), tmp_path / "m.onnx")
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
