@@ -5,12 +5,22 @@ The server package is imported inside the command so `surgery` itself never depe
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from surgery.cli.app import app, err_console, handle_errors
+
+
+class LogLevel(str, Enum):
+    """The levels the server logs at on stderr."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
 
 
 @app.command("serve")
@@ -48,8 +58,9 @@ def serve_command(
         str, typer.Option("--target", "-t", help="Default target profile for the tools.")
     ] = "mlsoc",
     log_level: Annotated[
-        str, typer.Option(help="Log level on stderr: DEBUG, INFO, WARNING, ERROR.")
-    ] = "WARNING",
+        LogLevel,
+        typer.Option(case_sensitive=False, help="Log level on stderr."),
+    ] = LogLevel.WARNING,
 ) -> None:
     """Run the MCP server for Claude Code, Codex or any MCP client (stdio unless --http).
 
@@ -61,7 +72,7 @@ def serve_command(
     if http:
         check_http_binding(host, token)  # refuse before building anything
     roots = allow_root or [Path.cwd()]
-    mcp = create_server(workspace, roots, default_target=target, log_level=log_level.upper())
+    mcp = create_server(workspace, roots, default_target=target, log_level=log_level.value)
     try:
         if not http:
             serve_stdio(mcp)

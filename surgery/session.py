@@ -35,13 +35,17 @@ def coverage_summary(cov: CoverageReport) -> dict[str, Any]:
 def import_or_reuse(
     ws: Workspace, source: str | os.PathLike, name: str | None = None
 ) -> VersionInfo:
-    """Import the file as a model (or, if that name holds this file already, as a new version:
-    the file was edited outside)."""
+    """Import the file as a model; if that name holds this file already, the version it was
+    imported as (unchanged) or a new version (the file was edited outside)."""
     name = name or sanitize_name(Path(source).stem)
     if name in ws.list_models():
         from surgery.model import read_model
 
         refuse_other_source(ws, name, source)
+        digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
+        same = [v for v in ws.versions(name) if v.action == "import" and v.sha256 == digest]
+        if same:  # the file is unchanged since that import: every rewrite starts from it
+            return same[-1]
         latest = ws.latest(name)
         return ws.add_version(
             name,

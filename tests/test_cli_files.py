@@ -93,3 +93,19 @@ def test_written_models_get_the_mode_open_would_give(tmp_path) -> None:
     os.umask(umask)
     path = save_model(examples.plain_cnn(), tmp_path / "m.onnx")
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_fix_says_when_it_stopped_at_the_step_limit(tmp_path) -> None:
+    """transformer_block needs several steps; with --max-steps 1 the note names the limit."""
+    src = save_model(examples.transformer_block(), tmp_path / "block.onnx")
+    result = _fix(src, tmp_path, "--max-steps", "1")
+    assert result.exit_code == 1, result.output
+    assert "after the step limit (1)" in result.output
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"model-surgery {version('model-surgery')}"

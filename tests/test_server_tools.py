@@ -253,8 +253,10 @@ async def test_catalogue_tools(sandbox: Sandbox) -> None:
         assert targets["default"] == "mlsoc"
         resize = await call(client, "explain_op", {"op": "Resize", "target": "rk3588"})
         assert resize["target"] == "rk3588" and resize["placements"]
-        unknown = await call(client, "explain_op", {"op": "NoSuchOp"})
-        assert not unknown["in_table"] and not unknown["on_mla"]
+        absent = await call(client, "explain_op", {"op": "NonMaxSuppression"})
+        assert not absent["in_table"] and not absent["on_mla"]
+        unknown = await call_error(client, "explain_op", {"op": "reshape"})
+        assert "unknown op 'reshape'" in unknown and "did you mean Reshape?" in unknown
 
 
 async def test_validate_model(sandbox: Sandbox) -> None:

@@ -68,3 +68,14 @@ def test_explain_names_a_dynamic_quantization_op_as_such():
     note = load_target("rk3588").explain("MatMulInteger")["note"]
     assert "dynamic quantization" in note and "surgery quantize" in note
     assert "dynamic" not in load_target("rk3588").explain("NonMaxSuppression")["note"]
+
+
+def test_explain_of_a_mis_cased_op_names_the_real_one():
+    with pytest.raises(TargetError, match="unknown op 'resize'") as info:
+        load_target("mlsoc").explain("resize")
+    assert info.value.hint == "did you mean Resize?"
+
+
+def test_explain_of_a_name_that_is_no_op_is_an_error():
+    with pytest.raises(TargetError, match="not an ONNX operator"):
+        load_target("mlsoc").explain("MakeItFast")

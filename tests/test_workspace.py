@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import surgery.workspace as ws_module
 from surgery.errors import WorkspaceError
+from surgery.session import import_or_reuse
 from surgery.workspace import GraphDiff, VersionInfo, Workspace, diff_models, parse_version
 
 
@@ -417,3 +418,28 @@ def test_revert_of_external_data_version_shares_the_immutable_data_file(
 
     assert reverted.sha256 == v1.sha256
     assert diff_models(ws.load("net", reverted.version), heavy_model).identical
+
+
+def test_reimporting_an_unchanged_file_reuses_its_version(ws: Workspace, source: Path) -> None:
+    first = import_or_reuse(ws, source)
+    again = import_or_reuse(ws, source)
+    assert (again.name, again.version) == (first.name, first.version)
+    assert len(ws.versions(first.name)) == 1
+
+
+def test_reimporting_an_edited_file_adds_a_version(
+    ws: Workspace, source: Path, bigger_model: onnx.ModelProto
+) -> None:
+    first = import_or_reuse(ws, source)
+    onnx.save(bigger_model, source)
+    again = import_or_reuse(ws, source)
+    assert (again.version, again.parent) == (1, first.version)
+
+
+def test_another_file_with_the_same_stem_is_refused(ws: Workspace, source: Path, tmp_path) -> None:
+    import_or_reuse(ws, source)
+    other = tmp_path / "elsewhere" / source.name
+    other.parent.mkdir()
+    other.write_bytes(source.read_bytes())
+    with pytest.raises(WorkspaceError, match="another file"):
+        import_or_reuse(ws, other)

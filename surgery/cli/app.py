@@ -28,6 +28,27 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"model-surgery {version('model-surgery')}")
+        except PackageNotFoundError:
+            typer.echo("model-surgery (not installed: running from a source tree)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Check, rewrite, verify, quantize and compile ONNX models for edge NPUs."""
+
+
 PIPE_WIDTH = 160
 """Line width when output goes to a pipe or file (agents, CI logs), where rich would assume 80
 columns and wrap node names and tables; a terminal's own width, or COLUMNS, still wins."""

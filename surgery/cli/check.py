@@ -30,7 +30,7 @@ def check_command(
     ] = None,
     input_shape: InputShapeOpt = None,
     blockers: Annotated[
-        int, typer.Option(help="How many blocker groups to show on the terminal.")
+        int, typer.Option(min=0, help="How many blocker groups to show on the terminal.")
     ] = 10,
     as_json: JsonOpt = False,
 ) -> None:

@@ -179,7 +179,7 @@ def fix_command(
     model: ModelArg,
     target: TargetOpt = "mlsoc",
     out: OutOpt = None,
-    max_steps: Annotated[int, typer.Option(help="Stop after this many applied rules.")] = 30,
+    max_steps: Annotated[int, typer.Option(min=1, help="Stop after this many applied rules.")] = 30,
     allow_approximate: Annotated[
         bool,
         typer.Option(

@@ -278,7 +278,13 @@ def _fix(
     result.model = current
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
-        result.notes.append(_explain_stop(ctx.coverage))
+        if len(result.steps) >= max_steps:
+            result.notes.append(
+                f"stopped at {ctx.coverage.mla_segments} MLA segment(s) after the step limit "
+                f"({max_steps}); raise it (--max-steps) to go on"
+            )
+        else:
+            result.notes.append(_explain_stop(ctx.coverage))
     return result
 
 

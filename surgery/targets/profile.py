@@ -7,12 +7,14 @@ planner, the quantizer and the partitioner all read one table.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import onnx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -219,8 +221,17 @@ class Target:
         return OpDecision("APU", reasons, [])
 
     def explain(self, op_type: str) -> dict[str, Any]:
-        """What the profile says about one op, as data (for `surgery targets T --op OP`)."""
+        """What the profile says about one op, as data (for `surgery targets T --op OP`).
+
+        A name that is neither in the table nor an ONNX operator is an error with the closest
+        names (op types are case-sensitive: "resize" is not Resize)."""
         spec = self.profile.ops.get(op_type)
+        if (
+            spec is None
+            and not onnx.defs.has(op_type)
+            and not is_dynamic_quantization_op("", op_type)
+        ):
+            self._raise_unknown_op(op_type)
         placements = []
         for rule in self.rules_for(op_type):
             placements.append(
@@ -245,6 +256,18 @@ class Target:
             "note": spec.note if spec else self._not_in_table(op_type),
             "placements": placements,
         }
+
+    def _raise_unknown_op(self, op_type: str) -> None:
+        known = {*self.profile.ops, *(schema.name for schema in onnx.defs.get_all_schemas())}
+        by_case = {name.lower(): name for name in known}
+        close = [by_case[op_type.lower()]] if op_type.lower() in by_case else []
+        close = close or difflib.get_close_matches(op_type, sorted(known), n=3, cutoff=0.75)
+        hint = f"did you mean {' or '.join(close)}?" if close else None
+        raise TargetError(
+            f"unknown op {op_type!r}: not in the {self.name} op table and not an ONNX operator "
+            "(custom ops run on the APU)",
+            hint=hint,
+        )
 
     def _not_in_table(self, op_type: str) -> str:
         note = f"{op_type} is not in the {self.name} op table: it runs on the APU"
