@@ -120,7 +120,10 @@ class CoverageReport:
 
     @property
     def single_elf(self) -> bool:
-        return len(self.segments) == 1
+        """One MLA segment, and inputs whose shapes are all known: a model with dynamic
+        inputs cannot be quantized or compiled as it is (its shapes must be fixed first),
+        however few nodes its one segment holds."""
+        return len(self.segments) == 1 and not self.dynamic_inputs
 
     def count(self, processor: str, *, include_foldable: bool = True) -> int:
         return sum(

@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from server.cli import app
+from surgery import examples
+from surgery.model import save_model
 
 runner = CliRunner()
 
@@ -104,3 +106,15 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "bad.onnx" in proc.stderr
+
+
+def test_a_model_with_dynamic_input_dims_is_no_single_elf_yet(tmp_path) -> None:
+    """One segment of the few nodes whose shapes are known is not a compilable model."""
+    model = examples.plain_cnn()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    path = save_model(model, tmp_path / "dynamic.onnx")
+    result = runner.invoke(app, ["check", str(path), "--json"])
+    data = json.loads(result.stdout)
+    assert data["dynamic_inputs"] == {"input": [1, 3, "h", "w"]}
+    assert not data["single_elf"] and result.exit_code == 1

@@ -98,11 +98,17 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
             console.print(
                 f"  … {len(groups) - max_groups} more reasons (use --json or --blockers N)"
             )
-    verdict = (
-        "[bold green]single .elf[/]: the whole MLA part compiles to one segment"
-        if report.single_elf
-        else f"[bold yellow]{report.mla_segments} MLA segments[/] → {report.mla_segments} .elf files"
-    )
+    if report.single_elf:
+        verdict = "[bold green]single .elf[/]: the whole MLA part compiles to one segment"
+    elif report.dynamic_inputs:
+        verdict = (
+            f"[bold yellow]{report.mla_segments} MLA segment(s) while the input shapes are "
+            "dynamic[/]: fix them with --input-shape before it can be quantized and compiled"
+        )
+    else:
+        verdict = (
+            f"[bold yellow]{report.mla_segments} MLA segments[/] → {report.mla_segments} .elf files"
+        )
     share = f"MLA share of MACs {100 * report.mla_mac_fraction:.1f}%"
     if report.macs_unknown_nodes:
         share = (

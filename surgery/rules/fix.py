@@ -19,10 +19,10 @@ from typing import Any
 
 import onnx
 
-from surgery.coverage import CoverageReport
+from surgery.coverage import CoverageReport, dynamic_inputs
 from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
-from surgery.graph import GraphView
+from surgery.graph import GraphView, shape_text
 from surgery.model import load_model
 from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules.base import Rule, RuleContext
@@ -307,9 +307,17 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
         return Reference.of(model, inputs)
     except SurgeryError as exc:
         reason = exc.message.removeprefix("parent model: ")
+        dynamic = dynamic_inputs(GraphView(model)) if inputs is None else {}
+        hint = (
+            "its dynamic input dims were fed as 1 ("
+            + ", ".join(f"{k}={shape_text(v)}" for k, v in dynamic.items())
+            + "): give real sizes with --input-shape NAME=DIMS, or real inputs with --inputs"
+            if dynamic
+            else "repair the export (re-export, or a newer opset) so that ONNX Runtime runs it"
+        )
         raise VerifyError(
             f"fix verifies every rewrite against the model's own outputs, but {reason}",
-            hint="repair the export (re-export, or a newer opset) so that ONNX Runtime runs it",
+            hint=hint,
         ) from None
 
 
