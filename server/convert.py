@@ -18,6 +18,7 @@ from server.models import (
     VerifyBrief,
     VersionOut,
 )
+from server.wording import tool_words
 from surgery.coverage import CoverageReport
 from surgery.session import coverage_summary
 from surgery.summary import ModelSummary
@@ -64,7 +65,7 @@ def blocker_groups(cov: CoverageReport, group_nodes: int = GROUP_NODES) -> list[
     return [
         BlockerGroup(
             code=g["code"],
-            reason=g["reason"],
+            reason=tool_words(g["reason"]),
             count=g["count"],
             op_types=g["op_types"],
             nodes=cap(g["nodes"], group_nodes),
@@ -80,7 +81,7 @@ def blockers(cov: CoverageReport) -> list[Blocker]:
             node=b.name,
             op_type=b.op_type,
             processor=b.processor,
-            reasons=[r.message for r in b.reasons],
+            reasons=[tool_words(r.message) for r in b.reasons],
             suggested_rules=list(b.suggested_rules),
         )
         for b in cov.blockers
@@ -166,5 +167,5 @@ def edit_fields(
         verify=verify_brief(verify, parent.id),
         coverage=coverage_brief(coverage),
         mla_segments_before=segments_before,
-        notes=notes or [],
+        notes=[tool_words(n) for n in notes or []],
     )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from pydantic import ValidationError
 
+from server.wording import tool_words
 from surgery.errors import SurgeryError, WorkspaceError
 
 log = logging.getLogger("server")
@@ -35,8 +36,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def describe_error(exc: BaseException) -> str:
     """The one text an agent reads: `code: message` plus a hint line when there is one."""
     if isinstance(exc, SurgeryError):
-        text = f"{exc.code}: {exc.message}"
-        return f"{text}\nhint: {exc.hint}" if exc.hint else text
+        text = f"{exc.code}: {tool_words(exc.message)}"
+        return f"{text}\nhint: {tool_words(exc.hint)}" if exc.hint else text
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "input"

@@ -23,7 +23,7 @@ ModelName = Annotated[
 ]
 VersionArg = Annotated[
     str | int,
-    Field(description="Version of the model: 'latest' (default), 'v3' or 3."),
+    Field(description="Version of the model: 'latest', 'v3' or 3."),
 ]
 TargetArg = Annotated[
     str | None,
@@ -263,11 +263,15 @@ class RuleInfo(Out):
     category: str
     exactness: Literal["exact", "approximate"]
     error_bound: float | None
-    params: dict[str, Any]
-    example: str
     changes_outputs: bool
-    auto: bool
-    doc: str
+    auto: bool = Field(description="Whether fix_model may pick the rule by itself.")
+    params: dict[str, Any] | None = Field(
+        default=None, description="JSON schema of each parameter (with detail or name)."
+    )
+    example: str | None = Field(default=None, description="A CLI example (with detail or name).")
+    doc: str | None = Field(
+        default=None, description="What the rule matches and does (with detail or name)."
+    )
 
 
 class RulesOut(Out):
@@ -595,7 +599,13 @@ class RunArchiveOut(Out):
         default=None,
         description="Why outputs differ although every MLA stage is exact (float host stages).",
     )
-    latency_us_per_frame: float
+    latency_us_per_frame: float = Field(
+        description="Modelled device time per frame: MLA programs and built-in CVU kernels."
+    )
+    host_measured_us_per_frame: float = Field(
+        description="ONNX host stages' run time per frame measured on this machine (x86 ONNX "
+        "Runtime or the reference executor), not a device estimate; not in latency_us_per_frame."
+    )
     mla_static_cycles: int
     wall_seconds: float
     stages: list[RunStage]
@@ -633,3 +643,6 @@ class AnalyzeQuantizationOut(Out):
     layers_page: Page
     layers: list[LayerErrorOut] = Field(description="Worst single-layer cosine first (paged).")
     skipped: int = Field(description="Quantized tensors with no float tensor of the same name.")
+    preprocessing: dict[str, Any] = Field(
+        description="How the samples were read (mean, std, bgr, input_shapes)."
+    )

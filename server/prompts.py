@@ -32,7 +32,7 @@ never edit files by hand. Every edit becomes a new, verified workspace version; 
    and diff_versions(model, a, b) show what changed; revert(model, version) undoes.
 7. export_model(model, path="<name>_single_elf.onnx") writes the result. Report: segments
    before -> after, the rules applied, the verification numbers, and any blockers left with
-   their reasons. Quantization and compilation come next (surgery quantize / compile).
+   their reasons. Quantization and compilation come next (quantize_model, compile_model).
 """
 
 

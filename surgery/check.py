@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import onnx
 
 import surgery.rules  # noqa: F401  (registers the rule suggester used by the report)
-from surgery.coverage import CoverageReport, analyze_coverage, constant_tensors
+from surgery.coverage import CoverageReport, analyze_coverage, check_pins, constant_tensors
 from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
 from surgery.model import open_model
@@ -59,6 +59,8 @@ def _analyse(
     nothing folds after all, the fold has changed the model, and it is opened again for the
     analysis as given."""
     loaded, view, tgt = _open(model, target, input_shapes)
+    if op_target:
+        check_pins(view, op_target)
     constants = constant_tensors(view)
     if waits_for_folding(loaded, view, tgt, constants, op_target):
         repaired = repair_shapes(loaded, view, constants)

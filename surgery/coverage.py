@@ -7,6 +7,7 @@ and the partitioner). MLA nodes are then grouped into the fewest connected, conv
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 import onnx
 
-from surgery.errors import InvalidGraphError
+from surgery.errors import InvalidGraphError, NodeNotFoundError, TargetError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
 from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
@@ -330,6 +331,25 @@ def topo_order(view: GraphView) -> list[int]:
                 if indeg[c] == 0:
                     ready.append(c)
     return order
+
+
+def check_pins(view: GraphView, op_target: Mapping[str, str]) -> None:
+    """A caller's pins must name a processor and a node or op type of the model: a pin that
+    matches nothing would be ignored, and the caller would believe it applied."""
+    for key, processor in op_target.items():
+        if str(processor).upper() not in PROCESSORS:
+            raise TargetError(
+                f"op_target {key!r}: {processor!r} is not a processor",
+                hint=f"use one of {', '.join(PROCESSORS)}",
+            )
+    known = {*view.names, *view.op_types}
+    unknown = [key for key in op_target if key not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+        raise NodeNotFoundError(
+            f"op_target names no node or op type of the model: {', '.join(map(repr, unknown))}",
+            hint=f"did you mean {' or '.join(close)}?" if close else "use node names or op types",
+        )
 
 
 def _pinned_placements(

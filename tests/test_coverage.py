@@ -7,7 +7,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from surgery.check import check_model
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
+from surgery.errors import NodeNotFoundError, TargetError
 from surgery.model import load_model
 
 
@@ -265,6 +267,19 @@ def test_op_target_pins_a_node_to_the_host(plain_cnn):
     assert report.by_name(pool).processor == "CVU"
     assert report.by_name(pool).reasons[0].code == "pinned"
     assert report.mla_segments == 2
+
+
+def test_check_refuses_a_pin_to_no_processor(plain_cnn):
+    pool = next(n.name for n in plain_cnn.graph.node if n.op_type == "MaxPool")
+    with pytest.raises(TargetError, match="'GPU' is not a processor"):
+        check_model(plain_cnn, "mlsoc", op_target={pool: "GPU"})
+
+
+def test_check_refuses_a_pin_that_names_nothing_in_the_model(plain_cnn):
+    pool = next(n.name for n in plain_cnn.graph.node if n.op_type == "MaxPool")
+    with pytest.raises(NodeNotFoundError, match="names no node or op type") as info:
+        check_model(plain_cnn, "mlsoc", op_target={pool + "e": "APU"})
+    assert pool in info.value.hint
 
 
 def test_placement_pinned_in_model_metadata_is_honoured(plain_cnn):

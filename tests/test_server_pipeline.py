@@ -297,6 +297,22 @@ async def test_analyze_quantization_ranks_layers(sandbox: Sandbox) -> None:
         assert "nope" in text
 
 
+async def test_analyze_quantization_reads_samples_as_quantize_did(sandbox: Sandbox) -> None:
+    """Without mean/std of its own, analysis takes the preprocessing quantize recorded."""
+    async with Client(sandbox.server()) as client:
+        calibration_folder(sandbox.root / "calib", [1, 3, 64, 64], 3)
+        name = (await call(client, "open_model", {"path": "yolo.onnx"}))["model"]
+        await call(client, "fix_model", {"model": name})
+        prep = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+        await call(client, "quantize_model", {"model": name, "calibration": "calib", **prep})
+        result = await call(client, "analyze_quantization", {"model": name, "data": "calib"})
+        own = await call(
+            client, "analyze_quantization", {"model": name, "data": "calib", "bgr": True}
+        )
+    assert {k: result["preprocessing"][k] for k in prep} == prep
+    assert own["preprocessing"]["bgr"] is True and own["preprocessing"]["mean"] == prep["mean"]
+
+
 async def test_quantize_with_sqnr_target_raises_layers_and_still_compiles_bit_exact(
     sandbox: Sandbox,
 ) -> None:

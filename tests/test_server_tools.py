@@ -246,8 +246,14 @@ async def test_catalogue_tools(sandbox: Sandbox) -> None:
         rules = await call(client, "list_rules")
         names = {r["name"] for r in rules["rules"]}
         assert {"fold-constants", "remove-identity"} <= names
+        assert all(r.get("doc") is None for r in rules["rules"])  # brief by default
         cleanup = await call(client, "list_rules", {"category": "cleanup"})
         assert all(r["category"] == "cleanup" for r in cleanup["rules"])
+        (cut,) = (await call(client, "list_rules", {"name": "cut-postprocess"}))["rules"]
+        assert "post" in cut["params"] and cut["doc"]
+        typo = await call_error(client, "list_rules", {"name": "fold_constants"})
+        assert "did you mean fold-constants?" in typo
+        await call_error(client, "list_rules", {"category": "bogus"})
         targets = await call(client, "list_targets")
         assert {"mlsoc", "modalix", "rk3588"} <= {t["name"] for t in targets["targets"]}
         assert targets["default"] == "mlsoc"

@@ -41,7 +41,7 @@ IntoArg = Annotated[
     str | None,
     Field(
         description="Store the result as a new workspace model of this name (default: a new "
-        "version of the source model)."
+        "version of the model edited: split_model's model, merge_models' model_a)."
     ),
 ]
 

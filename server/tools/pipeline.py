@@ -287,6 +287,12 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                     "calibration_samples": count - held_out,
                     "holdout_samples": held_out,
                     "config": params.to_dict(),
+                    "preprocessing": {
+                        "mean": mean,
+                        "std": std,
+                        "bgr": bgr,
+                        "input_shapes": input_shapes,
+                    },
                     "holdout_worst_sqnr_db": _finite(worst_sqnr),
                     "holdout_worst_cosine": _finite(worst_cos),
                 },
@@ -355,6 +361,21 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         samples: Annotated[int, Field(ge=1, le=256, description="Most samples to run.")] = 8,
         limit: LimitArg = 20,
         offset: OffsetArg = 0,
+        input_shapes: Annotated[
+            dict[str, list[int]] | None,
+            Field(description="As for quantize_model (default: what it was quantized with)."),
+        ] = None,
+        mean: Annotated[
+            list[float] | None,
+            Field(description="Image mean per channel (default: what it was quantized with)."),
+        ] = None,
+        std: Annotated[
+            list[float] | None,
+            Field(description="Image std per channel (default: what it was quantized with)."),
+        ] = None,
+        bgr: Annotated[
+            bool | None, Field(description="BGR images (default: what it was quantized with).")
+        ] = None,
     ) -> AnalyzeQuantizationOut:
         """Where quantization error comes from: for every quantized activation, its error
         with upstream errors accumulated (entire) and on its own (single), worst first. Raise
@@ -371,13 +392,25 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             )
         base = ws.info(model, qdq.parent if float_version is None else float_version)
         source = state.input_path(data)
+        # Images must be read as calibration read them, or the error measured is not its own.
+        recorded = qdq.params.get("preprocessing") or {}
+        given = {"mean": mean, "std": std, "bgr": bgr, "input_shapes": input_shapes}
+        prep = {k: v if v is not None else recorded.get(k) for k, v in given.items()}
 
         def on_progress(done: int, total: int | None) -> None:
             anyio.from_thread.run(ctx.report_progress, done, total, f"sample {done}/{total or '?'}")
 
         def work() -> Any:
             float_proto, qdq_proto = ws.load(model, base.version), ws.load(model, qdq.version)
-            dataset = load_calibration_data(source, float_proto, limit=samples)
+            dataset = load_calibration_data(
+                source,
+                float_proto,
+                limit=samples,
+                input_shapes=prep["input_shapes"],
+                mean=prep["mean"],
+                std=prep["std"],
+                bgr=bool(prep["bgr"]),
+            )
             return analyze_quantization_error(
                 float_proto, qdq_proto, dataset, limit=samples, progress=on_progress
             )
@@ -393,6 +426,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             layers_page=pg,
             layers=[LayerErrorOut(**row) for row in chunk],
             skipped=len(result["skipped"]),
+            preprocessing=prep,
         )
 
     @register_tool(mcp, title="Compile to an archive", read_only=False, idempotent=False)
@@ -644,6 +678,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             mla_bit_exact=comparison.mla_bit_exact if comparison is not None else None,
             reference_note=comparison.explanation() if comparison is not None else None,
             latency_us_per_frame=d["latency_us_per_frame"],
+            host_measured_us_per_frame=d["host_measured_us_per_frame"],
             mla_static_cycles=d["mla_static_cycles"],
             wall_seconds=d["wall_seconds"],
             stages=[RunStage(**{k: s[k] for k in RunStage.model_fields}) for s in d["stages"]],

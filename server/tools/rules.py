@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.from_thread
@@ -111,15 +111,24 @@ def register(mcp: MCPServer, state: ServerState) -> None:
     @register_tool(mcp, title="List rewrite rules", read_only=True, idempotent=True)
     def list_rules(
         category: Annotated[
-            str | None,
-            Field(description="Only this category: cleanup, rank, replace, structure, placement."),
+            Literal["cleanup", "rank", "replace", "structure", "placement"] | None,
+            Field(description="Only this category."),
         ] = None,
+        name: Annotated[
+            str | None, Field(description="Only this rule, with its parameters and doc.")
+        ] = None,
+        detail: Annotated[
+            bool, Field(description="Every rule's parameters, example and doc (large).")
+        ] = False,
     ) -> RulesOut:
-        """The rule catalogue: what each rule does, whether it is exact, its parameters."""
-        rows = [cls.describe() for cls in all_rules()]
-        return RulesOut(
-            rules=[RuleInfo(**r) for r in rows if category is None or r["category"] == category]
-        )
+        """The rule catalogue: each rule's summary, category, exactness and whether fix_model
+        uses it. Ask for one rule by name (or detail=true) for its parameters and doc."""
+        classes = [get_rule(name)] if name else list(all_rules())
+        rows = [c.describe() for c in classes if category is None or c.category == category]
+        brief = ("params", "example", "doc")
+        if not (detail or name):
+            rows = [{k: v for k, v in r.items() if k not in brief} for r in rows]
+        return RulesOut(rules=[RuleInfo(**r) for r in rows])
 
     @register_tool(mcp, title="Suggest rules for the blockers", read_only=True, idempotent=True)
     def suggest_rules(

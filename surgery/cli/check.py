@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from surgery.check import check_model
@@ -67,14 +68,14 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
         table.add_row("[dim]folded[/]", f"[dim]{folded}[/]", "[dim]0[/]", "[dim]-[/]")
     console.print(table)
     if report.dynamic_inputs:
-        dims = ", ".join(f"{k}={shape_text(v)}" for k, v in report.dynamic_inputs.items())
+        dims = escape(", ".join(f"{k}={shape_text(v)}" for k, v in report.dynamic_inputs.items()))
         console.print(
             f"[yellow]dynamic inputs:[/] {dims} — fix them with --input-shape NAME=DIMS",
             highlight=False,
         )
     for seg in report.segments:
-        ins = ", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else "")
-        outs = ", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else "")
+        ins = escape(", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else ""))
+        outs = escape(", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else ""))
         console.print(
             f"  [cyan]{seg.name}[/]: {len(seg.nodes)} nodes, {seg.macs:,} MACs  ({ins} → {outs})",
             highlight=False,
@@ -83,14 +84,14 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
     if groups:
         console.print(f"\n[bold]Blockers[/] ({len(report.blockers)} nodes, {len(groups)} reasons):")
         for g in groups[:max_groups]:
-            example = ", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else "")
+            example = escape(", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else ""))
             rules = (
                 f"  [green]fix: {', '.join(g['suggested_rules'])}[/]"
                 if g["suggested_rules"]
                 else ""
             )
             console.print(
-                f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {g['reason']}{rules}",
+                f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {escape(g['reason'])}{rules}",
                 highlight=False,
             )
             console.print(f"         [dim]{example}[/]", highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from functools import cache
 
 from surgery.errors import SurgeryError
@@ -26,10 +27,14 @@ def get_rule(name: str) -> Rule:
     _load_catalogue()
     cls = _RULES.get(name)
     if cls is None:
-        close = [n for n in _RULES if name.split("-")[0] in n][:5]
+        spelled = name.strip().lower().replace("_", "-").replace(" ", "-")
+        close = difflib.get_close_matches(spelled, list(_RULES), n=3, cutoff=0.7)
+        close = close or [n for n in _RULES if spelled.split("-")[0] in n][:5]
         raise UnknownRuleError(
             f"unknown rule {name!r}",
-            hint=f"did you mean {', '.join(close)}?" if close else "list them with `surgery rules`",
+            hint=f"did you mean {', '.join(close)}?"
+            if close
+            else "list them with `surgery rules`",
         )
     return cls()
 
