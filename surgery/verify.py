@@ -776,6 +776,13 @@ def verify_models(
         if samples > 1:
             notes.append(f"supplied inputs are fixed, so {samples} samples were reduced to 1")
     else:
+        borrowed = _static_shapes_of_b(proto_a, proto_b, input_shapes or {})
+        if borrowed:
+            notes.append(
+                "model A's dynamic input(s) take model B's static shape: "
+                + ", ".join(f"{k}={shape_text(v)}" for k, v in borrowed.items())
+            )
+            input_shapes = {**borrowed, **(input_shapes or {})}
         try:
             specs = input_specs(proto_a, input_shapes)
         except ShapeError as exc:
@@ -825,6 +832,26 @@ def verify_models(
         inputs=specs,
         notes=notes,
     )
+
+
+def _static_shapes_of_b(
+    proto_a: onnx.ModelProto, proto_b: onnx.ModelProto, given: Mapping[str, Sequence[int]]
+) -> dict[str, list[int]]:
+    """B's declared shape for each input A declares with dynamic dims (same name, same rank,
+    the same fixed dims) and the caller did not size: verifying a model against its
+    shape-fixed version should feed both that shape, not A's dynamic dims as 1."""
+    shapes_b = {vi.name: shape_from_type(vi.type)[1] for vi in _shaped_inputs(proto_b, {})}
+    borrowed: dict[str, list[int]] = {}
+    for vi in _shaped_inputs(proto_a, {}):
+        _, dims_a = shape_from_type(vi.type)
+        dims_b = shapes_b.get(vi.name)
+        if vi.name in given or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
+            continue
+        static_b = all(isinstance(d, int) for d in dims_b)
+        agree = all(not isinstance(a, int) or a == b for a, b in zip(dims_a, dims_b, strict=True))
+        if static_b and agree and not all(isinstance(d, int) for d in dims_a):
+            borrowed[vi.name] = [int(d) for d in dims_b]  # type: ignore[arg-type]
+    return borrowed
 
 
 def _describe(source: ModelSource) -> str:

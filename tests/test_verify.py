@@ -278,6 +278,13 @@ def test_dynamic_dims_become_one_and_are_noted():
     assert any("set to 1" in note for note in result.notes)
 
 
+def test_a_dynamic_model_a_takes_the_static_shape_of_model_b():
+    """A model against its shape-fixed version: both run at B's shape, not A's dims as 1."""
+    result = verify_models(add_model(dims=("N", "W")), add_model(dims=(3, 8)))
+    assert result.passed and result.inputs[0].shape == (3, 8)
+    assert any("take model B's static shape: x=[3, 8]" in note for note in result.notes)
+
+
 def test_input_shapes_fix_dynamic_dims():
     assert make_inputs(add_model(dims=("N", 8)), input_shapes={"x": [3, 8]})["x"].shape == (3, 8)
 
