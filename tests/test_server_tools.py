@@ -237,7 +237,7 @@ async def test_fix_without_improvement_adds_no_version(sandbox: Sandbox) -> None
         fixed = await call(client, "fix_model", {"model": "plain", "max_steps": 3})
         history = await call(client, "history", {"model": "plain"})
     assert not fixed["changed"] and fixed["version"] == "v0"
-    assert any("no version was added" in n for n in fixed["notes"])
+    assert any("already one MLA segment: nothing to fix" in n for n in fixed["notes"])
     assert history["page"]["total"] == 1
 
 

@@ -272,7 +272,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 "end-to-end verification against the starting version failed: "
                 f"{', '.join(check['failed_outputs'])}; inspect with verify_models"
             )
-        if not done:
+        if not done and result.coverage_before.single_elf:
+            notes.append("already one MLA segment: nothing to fix, no version was added")
+        elif not done:
             notes.append("no rule improved the model; no version was added")
         return FixOut(
             **edit_fields(
