@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from surgery.cli.app import app, err_console, handle_errors
 
@@ -79,8 +80,9 @@ def serve_command(
             return
         auth = "bearer token required" if token else "no token (loopback only)"
         err_console.print(
-            f"model-surgery MCP on http://{host}:{port}/mcp ({auth}); workspace {workspace}, "
-            f"allowed roots: {', '.join(str(r) for r in roots)}",
+            f"model-surgery MCP on http://{escape(host)}:{port}/mcp ({auth}); "
+            f"workspace {escape(str(workspace))}, "
+            f"allowed roots: {escape(', '.join(str(r) for r in roots))}",
             highlight=False,
             soft_wrap=True,
         )

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from surgery.cli.app import app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt
@@ -59,6 +60,10 @@ def install_command(
             }
         )
         return
-    console.print(f"{result.status} {result.destination}", highlight=False, soft_wrap=True)
+    console.print(
+        f"{escape(result.status)} {escape(str(result.destination))}",
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print("\nRegister the MCP server:\n", highlight=False)
     console.print(text, highlight=False, soft_wrap=True, markup=False)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import numpy as np
 import onnx
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
@@ -97,7 +98,7 @@ def compile_command(
     if as_json:
         emit_json(result.to_dict())
         raise typer.Exit(EXIT_OK)
-    console.print(f"[bold]{result.archive}[/]", highlight=False)
+    console.print(f"[bold]{escape(str(result.archive))}[/]", highlight=False)
     console.print(
         f"{len(result.elf_files)} .elf file(s) for {result.mla_segments} MLA segment(s) "
         f"(surgery check); batch {result.actual_batch_size} of {result.desired_batch_size} "
@@ -110,7 +111,7 @@ def compile_command(
     for segment in result.segments:
         bound = segment["lower_bound_bytes"] or 1
         table.add_row(
-            segment["name"],
+            escape(str(segment["name"])),
             str(segment["layers"]),
             f"{segment['peak_bytes']:,}",
             f"{segment['lower_bound_bytes']:,}",
@@ -119,12 +120,12 @@ def compile_command(
         )
     console.print(table)
     console.print(
-        "pipeline: " + " → ".join(f"{s['name']} ({s['processor']})" for s in result.stages),
+        "pipeline: " + escape(" → ".join(f"{s['name']} ({s['processor']})" for s in result.stages)),
         highlight=False,
     )
     console.print(f"total MLA cycles (static schedule): {result.total_cycles:,}")
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False)
 
 
 @app.command("archive")
@@ -147,13 +148,17 @@ def archive_command(
         emit_json(summary)
         raise typer.Exit(EXIT_OK)
     console.print(
-        f"[bold]{summary['name']}[/] for {summary['target']} — {len(summary['elf_files'])} .elf, "
+        f"[bold]{escape(str(summary['name']))}[/] for {escape(str(summary['target']))} — "
+        f"{len(summary['elf_files'])} .elf, "
         f"batch {summary['actual_batch_size']} (asked {summary['desired_batch_size']})",
         highlight=False,
     )
-    console.print(f"[dim]{summary['model_sdk_version']}; model {summary['model_path']}[/]")
+    console.print(
+        f"[dim]{escape(str(summary['model_sdk_version']))}; "
+        f"model {escape(str(summary['model_path']))}[/]"
+    )
     if summary["custom_string"]:
-        console.print(f"custom string: {summary['custom_string']}", highlight=False)
+        console.print(f"custom string: {escape(str(summary['custom_string']))}", highlight=False)
     table = Table(show_edge=False, header_style="bold")
     for column in ("#", "plugin", "processor", "kernel", "executable", "cycles", "peak / bound"):
         table.add_column(column)
@@ -161,10 +166,10 @@ def archive_command(
         peak = plugin.get("peak_bytes")
         table.add_row(
             str(plugin["sequence"]),
-            plugin["name"],
-            plugin["processor"],
-            str(plugin["kernel"]),
-            plugin["executable"] or "(built-in)",
+            escape(str(plugin["name"])),
+            escape(str(plugin["processor"])),
+            escape(str(plugin["kernel"])),
+            escape(str(plugin["executable"] or "(built-in)")),
             f"{plugin['static_cycles']:,}" if plugin.get("static_cycles") is not None else "",
             f"{peak:,} / {plugin['lower_bound_bytes']:,}" if peak is not None else "",
         )
@@ -175,11 +180,14 @@ def archive_command(
             layers.add_column(column)
         for index, entry in sorted(opened.stats.items()):
             layers.add_row(
-                str(index), entry["name"], str(entry["start_cycle"]), str(entry["end_cycle"])
+                str(index),
+                escape(str(entry["name"])),
+                str(entry["start_cycle"]),
+                str(entry["end_cycle"]),
             )
         console.print(layers)
     for note in summary["notes"]:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False)
 
 
 @app.command("run")
@@ -292,7 +300,7 @@ def _reference_model(opened, model: Path | None) -> onnx.ModelProto:
 def _render_run(report: dict[str, Any], compared: bool) -> None:
     stats = report["stats"]
     console.print(
-        f"[bold]{report['archive']}[/]: {stats['frames']} frame(s), batch "
+        f"[bold]{escape(report['archive'])}[/]: {stats['frames']} frame(s), batch "
         f"{stats['actual_batch_size']}, {stats['wall_seconds']:.3f} s",
         highlight=False,
     )
@@ -301,17 +309,23 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
         table.add_column(column)
     for stage in stats["stages"]:
         table.add_row(
-            stage["name"],
-            stage["processor"],
-            stage["kernel"],
+            escape(str(stage["name"])),
+            escape(str(stage["processor"])),
+            escape(str(stage["kernel"])),
             f"{stage['stall_aware_cycles']:,}" if stage["stall_aware_cycles"] else "",
             f"{stage['latency_us_per_frame']:.2f}",
-            stage["estimate"],
+            escape(str(stage["estimate"])),
         )
     console.print(table)
+    host = stats["host_measured_us_per_frame"]
+    host_text = (
+        f"; host ONNX stages {host:.2f} µs measured on this machine (not a device estimate)"
+        if host
+        else ""
+    )
     console.print(
-        f"latency per frame: {stats['latency_us_per_frame']:.2f} µs; emulator: "
-        f"{stats['emulator_kernels']}",
+        f"modelled latency per frame (MLA + CVU kernels): {stats['latency_us_per_frame']:.2f} µs"
+        f"{host_text}; emulator: {escape(str(stats['emulator_kernels']))}",
         highlight=False,
     )
     outputs = Table(show_edge=False, header_style="bold")
@@ -325,8 +339,8 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
         outputs.add_column(column)
     for entry in report["outputs"]:
         row = [
-            entry["name"],
-            json.dumps(entry["shape"]),
+            escape(str(entry["name"])),
+            escape(json.dumps(entry["shape"])),
             f"{entry['min']:.6g}",
             f"{entry['max']:.6g}",
         ]
@@ -345,4 +359,4 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
             highlight=False,
         )
         if reference["explanation"]:
-            console.print(f"[yellow]{reference['explanation']}[/]", highlight=False)
+            console.print(f"[yellow]{escape(str(reference['explanation']))}[/]", highlight=False)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.check import render_report
@@ -69,7 +70,7 @@ def demo_command(
     model = load_model(path)
     report = analyze_coverage(model, target)
     if not as_json:
-        console.rule(f"[bold]1. check[/] {path}")
+        console.rule(f"[bold]1. check[/] {escape(str(path))}")
         render_report(str(path), report)
         console.rule("[bold]2. fix[/]")
     fixed = fix_model(model, target)
@@ -77,7 +78,7 @@ def demo_command(
     if not as_json:
         for step in fixed.steps:
             console.print(
-                f"  {step['rule']}: segments {step['segments_before']}→{step['segments_after']}, "
+                f"  {escape(step['rule'])}: segments {step['segments_before']}→{step['segments_after']}, "
                 f"blockers {step['blockers_before']}→{step['blockers_after']}, verified "
                 f"(max |err| {step['verify']['max_abs']:.2g})",
                 highlight=False,
@@ -91,14 +92,15 @@ def demo_command(
     sqnr = _sqnr(net.execute(held_out), quantized.execute(held_out))
     if not as_json:
         console.print(
-            f"  {qdq_path}: SQNR vs float on a held-out sample {sqnr:.1f} dB", highlight=False
+            f"  {escape(str(qdq_path))}: SQNR vs float on a held-out sample {sqnr:.1f} dB",
+            highlight=False,
         )
         console.rule("[bold]4. compile[/]")
     compiled = quantized.compile(folder)
     if not as_json:
         console.print(
-            f"  {compiled.archive}: {len(compiled.elf_files)} .elf file(s) "
-            f"({', '.join(compiled.elf_files)}); check said {fixed.coverage_after.mla_segments} MLA segment(s)",
+            f"  {escape(str(compiled.archive))}: {len(compiled.elf_files)} .elf file(s) "
+            f"({escape(', '.join(compiled.elf_files))}); check said {fixed.coverage_after.mla_segments} MLA segment(s)",
             highlight=False,
         )
         console.rule("[bold]5. run[/]")
@@ -121,9 +123,11 @@ def demo_command(
     else:
         for name, c in compared.items():
             result = "bit-exact" if c["bit_exact"] else f"max |Δ| {c['max_abs_diff_vs_reference']}"
-            console.print(f"  {name}: emulator vs integer reference: {result}", highlight=False)
+            console.print(
+                f"  {escape(name)}: emulator vs integer reference: {result}", highlight=False
+            )
         verdict = "[bold green]done[/]" if exact else "[bold red]emulator and reference differ[/]"
-        console.print(f"\n{verdict}: files in {folder}")
+        console.print(f"\n{verdict}: files in {escape(str(folder))}")
     raise typer.Exit(EXIT_OK if exact else EXIT_VERDICT)
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
@@ -315,7 +316,8 @@ def quantize_command(
         emit_json(payload)
         raise typer.Exit(EXIT_OK)
     console.print(
-        f"[bold]{out_path}[/]: {payload['quantized_nodes']} nodes quantized, method {method}, "
+        f"[bold]{escape(str(out_path))}[/]: {payload['quantized_nodes']} nodes quantized, "
+        f"method {escape(method)}, "
         f"{payload['samples']} calibration samples"
     )
     if hybrid is not None:
@@ -323,19 +325,20 @@ def quantize_command(
             after = item["cosine_after"]
             tail = "" if after is None else f"; after: {_fmt(after, 4)}"
             console.print(
-                f"  raised {item['layer']} → {item['precision']} ({item['reason']}{tail})"
+                f"  raised {escape(str(item['layer']))} → {escape(str(item['precision']))} "
+                f"({escape(str(item['reason']))}{tail})"
             )
     table = Table(title=f"final outputs vs float on {len(held.rows)} held-out samples")
     for col in ("output", "SQNR dB", "cosine"):
         table.add_column(col)
     for name, err in errors.items():
-        table.add_row(name, _fmt(err["sqnr_db"]), _fmt(err["cosine"], 5))
+        table.add_row(escape(str(name)), _fmt(err["sqnr_db"]), _fmt(err["cosine"], 5))
     console.print(table)
     if payload["advice"]:
         first, *rest = payload["advice"]
-        console.print(f"[yellow]{first}[/]", highlight=False)
+        console.print(f"[yellow]{escape(str(first))}[/]", highlight=False)
         for line in rest:
-            console.print(f"  try: {line}", highlight=False)
+            console.print(f"  try: {escape(str(line))}", highlight=False)
 
 
 @app.command("analyze")
@@ -382,7 +385,7 @@ def analyze_command(
         table.add_column(col, justify="right")
     for e in shown:
         table.add_row(
-            e.label,
+            escape(e.label),
             _fmt(e.entire.cosine, 5),
             _fmt(e.entire.euclidean, 4),
             _fmt(e.single.cosine, 5),
@@ -392,6 +395,6 @@ def analyze_command(
     console.print(table)
     for name, m in result.outputs.items():
         console.print(
-            f"output {name}: cosine {m.cosine:.5f}, "
+            f"output {escape(str(name))}: cosine {m.cosine:.5f}, "
             f"SQNR {_fmt(m.sqnr_db if math.isfinite(m.sqnr_db) else None)} dB"
         )

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from surgery.errors import SurgeryError
 
@@ -89,9 +90,9 @@ def fail(error: SurgeryError | str, *, as_json: bool = False) -> NoReturn:
     err = error if isinstance(error, SurgeryError) else SurgeryError(str(error))
     if as_json:
         emit_json({"error": err.to_dict()})
-    err_console.print(f"[bold red]error:[/] {err.message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(err.message)}", highlight=False, soft_wrap=True)
     if err.hint:
-        err_console.print(f"[dim]hint: {err.hint}[/]", highlight=False, soft_wrap=True)
+        err_console.print(f"[dim]hint: {escape(err.hint)}[/]", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_ERROR)
 
 

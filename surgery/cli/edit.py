@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import onnx
 import typer
+from rich.markup import escape
 
 from surgery.cli.app import app, console, emit_json, handle_errors, refuse_overwrite
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
@@ -82,8 +83,8 @@ def split_command(
         return
     console.print(
         f"[green]split[/] {data['nodes']} of {data['source_nodes']} nodes "
-        f"({', '.join(data['inputs']) or 'no inputs'} → {', '.join(data['outputs'])}); "
-        f"wrote {path}",
+        f"({escape(', '.join(data['inputs']) or 'no inputs')} → "
+        f"{escape(', '.join(data['outputs']))}); wrote {escape(str(path))}",
         highlight=False,
     )
 
@@ -148,7 +149,8 @@ def merge_command(
         return
     console.print(
         f"[green]merged[/] {len(pairs)} connection(s), {data['nodes']} nodes "
-        f"({', '.join(data['inputs'])} → {', '.join(data['outputs'])}); wrote {path}",
+        f"({escape(', '.join(data['inputs']))} → {escape(', '.join(data['outputs']))}); "
+        f"wrote {escape(str(path))}",
         highlight=False,
     )
 
@@ -211,7 +213,7 @@ def edit_command(
         return
     console.print(
         f"[green]edited[/] {len(edits)} edit(s), nodes {data['nodes_before']} → "
-        f"{data['nodes']}; wrote {path} (numbers may differ: check with `surgery verify`)",
+        f"{data['nodes']}; wrote {escape(str(path))} (numbers may differ: check with `surgery verify`)",
         highlight=False,
     )
 
@@ -260,7 +262,7 @@ def cut_postprocess_command(
     proof = report.proof
     console.print(
         f"[green]cut[/] {len(report.plan.tail)} post-processing node(s) "
-        f"({', '.join(f'{k}×{v}' for k, v in report.plan.tail_ops.items())}); body ends at "
+        f"({escape(', '.join(f'{k}×{v}' for k, v in report.plan.tail_ops.items()))}); body ends at "
         f"{len(report.plan.cut)} 4-D map(s), {report.body_segments} MLA segment(s) "
         f"(was {report.segments_before})",
         highlight=False,
@@ -268,6 +270,6 @@ def cut_postprocess_command(
     verdict = "bitwise identical" if proof.bitwise else "exact within float rounding"
     console.print(
         f"proof: body→post vs original on {len(proof.outputs)} output(s): {verdict}; "
-        f"wrote {body_path} and {post_path}",
+        f"wrote {escape(str(body_path))} and {escape(str(post_path))}",
         highlight=False,
     )

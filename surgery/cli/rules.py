@@ -53,8 +53,8 @@ def rules_command(
             return
         # Rule texts are full of shapes in brackets ([N, C, L]): printed as text, not markup.
         console.print(
-            f"[bold]{info['name']}[/] ({info['category']}, {info['exactness']}): "
-            f"{escape(info['summary'])}"
+            f"[bold]{escape(info['name'])}[/] ({escape(info['category'])}, "
+            f"{escape(info['exactness'])}): {escape(info['summary'])}"
         )
         console.print(reflow(info["doc"]), highlight=False, markup=False)
         if info["params"]:
@@ -75,8 +75,8 @@ def rules_command(
     table = Table("rule", "category", "exact", "summary", show_edge=False, header_style="bold")
     for r in rows:
         table.add_row(
-            r["name"],
-            r["category"],
+            escape(r["name"]),
+            escape(r["category"]),
             "yes" if r["exactness"] == "exact" else "approx",
             escape(r["summary"]),
         )
@@ -159,14 +159,14 @@ def apply_command(
         return
     v = result.verification
     console.print(
-        f"[green]applied[/] {rule}: {len(result.matches)} match(es), "
+        f"[green]applied[/] {escape(rule)}: {len(result.matches)} match(es), "
         f"-{len(result.nodes_removed)}/+{len(result.nodes_added)} nodes; verify {v.mode} "
         f"{'passed' if v.passed else 'FAILED'} (max abs {v.worst_max_abs:.3g})"
     )
     console.print(
         f"segments {summary['mla_segments_before']} → {summary['mla_segments_after']}, "
         f"blockers {summary['blockers_before']} → {summary['blockers_after']}; "
-        f"saved {output} ({v0.name} {version.id})",
+        f"saved {escape(str(output))} ({escape(v0.name)} {escape(str(version.id))})",
         highlight=False,
     )
     for note in result.notes:
@@ -216,7 +216,7 @@ def fix_command(
     def show(step: dict) -> None:
         if not as_json:
             err_console.print(
-                f"  {describe_step(step)}, max abs {step['verify']['max_abs']:.2g}",
+                f"  {escape(describe_step(step))}, max abs {step['verify']['max_abs']:.2g}",
                 highlight=False,
             )
 
@@ -255,12 +255,13 @@ def fix_command(
         console.print(
             f"{verdict}: segments {data['mla_segments_before']} → {data['mla_segments_after']}, MLA MAC share "
             f"{100 * data['mla_mac_fraction_before']:.1f}% → {100 * data['mla_mac_fraction_after']:.1f}%, "
-            f"{len(result.steps)} verified step(s); wrote {output}",
+            f"{len(result.steps)} verified step(s); wrote {escape(str(output))}",
             highlight=False,
         )
         for group in data["remaining_blockers"][:8]:
             console.print(
-                f"  {group['count']:>4} × {'/'.join(group['op_types'])}: {group['reason']}",
+                f"  {group['count']:>4} × {escape('/'.join(group['op_types']))}: "
+                f"{escape(group['reason'])}",
                 highlight=False,
             )
         for note in result.notes:

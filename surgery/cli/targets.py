@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from surgery.cli.app import app, console, emit_json, handle_errors
@@ -45,7 +46,12 @@ def targets_command(
             "target", "title", "MLA precisions", "MLA ops", show_edge=False, header_style="bold"
         )
         for r in rows:
-            table.add_row(r["name"], r["title"], ", ".join(r["mla_precisions"]), str(r["mla_ops"]))
+            table.add_row(
+                escape(r["name"]),
+                escape(str(r["title"])),
+                escape(", ".join(r["mla_precisions"])),
+                str(r["mla_ops"]),
+            )
         console.print(table)
         return
     tgt = load_target(target)
@@ -54,15 +60,17 @@ def targets_command(
         if as_json:
             emit_json(info)
             return
-        note = f": {info['note']}" if info["note"] else ""
-        console.print(f"[bold]{op}[/] on [bold]{tgt.name}[/]{note}", highlight=False)
+        note = f": {escape(info['note'])}" if info["note"] else ""
+        console.print(
+            f"[bold]{escape(op)}[/] on [bold]{escape(tgt.name)}[/]{note}", highlight=False
+        )
         for placement in info["placements"]:
-            proc = placement["processor"]
-            prec = ", ".join(placement["precisions"]) or "—"
+            proc = escape(placement["processor"])
+            prec = escape(", ".join(placement["precisions"]) or "—")
             suffix = " (fallback: runs anything)" if placement.get("fallback") else ""
             console.print(f"  [cyan]{proc}[/] \\[{prec}]{suffix}", highlight=False)
             for c in placement["constraints"]:
-                console.print(f"    • {c['rule']}", highlight=False)
+                console.print(f"    • {escape(c['rule'])}", highlight=False)
         return
     data = {
         "name": tgt.name,
@@ -78,13 +86,16 @@ def targets_command(
         emit_json(data)
         return
     console.print(
-        f"[bold]{tgt.name}[/]: {tgt.profile.title}\n{tgt.profile.description}\n[dim]source: {tgt.profile.source}[/]"
+        f"[bold]{escape(tgt.name)}[/]: {escape(str(tgt.profile.title))}\n"
+        f"{escape(str(tgt.profile.description))}\n[dim]source: {escape(str(tgt.profile.source))}[/]"
     )
     table = Table("op", "processors", "note", show_edge=False, header_style="bold")
     for op_type in sorted(tgt.ops):
         procs = " → ".join(r.processor for r in tgt.rules_for(op_type))
         table.add_row(
-            op_type, procs + " → APU" if "APU" not in procs else procs, tgt.ops[op_type].note or ""
+            escape(op_type),
+            escape(procs + " → APU" if "APU" not in procs else procs),
+            escape(tgt.ops[op_type].note or ""),
         )
     console.print(table)
     console.print(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
@@ -113,7 +114,8 @@ def render_result(result: VerifyResult) -> None:
     )
     trials = f", {result.samples} samples" if result.samples > 1 else ""
     console.print(
-        f"[bold]A[/] {result.model_a}\n[bold]B[/] {result.model_b}\n[dim]{tolerance}{trials}[/]",
+        f"[bold]A[/] {escape(str(result.model_a))}\n[bold]B[/] {escape(str(result.model_b))}\n"
+        f"[dim]{tolerance}{trials}[/]",
         highlight=False,
     )
     table = Table(show_edge=False, header_style="bold", collapse_padding=True)
@@ -129,8 +131,8 @@ def render_result(result: VerifyResult) -> None:
             shape = f"{shape} ≠ {'×'.join(map(str, o.shape_b)) or 'scalar'}"
         table.add_row(
             "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]",
-            name,
-            shape,
+            escape(name),
+            escape(shape),
             _fmt(o.max_abs),
             _fmt(o.max_rel),
             _fmt(o.mean_abs),
@@ -141,15 +143,15 @@ def render_result(result: VerifyResult) -> None:
     console.print(table)
     for o in result.outputs:
         if o.message:
-            console.print(f"[red]{o.name}[/]: {o.message}", highlight=False)
+            console.print(f"[red]{escape(o.name)}[/]: {escape(o.message)}", highlight=False)
     for note in result.notes:
-        console.print(f"[dim]note: {note}[/]", highlight=False)
+        console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
     worst = result.worst
     summary = f"worst max abs {_fmt(worst['max_abs'])}, min cosine {_fmt(worst['min_cosine'], '.6f')}, min SQNR {_fmt(worst['min_sqnr_db'], '.1f')} dB"
     if result.passed:
         console.print(f"[bold green]PASS[/]: {len(result.outputs)} output(s) match; {summary}")
     else:
-        failed = ", ".join(result.failed_outputs)
+        failed = escape(", ".join(result.failed_outputs))
         console.print(f"[bold red]FAIL[/]: {failed}; {summary}", highlight=False)
 
 

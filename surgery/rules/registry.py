@@ -32,9 +32,7 @@ def get_rule(name: str) -> Rule:
         close = close or [n for n in _RULES if spelled.split("-")[0] in n][:5]
         raise UnknownRuleError(
             f"unknown rule {name!r}",
-            hint=f"did you mean {', '.join(close)}?"
-            if close
-            else "list them with `surgery rules`",
+            hint=f"did you mean {', '.join(close)}?" if close else "list them with `surgery rules`",
         )
     return cls()
 
