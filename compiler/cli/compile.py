@@ -30,7 +30,7 @@ ArchiveArg = Annotated[Path, typer.Argument(help="A compiled archive (<name>_mpk
 def compile_command(
     model: Annotated[Path, typer.Argument(help="Quantized (QDQ) ONNX model to compile.")],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Directory for <name>_mpk.tar.gz.")
+        Path, typer.Option("--output", "--out", "-o", help="Directory for <name>_mpk.tar.gz.")
     ],
     target: Annotated[
         str | None,

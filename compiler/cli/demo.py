@@ -48,7 +48,10 @@ def demo_command(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Folder for the demo's files (default: a new temp folder)."
+            "--out",
+            "--output",
+            "-o",
+            help="Folder for the demo's files (default: a new temp folder).",
         ),
     ] = None,
     as_json: JsonOpt = False,

@@ -242,7 +242,13 @@ def quantize_command(
         int, typer.Option(help="Last N samples of --calib: evaluation only, not calibration.")
     ] = 2,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="QDQ model path (.onnx).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "--out",
+            "-o",
+            help="QDQ model path (.onnx; default: <model>_quant.onnx beside the model).",
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -348,7 +354,9 @@ def analyze_command(
     quant_model: Annotated[Path, typer.Argument(help="Its QDQ model (.onnx).")],
     data: Annotated[
         Path,
-        typer.Option("--data", help="Samples: image folder, .npy/.npz folder or dataset.txt."),
+        typer.Option(
+            "--data", "--calib", help="Samples: image folder, .npy/.npz folder or dataset.txt."
+        ),
     ],
     input_shape: InputShapeOpt = None,
     top: Annotated[int, typer.Option(help="Show the N worst layers (0: all).")] = 20,

@@ -20,7 +20,9 @@ from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
 
-OutArg = Annotated[Path, typer.Option("--out", "-o", help="Where to write the resulting model.")]
+OutArg = Annotated[
+    Path, typer.Option("--out", "--output", "-o", help="Where to write the resulting model.")
+]
 TensorsOpt = Annotated[
     list[str] | None,
     typer.Option(help="Tensor names, comma-separated or repeated.", metavar="T1,T2"),

@@ -34,8 +34,23 @@ WorkspaceOpt = Annotated[
         "--workspace", "-w", help="Workspace folder: every step is kept as a numbered version."
     ),
 ]
-OutOpt = Annotated[
-    Path | None, typer.Option("--out", "-o", help="Where to write the resulting model.")
+ApplyOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "--output",
+        "-o",
+        help="Also write the result here (it is always kept as a workspace version).",
+    ),
+]
+FixOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "--output",
+        "-o",
+        help="Where to write the fixed model (default: <model>_fixed.onnx in this folder).",
+    ),
 ]
 
 
@@ -128,7 +143,7 @@ def apply_command(
         list[str] | None,
         typer.Option("--param", "-p", help="Rule parameter KEY=VALUE (repeatable)."),
     ] = None,
-    out: OutOpt = None,
+    out: ApplyOutOpt = None,
     workspace: WorkspaceOpt = Path(".surgery"),
     target: TargetOpt = "mlsoc",
     input_shape: InputShapeOpt = None,
@@ -178,7 +193,7 @@ def apply_command(
 def fix_command(
     model: ModelArg,
     target: TargetOpt = "mlsoc",
-    out: OutOpt = None,
+    out: FixOutOpt = None,
     max_steps: Annotated[int, typer.Option(min=1, help="Stop after this many applied rules.")] = 30,
     allow_approximate: Annotated[
         bool,
