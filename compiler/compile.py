@@ -126,6 +126,10 @@ def compile_model(
         arena_bytes=arena_bytes,
     )
     output_dir = Path(output_path)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CompileError(
+            f"{output_dir} is a file; the output is the directory to write the archive into"
+        )
     if output_dir.name.endswith(_ARCHIVE_FILE_ENDINGS):  # before compiling: fail fast
         raise CompileError(
             f"{output_dir}: the output is the directory to write the archive into, not its "

@@ -126,6 +126,19 @@ def test_run_refuses_a_reference_that_is_not_the_compiled_model(tmp_path, compil
     assert "is not the model this archive was compiled from" in result.output
 
 
+def test_compile_into_a_file_is_a_clear_error(tmp_path, compiled) -> None:
+    model_path, _ = compiled
+    result = _run("compile", model_path, "-o", model_path)
+    assert result.exit_code == 2 and "is a file" in result.output
+
+
+def test_run_saves_outputs_into_a_new_folder(tmp_path, compiled) -> None:
+    _, data = compiled
+    result = _run("run", data["archive"], "--save-outputs", tmp_path / "new" / "out.npz")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "new" / "out.npz").is_file()
+
+
 def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
     _, data = compiled
     empty = tmp_path / "empty.npz"

@@ -79,3 +79,8 @@ def test_explain_of_a_mis_cased_op_names_the_real_one():
 def test_explain_of_a_name_that_is_no_op_is_an_error():
     with pytest.raises(TargetError, match="not an ONNX operator"):
         load_target("mlsoc").explain("MakeItFast")
+
+
+def test_a_missing_profile_file_is_named_as_a_missing_file(tmp_path):
+    with pytest.raises(TargetError, match="no such file"):
+        load_target(str(tmp_path / "custom.yaml"))

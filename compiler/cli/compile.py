@@ -270,6 +270,7 @@ def run_command(
         entry.update(references.get(name, {}))
         report["outputs"].append(entry)
     if save_outputs:
+        save_outputs.parent.mkdir(parents=True, exist_ok=True)
         np.savez(save_outputs, **outputs)
         report["saved"] = str(save_outputs)
     code = EXIT_OK if verdict else EXIT_VERDICT

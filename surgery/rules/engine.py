@@ -183,7 +183,10 @@ def apply_rule(
         matches = [m for m in matches if wanted & set(m.nodes)]
     if not matches:
         where = f" at {', '.join(nodes)}" if nodes else ""
-        raise RuleNotApplicableError(f"rule {rule.name!r} does not apply{where}")
+        raise RuleNotApplicableError(
+            f"rule {rule.name!r} does not apply{where}: nothing in the model matches it",
+            hint="`surgery check` lists the blockers with the rules that match them",
+        )
     if progress:
         progress(f"{rule.name}: {len(matches)} match(es)")
     graph = import_graph(model)

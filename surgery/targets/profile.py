@@ -286,7 +286,12 @@ def available_targets() -> list[str]:
 
 def _read_profile_data(name_or_path: str) -> tuple[dict[str, Any], str]:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml", ".json") and path.exists():
+    if path.suffix in (".yaml", ".yml", ".json"):
+        if not path.is_file():
+            raise TargetError(
+                f"target profile {name_or_path}: no such file",
+                hint=f"built-in targets: {', '.join(available_targets())}",
+            )
         source = str(path)
     else:
         path = profile_dir() / f"{name_or_path}.yaml"
