@@ -158,11 +158,12 @@ def merge_command(
 
 
 def _read_ops(spec: str) -> list[Any]:
-    """An edit list from a JSON file, or inline JSON when the value starts with '['."""
+    """An edit list from a JSON file, or inline JSON when the value starts with '[' (or '{',
+    to say that one edit must be in a list)."""
     from surgery.edit import EditError
 
     text = spec
-    if not spec.lstrip().startswith("["):
+    if not spec.lstrip().startswith(("[", "{")):
         path = Path(spec)
         if not path.is_file():
             raise EditError(f"--ops {spec}: no such file (give a .json file or an inline list)")
