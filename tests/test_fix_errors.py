@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper
 
+from surgery import examples
 from surgery.errors import VerifyError
+from surgery.model import load_model
 from surgery.rules.fix import fix_model
 
 
@@ -30,3 +32,10 @@ def test_fix_names_why_onnx_runtime_cannot_run_the_model():
     with pytest.raises(VerifyError, match="ONNX Runtime cannot load it.*num_outputs") as info:
         fix_model(_split_with_num_outputs_at_opset17(), "mlsoc")
     assert "re-export" in (info.value.hint or "")
+
+
+def test_fix_names_the_rules_that_match_its_remaining_blockers():
+    """As `surgery check` of the result would: yolo_head's decode reshape is cut-postprocess's."""
+    result = fix_model(load_model(examples.yolo_head()))
+    (group,) = result.coverage_after.blocker_groups()
+    assert group["suggested_rules"] == ["cut-postprocess"]

@@ -184,7 +184,12 @@ def fix_model(
     if quantized:
         result.notes.insert(0, REWRITTEN_AS_FLOAT_NOTE)
     result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
-    result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
+    if not result.coverage_after.blockers:
+        result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
+    else:  # what `surgery check` says of the result, the rules matching its blockers included
+        from surgery.check import check_model
+
+        result.coverage_after = check_model(result.model, tgt)
     return result
 
 
