@@ -176,3 +176,11 @@ def test_the_advised_analyze_command_repeats_the_data_options(workdir: Path) -> 
     assert command.endswith("--mean 0.5 --std 2")
     analyzed = runner.invoke(app, command.split()[1:] + ["--json"])
     assert analyzed.exit_code == 0, analyzed.output
+
+
+def test_quantize_logs_progress_lines_when_stderr_is_no_terminal(workdir: Path) -> None:
+    """A CI log gets plain progress lines (the bar only draws on a terminal)."""
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(workdir / "qp.onnx")])
+    assert result.exit_code == 0, result.output
+    assert "calibrating: " in result.stderr and "samples" in result.stderr

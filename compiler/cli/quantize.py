@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,13 +37,26 @@ from surgery.errors import SurgeryError
 from surgery.model import parse_input_shapes
 
 METHODS = ("mse", "minmax", "moving_average", "entropy", "percentile")
+LOG_EVERY_SECONDS = 5.0
+"""How often progress is logged when stderr is not a terminal."""
 
 
 @contextmanager
 def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
-    """A rich progress bar on stderr (nothing when stderr is not a terminal or --json)."""
-    if quiet or not err_console.is_terminal:
+    """A rich progress bar on stderr; to a pipe or log (CI), a plain line every few seconds;
+    nothing with --json."""
+    if quiet:
         yield lambda done, total: None
+        return
+    if not err_console.is_terminal:
+        last = [time.monotonic()]
+
+        def log_line(done: int, total: int | None) -> None:
+            if time.monotonic() - last[0] >= LOG_EVERY_SECONDS or done == total:
+                last[0] = time.monotonic()
+                err_console.print(f"{label}: {done}/{total or '?'} samples", highlight=False)
+
+        yield log_line
         return
     columns = (
         TextColumn("{task.description}"),
