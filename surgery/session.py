@@ -19,6 +19,7 @@ from surgery.coverage import CoverageReport
 from surgery.errors import WorkspaceError
 from surgery.model import load_model
 from surgery.rules.engine import RewriteResult
+from surgery.rules.fix import FixResult
 from surgery.workspace import VersionInfo, Workspace, sanitize_name
 
 
@@ -123,3 +124,31 @@ def record_rewrite(
         verify=step.verification.to_dict(),
         coverage=coverage_summary(step.coverage_after),
     )
+
+
+def record_fix(
+    ws: Workspace,
+    parent: VersionInfo,
+    result: FixResult,
+    *,
+    allow_approximate: bool = False,
+    inputs: Mapping[str, Any] | None = None,
+) -> tuple[VersionInfo, dict[str, Any]]:
+    """Store a fix's result as one version of `parent`'s model, with the end-to-end check of
+    the result against `parent` (each step was verified against the step before it; this is
+    the whole chain at once). Returns the version and that verification."""
+    from surgery.verify import verify_models
+
+    check = verify_models(
+        ws.checked_path(parent), result.model, exact=not allow_approximate, inputs=inputs
+    ).to_dict()
+    version = ws.add_version(
+        parent.name,
+        result.model,
+        parent=parent.version,
+        action="fix",
+        params={"target": result.target, "steps": [s["rule"] for s in result.steps]},
+        verify=check,
+        coverage=coverage_summary(result.coverage_after),
+    )
+    return version, check

@@ -15,6 +15,7 @@ from server.cli import app
 from surgery import examples
 from surgery.model import save_model
 from surgery.rules.fix import fix_model
+from surgery.workspace import Workspace
 
 runner = CliRunner()
 
@@ -109,3 +110,12 @@ def test_version_prints_the_installed_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.output.strip() == f"model-surgery {version('model-surgery')}"
+
+
+def test_fix_records_its_end_to_end_verification_in_the_workspace(tmp_path) -> None:
+    src = save_model(examples.yolo_head(), tmp_path / "yolo.onnx")
+    result = _fix(src, tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    version = Workspace(tmp_path / "ws").latest("yolo")
+    assert version.action == "fix" and version.verify["passed"]
+    assert version.verify["mode"] == "exact"

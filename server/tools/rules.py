@@ -36,9 +36,8 @@ from surgery.rules.fix import FixResult, describe_step
 from surgery.rules.fix import fix_model as core_fix_model
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.suggest import rule_matches
-from surgery.session import coverage_summary, record_rewrite
+from surgery.session import record_fix, record_rewrite
 from surgery.targets import resolve_target
-from surgery.verify import verify_models
 from surgery.workspace import VersionInfo
 
 RuleParamsArg = Annotated[
@@ -245,15 +244,8 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             )
             if not result.steps:
                 return result, parent, None
-            check = verify_models(parent.path, result.model, exact=not allow_approximate).to_dict()
-            new = state.workspace.add_version(
-                parent.name,
-                result.model,
-                parent=parent.version,
-                action="fix",
-                params={"target": result.target, "steps": [s["rule"] for s in result.steps]},
-                verify=check,
-                coverage=coverage_summary(result.coverage_after),
+            new, check = record_fix(
+                state.workspace, parent, result, allow_approximate=allow_approximate
             )
             return result, new, check
 

@@ -25,7 +25,7 @@ from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
 from surgery.rules import all_rules, apply_rule, get_rule
 from surgery.rules.fix import describe_step, fix_model
-from surgery.session import import_or_reuse, record_rewrite
+from surgery.session import import_or_reuse, record_fix, record_rewrite
 from surgery.workspace import Workspace
 
 WorkspaceOpt = Annotated[
@@ -246,19 +246,14 @@ def fix_command(
     )
     ws = Workspace(workspace)
     v0 = import_or_reuse(ws, model)
-    final = ws.add_version(
-        v0.name,
-        result.model,
-        parent=v0.version,
-        action="fix",
-        params={"target": result.target, "steps": [s["rule"] for s in result.steps]},
-        coverage={
-            "mla_segments": result.coverage_after.mla_segments,
-            "single_elf": result.single_elf,
-        },
-    )
+    final, check = record_fix(ws, v0, result, allow_approximate=allow_approximate, inputs=feed)
     output = save_model(result.model, output_path)
-    data = {**result.to_dict(str(output)), "workspace_version": final.id, "model": v0.name}
+    data = {
+        **result.to_dict(str(output)),
+        "workspace_version": final.id,
+        "model": v0.name,
+        "verify": check,
+    }
     if as_json:
         emit_json(data)
     else:
@@ -281,4 +276,10 @@ def fix_command(
             )
         for note in result.notes:
             console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
+        if not check["passed"]:
+            console.print(
+                "[bold red]end-to-end verification against the input failed[/]: "
+                f"{escape(', '.join(check['failed_outputs']))} (surgery verify shows the errors)",
+                highlight=False,
+            )
     raise typer.Exit(EXIT_OK if result.single_elf else EXIT_VERDICT)
