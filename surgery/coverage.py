@@ -21,8 +21,10 @@ from surgery.errors import InvalidGraphError, NodeNotFoundError, TargetError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
 from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
+from surgery.schema_check import raise_malformed_attributes
 from surgery.targets import (
     PROCESSORS,
+    ConstraintEvaluationError,
     NodeContext,
     Reason,
     Target,
@@ -446,11 +448,15 @@ class NodePlacer:
             )
             processor, reasons, precisions = "APU", [reason], ()
         else:
-            decision = self.target.decide(
-                op_type,
-                NodeContext(view, idx, self.constants),
-                known_op=_is_standard_op(op_type, ""),
-            )
+            try:
+                decision = self.target.decide(
+                    op_type,
+                    NodeContext(view, idx, self.constants),
+                    known_op=_is_standard_op(op_type, ""),
+                )
+            except ConstraintEvaluationError as exc:
+                raise_malformed_attributes(view.model)  # a float perm is the model's problem
+                raise exc.as_target_error(name, op_type) from None
             # The decision is this node's own: its reasons list is not copied.
             processor, reasons, precisions = (
                 decision.processor,

@@ -7,6 +7,7 @@ typed `SurgeryError`s that name the file, node and tensor.
 
 from __future__ import annotations
 
+import numbers
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from surgery.errors import (
     first_line,
 )
 from surgery.graph import GraphView, default_opset
+from surgery.schema_check import check_node_counts
 from surgery.targets import CONTRIB_OPS
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -36,6 +38,10 @@ _HIDE_WEIGHTS_FROM_BYTES = 2 * 2**20
 weights to hide costs microseconds per tensor in Python, more than serialising them all."""
 
 InputShapes = Mapping[str, Sequence[int]]
+
+
+MAX_DIM = 2**63
+"""ONNX dims are int64."""
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
@@ -51,8 +57,10 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
             values = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
         except ValueError:
             raise ShapeError(f"--input-shape {spec!r}: dimensions must be integers") from None
-        if not values or any(v <= 0 for v in values):
-            raise ShapeError(f"--input-shape {spec!r}: dimensions must be positive integers")
+        if not values or any(not 0 < v < MAX_DIM for v in values):
+            raise ShapeError(
+                f"--input-shape {spec!r}: dimensions must be positive integers below 2**63"
+            )
         shapes[name] = values
     return shapes
 
@@ -63,11 +71,17 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         copy = onnx.ModelProto()
         copy.CopyFrom(source)
         return copy
+    if not isinstance(source, str | os.PathLike):
+        raise ModelFormatError(
+            f"expected an .onnx path or an onnx.ModelProto, got {type(source).__name__}"
+        )
     path = Path(source)
     if not path.exists():
         raise ModelNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise ModelNotFoundError(f"{path}: is a directory, expected an .onnx file")
+    if not path.is_file():  # a FIFO or device: reading it could block for ever
+        raise ModelNotFoundError(f"{path}: not a regular file, expected an .onnx file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -173,6 +187,9 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     declared = {o.domain for o in model.opset_import}
     if not any(d in ("", "ai.onnx") for d in declared):
         raise InvalidGraphError(f"{label}: no default-domain opset in opset_import")
+    _check_versions(model, label)
+    if not model.graph.output:
+        raise InvalidGraphError(f"{label}: the graph has no outputs, so it computes nothing")
     view = GraphView(model)
     if not set(view.domains) <= STANDARD_DOMAINS | declared:
         _raise_unknown_domain(view, declared, label)
@@ -189,8 +206,26 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
         available, produced
     ):
         _raise_dangling(view, available, label)
+    check_node_counts(model, view, label)
     _check_acyclic(view, label)
     return view
+
+
+def _check_versions(model: onnx.ModelProto, label: str) -> None:
+    """A model newer than the installed onnx cannot be read reliably (its ops may not exist)."""
+    newest_opset = onnx.defs.onnx_opset_version()
+    opset = default_opset(model)
+    if opset > newest_opset:
+        raise InvalidGraphError(
+            f"{label}: opset {opset} is newer than this onnx {onnx.__version__} knows "
+            f"(up to {newest_opset})",
+            hint="convert it to an older opset, or upgrade onnx",
+        )
+    if model.ir_version > onnx.IR_VERSION:
+        raise InvalidGraphError(
+            f"{label}: IR version {model.ir_version} is newer than this onnx "
+            f"{onnx.__version__} reads (up to {onnx.IR_VERSION})"
+        )
 
 
 def _raise_unknown_domain(view: GraphView, declared: set[str], label: str) -> None:
@@ -304,6 +339,12 @@ def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
         if vi is None:
             raise ShapeError(
                 f"--input-shape names {name!r}, but the model's inputs are: {', '.join(inputs) or '(none)'}"
+            )
+        bad = [d for d in dims if not isinstance(d, numbers.Integral) or not 0 < d < MAX_DIM]
+        if bad:
+            raise ShapeError(
+                f"input {name!r}: dims {list(dims)} must be positive integers below 2**63 "
+                f"(got {bad[0]!r})"
             )
         shape = vi.type.tensor_type.shape
         if len(shape.dim) and len(shape.dim) != len(dims):
@@ -628,11 +669,23 @@ _FILE_MODE = 0o666 & ~_current_umask()
 """The mode open() gives a new file (read at import, while there is one thread)."""
 
 
+def refuse_special_file(path: Path) -> None:
+    """Writes rename a temporary file over their target: over a FIFO or a device (-o /dev/null)
+    that would replace it with a regular file, so such a target is refused."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise SurgeryError(f"cannot write {path}: it exists and is not a regular file")
+    if path.is_dir():
+        raise SurgeryError(f"cannot write {path}: it is a folder")
+
+
 def temp_file_beside(path: Path) -> tuple[int, str]:
     """A temporary file in `path`'s folder, to be renamed over `path`, with the mode a plain
     open() would give: mkstemp's 0600 would leave every model written unreadable to the
     other users, containers and CI steps that share it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise SurgeryError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.fchmod(fd, _FILE_MODE)
     return fd, tmp
 
@@ -648,7 +701,11 @@ def save_model(
     `external_data=None` decides by size; the data file is `<name>.onnx.data` beside the model.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_special_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise SurgeryError(f"cannot write {path}: {path.parent} is a file, not a folder") from None
     if external_data is None:
         external_data = model_nbytes(model) > PROTOBUF_LIMIT - 64 * 2**20
     fd, tmp = temp_file_beside(path)

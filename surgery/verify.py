@@ -174,13 +174,20 @@ def load_inputs(
         return {str(k): np.asarray(v) for k, v in source.items()}
     path = Path(source)
     if not path.is_file():
-        raise VerifyError(
-            f"{path}: inputs file not found", hint="pass an .npz file keyed by input name"
-        )
+        what = "not a regular file" if path.exists() else "inputs file not found"
+        raise VerifyError(f"{path}: {what}", hint="pass an .npz file keyed by input name")
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise VerifyError(f"{path}: not a readable .npz file ({first_line(exc)})") from None
+    try:
+        return _named_arrays(path, loaded, input_names)
+    except ValueError as exc:  # object arrays: numbers only, never pickles
+        raise VerifyError(f"{path}: {first_line(exc)}", hint="save numeric arrays") from None
+
+
+def _named_arrays(path: Path, loaded: Any, input_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The arrays of a loaded .npz by key, or a .npy's one array as the only input."""
     if isinstance(loaded, np.ndarray):  # a .npy: one array, no name
         if len(input_names) != 1:
             raise VerifyError(
@@ -760,8 +767,10 @@ def verify_models(
     """
     if samples < 1:
         raise VerifyError(f"samples must be at least 1 (got {samples})")
-    if atol < 0 or rtol < 0:
-        raise VerifyError(f"tolerances must be non-negative (atol={atol}, rtol={rtol})")
+    if not all(math.isfinite(t) and t >= 0 for t in (atol, rtol)):  # NaN passes any `<`
+        raise VerifyError(f"tolerances must be finite and non-negative (atol={atol}, rtol={rtol})")
+    if seed < 0:
+        raise VerifyError(f"seed must be 0 or more (got {seed})")
     proto_a, proto_b = _load(model_a, "A"), _load(model_b, "B")
     name_a, name_b = _describe(model_a), _describe(model_b)
     label_a, label_b = f"model A ({name_a})", f"model B ({name_b})"

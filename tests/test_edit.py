@@ -366,7 +366,7 @@ def test_cli_edit_inline_ops(save, tmp_path):
     [
         ('[{"op": "remove_node", "node": "mul"}]', "2 data inputs"),
         ("[{bad json", "not valid JSON"),
-        ('{"op": "remove_node"}', "no such file"),
+        ('{"op": "remove_node"}', "expected a JSON list"),
         ("missing.json", "no such file"),
     ],
 )

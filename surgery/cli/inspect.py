@@ -26,7 +26,8 @@ def inspect_command(
         typer.Option("--node", "-n", help="Show one node (by node or output tensor name)."),
     ] = None,
     hops: Annotated[
-        int, typer.Option(help="With --node: include neighbours up to this many edges away.")
+        int,
+        typer.Option(min=0, help="With --node: include neighbours up to this many edges away."),
     ] = 0,
     op: Annotated[str | None, typer.Option("--op", help="List nodes of this op type.")] = None,
     find: Annotated[

@@ -159,10 +159,11 @@ def apply_command(
         nodes=[n.strip() for n in nodes.split(",")] if nodes else None,
         params=_parse_params(param or []),
     )
+    written = save_model(result.model, out) if out else None  # first: a failed write stores nothing
     ws = Workspace(workspace)
     v0 = import_or_reuse(ws, model)
     version = record_rewrite(ws, v0.name, v0.version, result, _parse_params(param or []))
-    output = save_model(result.model, out) if out else version.path
+    output = written or version.path
     summary = {
         **result.summary(),
         "output": str(output),
@@ -245,9 +246,9 @@ def fix_command(
         inputs=feed,
     )
     ws = Workspace(workspace)
+    output = save_model(result.model, output_path)  # first: a failed write stores nothing
     v0 = import_or_reuse(ws, model)
     final, check = record_fix(ws, v0, result, allow_approximate=allow_approximate, inputs=feed)
-    output = save_model(result.model, output_path)
     data = {
         **result.to_dict(str(output)),
         "workspace_version": final.id,

@@ -8,6 +8,7 @@ rules pattern-match on (constants as initializers, no Identity chains, static sh
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Annotated
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ from pydantic import Field
 
 from surgery.coverage import CoverageReport, NodePlacement, analyze_coverage
 from surgery.graph import GraphView
-from surgery.model import infer_model_shapes, read_model, set_input_shapes
+from surgery.model import MAX_DIM, infer_model_shapes, read_model, set_input_shapes
 from surgery.rules.base import Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleNotApplicableError
 from surgery.rules.graph_edit import (
@@ -724,7 +725,7 @@ class MergeReshapes(GraphRule):
 
 
 class FixInputShapesParams(RuleParams):
-    shapes: dict[str, list[int]] | None = Field(
+    shapes: dict[str, list[Annotated[int, Field(gt=0, lt=MAX_DIM)]]] | None = Field(
         default=None,
         description='Static shape per input name, e.g. {"images": [1, 3, 640, 640]}. '
         "Without it, symbolic batch dimensions (dim 0) become 1.",

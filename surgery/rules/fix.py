@@ -13,6 +13,7 @@ pairs no pattern of theirs would match. The result is a float model, to be quant
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,7 +149,7 @@ def _candidates(
 
 
 def fix_model(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | str | os.PathLike,
     target: str | Target = "mlsoc",
     *,
     max_steps: int = 30,
@@ -173,7 +174,10 @@ def fix_model(
     tgt = resolve_target(target)
     for name in skip:
         get_rule(name)  # unknown names are an error, not silently ignored
-    loaded = load_model(model) if not model.graph.value_info else model
+    if not isinstance(model, onnx.ModelProto) or not model.graph.value_info:
+        loaded = load_model(model)  # a path, or a model not yet shape-inferred
+    else:
+        loaded = model
     quantized = is_quantized(GraphView(loaded))
     if quantized:
         loaded = load_model(float_model(loaded))

@@ -12,6 +12,7 @@ from surgery.errors import SurgeryError
 from surgery.graph import GraphView
 from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
+from surgery.schema_check import raise_malformed_attributes
 from surgery.targets import Target
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def rule_matches(
             log.debug("rule %s does not apply: %s", rule.name, refusal)
             continue
         except Exception:  # noqa: BLE001 - one rule's bug must not break check or fix
+            raise_malformed_attributes(ctx.model)  # a float perm, not the rule, is the problem
             log.warning("rule %s could not analyse the model", rule.name, exc_info=True)
             continue
         if matches:

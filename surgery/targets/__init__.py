@@ -4,6 +4,7 @@ from surgery.targets.constraints import CHECKS, NodeContext, Reason
 from surgery.targets.profile import (
     CONTRIB_OPS,
     PROCESSORS,
+    ConstraintEvaluationError,
     OpDecision,
     Target,
     TargetProfile,
@@ -17,6 +18,7 @@ __all__ = [
     "CHECKS",
     "CONTRIB_OPS",
     "PROCESSORS",
+    "ConstraintEvaluationError",
     "NodeContext",
     "OpDecision",
     "Reason",

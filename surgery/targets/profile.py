@@ -8,11 +8,12 @@ planner, the quantizer and the partitioner all read one table.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import onnx
 import yaml
@@ -92,10 +93,31 @@ class TargetProfile(BaseModel):
     description: str = ""
     source: str = ""
     extends: str | None = None
-    hardware: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Annotated[int | float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="The MLA's throughput constants (quads, macs_per_quad, …): positive numbers.",
+    )
     processors: dict[Processor, ProcessorSpec]
     ops: dict[str, OpSpec] = Field(default_factory=dict)
     remove_ops: list[str] = Field(default_factory=list)
+
+
+class ConstraintEvaluationError(Exception):
+    """A constraint raised instead of answering: the node's attributes do not fit its schema,
+    or the profile gives the check parameters of the wrong kind (`ranks: four`). The caller,
+    which knows the node, turns it into the error a user can act on."""
+
+    def __init__(self, target: str, processor: str, spec: ConstraintSpec, cause: Exception):
+        super().__init__(f"{spec.check}: {cause}")
+        self.target, self.processor, self.spec, self.cause = target, processor, spec, cause
+
+    def as_target_error(self, node: str, op_type: str) -> TargetError:
+        return TargetError(
+            f"target {self.target}: the {self.processor} constraint {{check: {self.spec.check}, "
+            f"{', '.join(f'{k}: {v}' for k, v in self.spec.params.items())}}} cannot be "
+            f"evaluated on node {node!r} ({op_type}): {type(self.cause).__name__}: {self.cause}",
+            hint="check the profile's parameters for this check (surgery targets TARGET --op OP)",
+        )
 
 
 @dataclass(slots=True)
@@ -211,10 +233,15 @@ class Target:
                 continue
             ctx.processor = rule.processor
             failed = None
-            for fn, params in rule.checks:
-                failed = fn(ctx, params)
-                if failed is not None:
-                    break
+            try:
+                for fn, params in rule.checks:
+                    failed = fn(ctx, params)
+                    if failed is not None:
+                        break
+            except (TypeError, ValueError, KeyError, IndexError) as exc:
+                pairs = zip(rule.constraints, rule.checks, strict=True)
+                spec = next(c for c, check in pairs if check[0] is fn)
+                raise ConstraintEvaluationError(self.name, rule.processor, spec, exc) from exc
             if failed is None:
                 return OpDecision(rule.processor, reasons, rule.precisions)
             reasons.append(failed)
@@ -302,9 +329,11 @@ def _read_profile_data(name_or_path: str) -> tuple[dict[str, Any], str]:
                 hint="or pass the path of a profile .yaml",
             )
     try:
-        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise TargetError(f"target profile {source}: invalid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TargetError(f"target profile {source}: not UTF-8 text ({exc.reason})") from None
     if not isinstance(data, dict):
         raise TargetError(f"target profile {source}: expected a mapping at the top level")
     return data, source
@@ -351,5 +380,12 @@ def load_target(name_or_path: str = "mlsoc") -> Target:
     return Target(profile)
 
 
-def resolve_target(target: str | Target) -> Target:
-    return target if isinstance(target, Target) else load_target(target)
+def resolve_target(target: str | os.PathLike | Target) -> Target:
+    if isinstance(target, Target):
+        return target
+    if not isinstance(target, str | os.PathLike):
+        raise TargetError(
+            f"target must be a profile name or path, got {type(target).__name__}",
+            hint=f"built-in targets: {', '.join(available_targets())}",
+        )
+    return load_target(str(target))
