@@ -148,9 +148,21 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             Literal["int8", "int16"],
             Field(description="int8 (A8W8) or int16 (A16W8 activations)."),
         ] = "int8",
-        requantization_mode: Literal["sima", "tflite"] | None = None,
-        bias_correction: bool = False,
-        channel_equalization: bool = False,
+        requantization_mode: Annotated[
+            Literal["sima", "tflite"] | None,
+            Field(
+                description="How int32 accumulators are rescaled to int8: sima (shift-only) "
+                "or tflite (multiplier and shift); default: the target's."
+            ),
+        ] = None,
+        bias_correction: Annotated[
+            bool,
+            Field(description="Correct each layer's mean output shift caused by int8 weights."),
+        ] = False,
+        channel_equalization: Annotated[
+            bool,
+            Field(description="Equalize per-channel weight ranges across consecutive convs first."),
+        ] = False,
         unquantized_nodes: Annotated[
             list[str] | None, Field(description="Nodes to keep in float.")
         ] = None,
@@ -160,7 +172,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         ] = None,
         mean: Annotated[list[float] | None, Field(description="Image mean per channel.")] = None,
         std: Annotated[list[float] | None, Field(description="Image std per channel.")] = None,
-        bgr: bool = False,
+        bgr: Annotated[
+            bool, Field(description="Feed image channels as BGR (default RGB).")
+        ] = False,
         limit: Annotated[int | None, Field(ge=1, description="Use only the first N.")] = None,
         holdout: Annotated[
             int,
@@ -445,14 +459,29 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         version: VersionArg = "latest",
         target: TargetArg = None,
         name: NameArg = None,
-        batch_size: Annotated[int, Field(ge=1, le=64)] = 1,
-        compress: bool = True,
-        memory_plan_strategy: (
-            Literal["BestFit", "GreedyBySize", "GreedyByLifetime", "SlowPeakGrowth"] | None
-        ) = None,
-        compute_order: Literal["WidthFirst", "DepthFirst"] | None = None,
-        single_core_mode: bool = False,
-        custom_string: Annotated[str | None, Field(max_length=1024)] = None,
+        batch_size: Annotated[
+            int,
+            Field(
+                ge=1,
+                le=64,
+                description="Frames per MLA call wanted; the largest that fits the arena is used.",
+            ),
+        ] = 1,
+        compress: Annotated[bool, Field(description="zlib-compress each .elf's .rodata.")] = True,
+        memory_plan_strategy: Annotated[
+            Literal["BestFit", "GreedyBySize", "GreedyByLifetime", "SlowPeakGrowth"] | None,
+            Field(description="How activations are packed into the arena (default BestFit)."),
+        ] = None,
+        compute_order: Annotated[
+            Literal["WidthFirst", "DepthFirst"] | None,
+            Field(description="Layer schedule order (default WidthFirst)."),
+        ] = None,
+        single_core_mode: Annotated[
+            bool, Field(description="Use one quad (a quarter of the arena and MAC arrays).")
+        ] = False,
+        custom_string: Annotated[
+            str | None, Field(max_length=1024, description="Stored in the archive and each .elf.")
+        ] = None,
     ) -> CompileOut:
         """Compile a quantized (QDQ) version into <name>_mpk.tar.gz: one .elf per MLA
         segment. Reports per-segment peak arena vs its lower bound and cycles, and whether the
@@ -590,7 +619,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             ),
         ] = None,
         frames: Annotated[int, Field(ge=1, le=64, description="Random frames.")] = 1,
-        seed: int = 0,
+        seed: Annotated[
+            int, Field(ge=0, description="Seed of the random inputs when no inputs file is given.")
+        ] = 0,
         compare_reference: Annotated[
             bool,
             Field(

@@ -216,7 +216,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         model: ModelName,
         version: VersionArg = "latest",
         target: TargetArg = None,
-        max_steps: Annotated[int, Field(ge=1, le=100)] = 30,
+        max_steps: Annotated[
+            int, Field(ge=1, le=100, description="Most rules to apply before stopping.")
+        ] = 30,
         allow_approximate: Annotated[
             bool, Field(description="Also use rules that change the math within a bound.")
         ] = False,

@@ -117,10 +117,16 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         exact: Annotated[
             bool, Field(description="Float rounding only (for data-movement rewrites).")
         ] = False,
-        atol: Annotated[float, Field(ge=0)] = 1e-4,
-        rtol: Annotated[float, Field(ge=0)] = 1e-3,
-        samples: Annotated[int, Field(ge=1, le=16)] = 1,
-        seed: int = 0,
+        atol: Annotated[
+            float, Field(ge=0, allow_inf_nan=False, description="Absolute tolerance per element.")
+        ] = 1e-4,
+        rtol: Annotated[
+            float, Field(ge=0, allow_inf_nan=False, description="Relative tolerance per element.")
+        ] = 1e-3,
+        samples: Annotated[
+            int, Field(ge=1, le=16, description="Random input draws (worst case is reported).")
+        ] = 1,
+        seed: Annotated[int, Field(ge=0, description="Seed of the first random draw.")] = 0,
     ) -> VerifyOut:
         """Run the reference and the candidate with ONNX Runtime on the same seeded inputs
         and compare every output (max abs/rel error, cosine, SQNR)."""
