@@ -42,7 +42,7 @@ from surgery.errors import ModelNotFoundError
 from surgery.model import load_model as _load_float
 from surgery.model import read_model, save_model
 from surgery.qdq import quantization_record
-from surgery.targets import resolve_target
+from surgery.targets import Target, resolve_target
 
 __all__ = ["LoadedNet", "Model", "load_model"]
 
@@ -69,11 +69,17 @@ class LoadedNet:
     input_shapes: dict[str, list[int]] | None = None
     name: str = "model"
     _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
+    _profile: Target | None = field(default=None, repr=False, compare=False)
+    """The profile `load_model` read: a profile file's target cannot be found again by name."""
+
+    def resolved_target(self) -> Target:
+        """The target profile (`target` is its name): the one `load_model` read, else by name."""
+        return _target_of(self.target, self._profile)
 
     def execute(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run the float model (ONNX Runtime); inputs as a dict, an array or a list of arrays."""
         if self._session is None:
-            self._session = reference_session(self.model)
+            self._session = reference_session(self.model, label="the float model")
         return _execute(self._session, self.model, inputs)
 
     def quantize(
@@ -94,7 +100,7 @@ class LoadedNet:
         layers until the outputs reach it (`compiler.quantize.hybrid`). The hybrid record is in
         `Model.report["auto_hybrid"]`.
         """
-        target: str = self.target
+        target: str | Target = self.resolved_target()
         op_target: dict[str, str] | None = None
         if isinstance(quantization_config, RknnConfig):
             target = quantization_config.target
@@ -120,7 +126,14 @@ class LoadedNet:
             op_target=op_target,
         )
         params = result.params
-        return Model(result.model, result.target, model_name or self.name, params, result.report)
+        return Model(
+            result.model,
+            result.target,
+            model_name or self.name,
+            params,
+            result.report,
+            _profile=target if isinstance(target, Target) else None,
+        )
 
     def _quantize_hybrid(
         self,
@@ -128,7 +141,7 @@ class LoadedNet:
         config: QuantizationParams | RknnConfig,
         model_name: str | None,
         progress: Progress | None,
-        target: str,
+        target: str | Target,
         op_target: dict[str, str] | None,
         target_sqnr_db: float | None,
     ) -> Model:
@@ -146,7 +159,8 @@ class LoadedNet:
         )
         q = result.quantized
         report = {**q.report, "auto_hybrid": result.to_dict()}
-        return Model(q.model, q.target, model_name or self.name, q.params, report)
+        profile = target if isinstance(target, Target) else None
+        return Model(q.model, q.target, model_name or self.name, q.params, report, _profile=profile)
 
     def _dataset(self, path: Path, config: QuantizationParams | RknnConfig) -> Any:
         mean = std = None
@@ -169,19 +183,28 @@ def load_model(
     path_or_proto: str | os.PathLike | onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     layout: Layout = "NCHW",
-    target: str = "mlsoc",
+    target: str | Target = "mlsoc",
 ) -> LoadedNet:
-    """Load and validate an ONNX model for `target`; `input_shapes` fixes dynamic dimensions."""
+    """Load and validate an ONNX model for `target` (a built-in target's name, a profile .yaml
+    or a `Target`); `input_shapes` fixes dynamic dimensions."""
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout={layout!r}: expected NCHW or NHWC")
-    resolved = resolve_target(target).name
+    profile = resolve_target(target)
     model = _load_float(path_or_proto, input_shapes)
     if isinstance(path_or_proto, onnx.ModelProto):
         name = path_or_proto.graph.name or "model"
     else:
         name = Path(path_or_proto).stem
     shapes = {k: list(v) for k, v in input_shapes.items()} if input_shapes else None
-    return LoadedNet(model, resolved, layout, shapes, name)
+    return LoadedNet(model, profile.name, layout, shapes, name, _profile=profile)
+
+
+def _target_of(name: str, profile: Target | None) -> Target:
+    """The profile `profile` while it is the one named `name` (a caller may set `target` to
+    another name), else the target `name` resolves to."""
+    if profile is not None and profile.name == name:
+        return profile
+    return resolve_target(name)
 
 
 @dataclass
@@ -194,12 +217,14 @@ class Model:
     params: QuantizationParams
     report: dict[str, Any] = field(default_factory=dict)
     _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
+    _profile: Target | None = field(default=None, repr=False, compare=False)
+    """The profile quantized for, when it came from a file (not found again by its name)."""
 
     def execute(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run the QDQ model in ONNX Runtime as the float-simulated reference (Q/DQ not fused
         into ORT's int8 kernels, which round differently)."""
         if self._session is None:
-            self._session = reference_session(self.qdq_model)
+            self._session = reference_session(self.qdq_model, label="the quantized model")
         return _execute(self._session, self.qdq_model, inputs)
 
     def analyze_quantization_error(
@@ -232,10 +257,15 @@ class Model:
         return compile_model(
             self.qdq_model,
             output_path,
-            target=options.pop("target", self.target),
+            target=options.pop("target") if "target" in options else self._compile_target(),
             model_name=options.pop("model_name", self.name),
             **options,
         )
+
+    def _compile_target(self) -> str | Target:
+        """The profile quantized for while `target` still names it, else `target` (a name)."""
+        profile = self._profile
+        return profile if profile is not None and profile.name == self.target else self.target
 
     @property
     def segments(self) -> dict[str, Any]:
@@ -243,7 +273,7 @@ class Model:
         tensors in `tessellate_parameters`."""
         from surgery.check import check_model
 
-        report = check_model(self.qdq_model, self.target, suggest=False)
+        report = check_model(self.qdq_model, self._compile_target(), suggest=False)
         return {
             seg.name: SimpleNamespace(
                 name=seg.name, input_names=seg.inputs, output_names=seg.outputs, nodes=seg.nodes

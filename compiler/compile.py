@@ -20,12 +20,14 @@ import onnx
 from compiler.archive import ARCHIVE_SUFFIX, model_checksum, write_archive
 from compiler.lower.errors import CompileError
 from compiler.lower.memory import Strategy
+from compiler.lower.partition import check_tensor_io
 from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipeline
 from compiler.lower.schedule import ComputeOrder
 from compiler.lower.tessellate import TensorTessellateParameters
 from surgery.check import DEFAULT_TARGET, check_model
-from surgery.model import read_model
+from surgery.model import read_model, validate_graph
 from surgery.qdq import quantized_for
+from surgery.targets import Target, available_targets, resolve_target
 
 
 @dataclass
@@ -78,7 +80,7 @@ def compile_model(
     qdq_model: onnx.ModelProto | str | os.PathLike,
     output_path: str | os.PathLike,
     *,
-    target: str | None = None,
+    target: str | Target | None = None,
     batch_size: int = 1,
     compress: bool = True,
     tessellate_parameters: Mapping[str, TensorTessellateParameters] | None = None,
@@ -108,14 +110,17 @@ def compile_model(
     else:
         path = Path(qdq_model)
         model = read_model(path)
+        # Structural errors name the file, not the graph (check would say "g: ...").
+        validate_graph(model, str(path))
         data = path.read_bytes()
         model_path = str(path.resolve())  # run --compare-reference finds it from any folder
         default_name = path.name.removesuffix(".onnx")
-    target, notes = _resolve_target(model, target)
-    notes += _check_quantized(model, model_path, target)
+    check_tensor_io(model, model_path)
+    profile, notes = _resolve_target(model, target)
+    notes += _check_quantized(model, model_path, profile)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(
-        target=target,
+        target=profile,
         batch_size=batch_size,
         compress=compress,
         tessellate_parameters=tessellate_parameters,
@@ -162,21 +167,31 @@ def compile_model(
     )
 
 
-def _resolve_target(model: onnx.ModelProto, target: str | None) -> tuple[str, list[str]]:
+def _resolve_target(
+    model: onnx.ModelProto, target: str | Target | None
+) -> tuple[Target, list[str]]:
     """The target to compile for and a note when it is not the one the model was quantized
-    for: the quantizer chose each node's precision (int8, fp16 norms, bf16) for that target."""
+    for: the quantizer chose each node's precision (int8, fp16 norms, bf16) for that target.
+    Targets compare by profile name (`-t mychip.yaml` is the `mychip` the record names)."""
     recorded = quantized_for(model)
     if target is None:
-        return recorded or DEFAULT_TARGET, []
-    if recorded is not None and recorded != target:
-        return target, [
-            f"the model was quantized for {recorded}, compiled for {target}: nodes whose "
-            f"precision {target} does not run on its MLA run on the host"
+        if recorded is not None and recorded not in available_targets():
+            raise CompileError(
+                f"the model was quantized for target {recorded!r}, a profile read from a file "
+                f"(the built-in targets are {', '.join(available_targets())})",
+                hint="pass the same profile: --target PATH.yaml (compile_model(target=...))",
+            )
+        return resolve_target(recorded or DEFAULT_TARGET), []
+    profile = resolve_target(target)
+    if recorded is not None and recorded != profile.name:
+        return profile, [
+            f"the model was quantized for {recorded}, compiled for {profile.name}: nodes whose "
+            f"precision {profile.name} does not run on its MLA run on the host"
         ]
-    return target, []
+    return profile, []
 
 
-def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[str]:
+def _check_quantized(model: onnx.ModelProto, label: str, target: Target) -> list[str]:
     """A float model with work for the MLA, or one with dynamic inputs, cannot be compiled; say
     so before lowering. A float model of which no node runs on the MLA (the quantizer leaves
     such a model float) compiles to host stages only, as `surgery check` counts 0 `.elf`s;
@@ -191,8 +206,8 @@ def _check_quantized(model: onnx.ModelProto, label: str, target: str) -> list[st
                 hint="quantize it first: surgery quantize MODEL --calib DATA (or load_model(...).quantize(...))",
             )
         notes.append(
-            f"no node of {label} runs on the MLA of {target} (surgery check: 0 MLA segments); "
-            "the archive runs every stage on the host"
+            f"no node of {label} runs on the MLA of {target.name} (surgery check: 0 MLA "
+            "segments); the archive runs every stage on the host"
         )
     constants = {i.name for i in model.graph.initializer}
     for graph_input in model.graph.input:

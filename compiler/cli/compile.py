@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import onnx
@@ -21,6 +21,9 @@ from rich.table import Table
 from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, handle_errors
 from surgery.cli.options import JsonOpt
 from surgery.errors import SurgeryError
+
+if TYPE_CHECKING:
+    from compiler.costmodel import MlaHardware
 
 ArchiveArg = Annotated[Path, typer.Argument(help="A compiled archive (<name>_mpk.tar.gz).")]
 
@@ -226,6 +229,15 @@ def run_command(
         int, typer.Option(min=1, help="Random frames to run when --inputs is not given.")
     ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            "-t",
+            help="The profile .yaml of an archive compiled for a target read from a file "
+            "(default: the built-in target the archive names).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run an archive's pipeline: CVU kernels in numpy, MLA stages in the bit-exact emulator.
@@ -239,6 +251,7 @@ def run_command(
     from surgery.verify import load_inputs
 
     opened = read_archive(archive)
+    hardware = _hardware(opened.manifest, target)
     feed = (
         load_inputs(inputs, [node["name"] for node in opened.manifest["input_nodes"]])
         if inputs
@@ -246,7 +259,9 @@ def run_command(
     )
     qdq_model = _reference_model(opened, model) if compare_reference else None
     try:
-        outputs, stats = run_archive(opened, feed, keep_tensors=compare_reference)
+        outputs, stats = run_archive(
+            opened, feed, keep_tensors=compare_reference, hardware=hardware
+        )
     except (RuntimeError, ValueError) as error:
         raise SurgeryError(f"running {archive} failed: {error}") from error
     report: dict[str, Any] = {"archive": str(archive), "outputs": [], "stats": stats.to_dict()}
@@ -279,6 +294,23 @@ def run_command(
         raise typer.Exit(code)
     _render_run(report, compare_reference)
     raise typer.Exit(code)
+
+
+def _hardware(document: dict[str, Any], target: str | None) -> MlaHardware | None:
+    """The MLA hardware of `--target` (which must be the archive's target), or None: the
+    runner takes the built-in target the archive names."""
+    if target is None:
+        return None
+    from compiler.costmodel import MlaHardware
+    from surgery.targets import resolve_target
+
+    profile = resolve_target(target)
+    if profile.name != document.get("target"):
+        raise SurgeryError(
+            f"--target {target}: profile {profile.name!r}, but the archive was compiled for "
+            f"{document.get('target')!r}"
+        )
+    return MlaHardware.from_profile(profile.profile.hardware)
 
 
 def _reference_model(opened, model: Path | None) -> onnx.ModelProto:

@@ -61,6 +61,7 @@ def demo_command(
     # The pipeline's modules load here, not at start-up: every other command would pay for them.
     from compiler.api import load_model as load_net
     from compiler.archive import read_archive
+    from compiler.costmodel import MlaHardware
     from compiler.runtime.compare import compare_output, reference_outputs
     from compiler.runtime.pipeline import run_archive
     from surgery.coverage import analyze_coverage
@@ -108,7 +109,9 @@ def demo_command(
         )
         console.rule("[bold]5. run[/]")
     archive = read_archive(compiled.archive)
-    outputs, stats = run_archive(archive, held_out)
+    # The target's hardware from its profile: one read from a file is not found by name.
+    hardware = MlaHardware.from_profile(net.resolved_target().profile.hardware)
+    outputs, stats = run_archive(archive, held_out, hardware=hardware)
     references = reference_outputs(archive.manifest, quantized.qdq_model, held_out)
     compared = {name: compare_output(value, references[name]) for name, value in outputs.items()}
     exact = all(c["bit_exact"] for c in compared.values())

@@ -37,6 +37,8 @@ from surgery.errors import SurgeryError
 from surgery.model import parse_input_shapes
 
 METHODS = ("mse", "minmax", "moving_average", "entropy", "percentile")
+MAX_LISTED = 3
+"""Unusable calibration files named in one error message."""
 LOG_EVERY_SECONDS = 5.0
 """How often progress is logged when stderr is not a terminal."""
 
@@ -84,13 +86,23 @@ def _method(name: str, percentile: float, bins: int) -> Any:
 
     if name not in METHODS:
         raise SurgeryError(f"--method {name!r}: expected one of {', '.join(METHODS)}")
-    return {
+    make = {
         "mse": lambda: HistogramMSEMethod(num_bins=bins),
         "minmax": MinMaxMethod,
         "moving_average": MovingAverageMinMaxMethod,
         "entropy": lambda: HistogramEntropyMethod(num_bins=bins),
         "percentile": lambda: HistogramPercentileMethod(percentile, bins),
-    }[name]()
+    }[name]
+    try:
+        return make()
+    except ValueError as exc:  # the method's own check, e.g. "num_bins=0: needs an integer ≥ 128"
+        field, _, reason = str(exc).partition(": ")
+        option = {"num_bins": "--bins", "percentile": "--percentile"}
+        key = field.partition("=")[0]
+        if key in option and reason:
+            shown = f"{percentile:g}" if key == "percentile" else str(bins)
+            raise SurgeryError(f"{option[key]} {shown}: {reason}") from None
+        raise SurgeryError(f"--method {name}: {exc}") from None
 
 
 def _params(
@@ -125,14 +137,27 @@ def _params(
 
 def _split(dataset: Any, holdout: int) -> tuple[Any, Any]:
     """Calibration rows and the last `holdout` rows, as two lazy datasets over the same files."""
+    from compiler.quantize.errors import CalibrationDataError
+
     rows = list(dataset.rows)
     if holdout < 0:
         raise SurgeryError(f"--holdout {holdout}: must be 0 or more")
     if holdout >= len(rows):
-        raise SurgeryError(
+        # Few samples: often because the others were not samples at all. Say which files.
+        problems = dataset.unusable() if hasattr(dataset, "unusable") else []
+        needed = (
             f"--holdout {holdout}: --calib has {len(rows)} samples; at least one must be left "
             "for calibration"
         )
+        if problems:
+            shown = "; ".join(p.message for p in problems[:MAX_LISTED])
+            more = f"; … ({len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
+            raise CalibrationDataError(
+                f"{dataset.source}: {len(problems)} of {len(rows)} samples cannot be used: "
+                f"{shown}{more}",
+                hint=needed,
+            )
+        raise SurgeryError(needed)
     calib, held = copy.copy(dataset), copy.copy(dataset)
     calib.rows, held.rows = rows[: len(rows) - holdout], rows[len(rows) - holdout :]
     return calib, held
@@ -273,14 +298,10 @@ def quantize_command(
     from compiler.quantize import load_calibration_data
     from compiler.quantize.advice import low_sqnr_advice
     from compiler.quantize.hybrid import auto_hybrid as run_auto_hybrid
+    from compiler.quantize.quantizer import check_quantizable
     from surgery.model import save_model
 
-    shapes = parse_input_shapes(input_shape or [])
-    net = load_model(model_path, input_shapes=shapes or None, target=target)
-    dataset = load_calibration_data(
-        calib, net.model, input_shapes=shapes or None, mean=mean, std=std, bgr=bgr
-    )
-    calib_data, held = _split(dataset, holdout)
+    # The options first: a typo should not wait for the model and the data to load.
     params = _params(
         _method(method, percentile, bins),
         bits,
@@ -292,6 +313,13 @@ def quantize_command(
     )
     if hybrid_metric not in ("single", "entire"):
         raise SurgeryError(f"--hybrid-metric {hybrid_metric!r}: expected single or entire")
+    shapes = parse_input_shapes(input_shape or [])
+    net = load_model(model_path, input_shapes=shapes or None, target=target)
+    check_quantizable(net.model, str(model_path))
+    dataset = load_calibration_data(
+        calib, net.model, input_shapes=shapes or None, mean=mean, std=std, bgr=bgr
+    )
+    calib_data, held = _split(dataset, holdout)
     hybrid: dict[str, Any] | None = None
     with _progress("calibrating", as_json) as progress:
         if auto_hybrid is not None or target_sqnr is not None:
@@ -299,7 +327,7 @@ def quantize_command(
                 net.model,
                 calib_data,
                 params,
-                target=net.target,
+                target=net.resolved_target(),
                 cos_thresh=auto_hybrid,
                 metric=hybrid_metric,  # type: ignore[arg-type]
                 target_sqnr_db=target_sqnr,
@@ -309,7 +337,9 @@ def quantize_command(
             from compiler.api import Model
 
             q = result.quantized
-            model = Model(q.model, q.target, net.name, q.params, q.report)
+            model = Model(
+                q.model, q.target, net.name, q.params, q.report, _profile=net.resolved_target()
+            )
         else:
             model = net.quantize(calib_data, params, progress=progress)
     # Evaluate first: a model ONNX Runtime rejects is reported, not written.

@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 
 from compiler.intmath import REQUANTIZATION_MODES, RequantizationMode
 from compiler.lower.errors import CompileError
+from compiler.runtime.errors import UnknownOpError
 from compiler.runtime.lowering import QdqGraph, build_program
 from compiler.runtime.program import (
     DequantizeStep,
@@ -121,6 +122,34 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
+_TYPE_KINDS = {
+    "sequence_type": "a sequence",
+    "map_type": "a map",
+    "optional_type": "an optional",
+    "sparse_tensor_type": "a sparse tensor",
+}
+
+
+def check_tensor_io(model: onnx.ModelProto, label: str | None = None) -> None:
+    """Every graph input and output must be a (dense) tensor: the pipeline's buffers are
+    tensors, and a sequence, map or optional has no shape, dtype or DRAM layout."""
+    where = f" of {label}" if label else ""
+    constants = {t.name for t in model.graph.initializer}
+    for role, infos in (("input", model.graph.input), ("output", model.graph.output)):
+        for info in infos:
+            if info.name in constants:
+                continue
+            kind = _TYPE_KINDS.get(info.type.WhichOneof("value") or "")
+            if kind is not None:
+                takes = "takes" if role == "input" else "hands out"
+                raise CompileError(
+                    f"{role} {info.name!r}{where} is {kind}, not a tensor; the pipeline "
+                    f"{takes} tensors",
+                    hint="cut the part that builds or reads it off the model (surgery split) "
+                    "and run that part on the host",
+                )
+
+
 def partition_model(
     qdq_model: onnx.ModelProto,
     target: str | Target = "mlsoc",
@@ -128,10 +157,14 @@ def partition_model(
     requantization_mode: RequantizationMode | None = None,
 ) -> Partition:
     """Lower the QDQ model to an integer program and cut it into stages (module docstring)."""
+    check_tensor_io(qdq_model)
     model = _infer_shapes(with_unique_names(qdq_model))
     mode = requantization_mode or requantization_mode_of(model)
     graph = QdqGraph(model)
-    program = build_program(graph, mode)
+    try:
+        program = build_program(graph, mode)
+    except UnknownOpError as error:  # a compile of the model fails on it: say so in its terms
+        raise CompileError(error.message, hint=error.hint) from None
     coverage = analyze_coverage(float_view(model), target, suggest=False)
     constants = dict(graph.constants)
     steps, folded = _fold_constant_steps(program.steps, constants, set(graph.output_names))

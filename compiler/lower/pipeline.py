@@ -86,7 +86,7 @@ PROCESSOR_NAMES = {"MLA": "MLA", "CVU": "EV74", "APU": "A65"}
 class CompileOptions:
     """Every knob of `compile_model`, validated once."""
 
-    target: str = "mlsoc"
+    target: str | Target = "mlsoc"
     batch_size: int = 1
     compress: bool = True
     tessellate_parameters: Mapping[str, TensorTessellateParameters] | str | None = None

@@ -384,11 +384,18 @@ def analyze_quantization_error(
     tensors = list(dict.fromkeys(p.tensor for p in pairs))
     exposed_float = list(dict.fromkeys(tensors + compared_outputs))
     single_model, feeds = single_layer_model(qdq_model, pairs)
-    float_sess = reference_session(with_outputs(float_model, exposed_float))
+    float_sess = reference_session(
+        with_outputs(float_model, exposed_float), label="the float model"
+    )
     entire_names = list(dict.fromkeys([p.dequantized for p in pairs] + compared_outputs))
-    entire_sess = reference_session(with_outputs(qdq_model, entire_names))
+    entire_sess = reference_session(
+        with_outputs(qdq_model, entire_names), label="the quantized model"
+    )
     single_names = list(dict.fromkeys(p.dequantized for p in pairs))
-    single_sess = reference_session(with_outputs(single_model, single_names))
+    single_sess = reference_session(
+        with_outputs(single_model, single_names),
+        label="the quantized model with float layer inputs",
+    )
     entire = {p.dequantized: ErrorSums() for p in pairs}
     single = {p.dequantized: ErrorSums() for p in pairs}
     entire_parts = {p.dequantized: {n: ErrorSums() for n, _ in p.parts} for p in pairs}

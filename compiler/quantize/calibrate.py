@@ -64,7 +64,9 @@ def float_session(model: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSe
     Its intra-op threads sleep instead of spinning between runs: during calibration the observer
     thread needs the cores ONNX Runtime's idle workers would otherwise spin on."""
     return reference_session(
-        with_outputs(model, outputs), config={"session.intra_op.allow_spinning": "0"}
+        with_outputs(model, outputs),
+        config={"session.intra_op.allow_spinning": "0"},
+        label="the float model",
     )
 
 
@@ -80,19 +82,30 @@ def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProt
     return exposed
 
 
+_CANNOT_LOAD = "ONNX Runtime cannot load it: "
+"""How `surgery.verify.ort_session` words a model ONNX Runtime rejects, after its label."""
+
+
 def reference_session(
-    model: onnx.ModelProto, *, config: Mapping[str, str] | None = None
+    model: onnx.ModelProto,
+    *,
+    config: Mapping[str, str] | None = None,
+    label: str = "the model",
 ) -> ort.InferenceSession:
     """A CPU session that simulates Q/DQ in float instead of fusing them into int8 kernels.
 
     ONNX Runtime's default optimizations turn DQ → Conv → Q into QLinearConv; its x86 int8
     kernels round differently (per-channel u8s8 loses ~7 dB SQNR on MobileNetV2), so they are
-    not the reference the integer executor and the emulator are held to.
+    not the reference the integer executor and the emulator are held to. `label` says which
+    model a failure is about ("the float model", "the quantized model").
     """
     try:
-        return ort_session(model, label="ONNX Runtime", config=config)
+        return ort_session(model, label=label, config=config)
     except SurgeryError as exc:
-        raise QuantizationError(exc.message) from None
+        message, prefix = exc.message, f"{label}: {_CANNOT_LOAD}"
+        if message.startswith(prefix):  # once: "ONNX Runtime cannot load the quantized model"
+            message = f"ONNX Runtime cannot load {label}: {message.removeprefix(prefix)}"
+        raise QuantizationError(message, hint=exc.hint) from None
 
 
 def output_groups(model: onnx.ModelProto, tensors: list[str], max_bytes: int) -> list[list[str]]:

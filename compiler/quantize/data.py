@@ -126,6 +126,17 @@ class CalibrationDataset:
         for index, row in enumerate(self.rows):
             yield self._load(index, row)
 
+    def unusable(self) -> list[CalibrationDataError]:
+        """The samples that cannot be read (or do not fit the model), each as the error that
+        reading it raises: it names the file(s) and why. Reads every sample."""
+        problems: list[CalibrationDataError] = []
+        for index, row in enumerate(self.rows):
+            try:
+                self._load(index, row)
+            except CalibrationDataError as exc:
+                problems.append(exc)
+        return problems
+
     def _load(self, index: int, row: Sequence[Path]) -> dict[str, np.ndarray]:
         names = self.signature.names
         if len(row) == 1 and row[0].suffix.lower() == ".npz":

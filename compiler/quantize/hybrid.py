@@ -344,8 +344,8 @@ def output_errors(
 ) -> tuple[dict[str, ErrorMetrics], float, float, int]:
     """Per-output errors over the samples, and the pooled signal and noise of all outputs."""
     outputs = [o.name for o in float_model.graph.output]
-    float_sess = reference_session(with_outputs(float_model, outputs))
-    quant_sess = reference_session(qdq_model)
+    float_sess = reference_session(with_outputs(float_model, outputs), label="the float model")
+    quant_sess = reference_session(qdq_model, label="the quantized model")
     signature = input_signature(float_model)
     sums = {name: ErrorSums() for name in outputs}
     done = 0

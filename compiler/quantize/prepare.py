@@ -40,6 +40,7 @@ from onnx import numpy_helper
 
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
+from surgery.edit import node_reads
 from surgery.fold import constants_to_initializers, fold_shapes_and_constants
 from surgery.graph import GraphView, default_opset, node_label
 from surgery.model import (
@@ -256,7 +257,7 @@ def _reshapes_back(view: GraphView, shape_tensor: str, source: str, shape: Seque
 def _drop_dead_shapes(model: onnx.ModelProto) -> None:
     """Remove Shape nodes nobody reads any more (the converter's Reshape targets)."""
     g = model.graph
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used = {i for n in g.node for i in node_reads(n)} | {o.name for o in g.output}
     kept = [n for n in g.node if n.op_type != "Shape" or n.output[0] in used]
     if len(kept) != len(g.node):
         del g.node[:]
@@ -267,8 +268,10 @@ def _drop_dead_shapes(model: onnx.ModelProto) -> None:
 
 
 def remove_unused_initializers(model: onnx.ModelProto) -> None:
+    """Drop initializers nothing reads; an If / Loop / Scan body reading one from the outer
+    scope counts (dropping it left the body reading a tensor that no longer exists)."""
     g = model.graph
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used = {i for n in g.node for i in node_reads(n)} | {o.name for o in g.output}
     declared_inputs = {i.name for i in g.input}
     keep = [t for t in g.initializer if t.name in used or t.name in declared_inputs]
     if len(keep) != len(g.initializer):

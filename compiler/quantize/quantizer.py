@@ -19,6 +19,7 @@ is converted upward with ONNX's version converter when needed (never downward).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from compiler.quantize.prepare import PreparedModel, prepare_model
 from compiler.quantize.qdq import BuildResult, build_qdq
 from compiler.quantize.qparams import ActivationQParams, activation_qparams
 from compiler.quantize.ranges import Range, make_observer, select_range
-from compiler.quantize.samples import CalibrationData, SamplePasses
+from compiler.quantize.samples import CalibrationData, SamplePasses, non_tensor_input_error
 from compiler.quantize.softmax import mask_operand_floors, observer_for, softmax_inputs
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.errors import first_line
@@ -45,10 +46,19 @@ from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.qdq import QUANTIZATION_METADATA_KEY
 from surgery.targets import Target, resolve_target
 
-__all__ = ["METADATA_KEY", "QuantizedModel", "quantize_model", "required_opset"]
+__all__ = [
+    "METADATA_KEY",
+    "QuantizedModel",
+    "check_quantizable",
+    "quantize_model",
+    "required_opset",
+]
 
 METADATA_KEY = QUANTIZATION_METADATA_KEY
 """`metadata_props` key of the JSON quantization record (defined in surgery.qdq)."""
+
+FLOAT_SOURCES = (onnx.ModelProto, str, os.PathLike)
+"""What `quantize_model` takes as the float model (onnx.checker reads each)."""
 
 _QDQ_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
@@ -101,6 +111,7 @@ def quantize_model(
     tgt = resolve_target(target)
     check_target_precisions(params, tgt)
     _reject_quantized(model)
+    check_quantizable(model)
     data = SamplePasses(calibration_data)
     if params.bias_correction and not data.reiterable:
         raise QuantizationError(
@@ -148,7 +159,7 @@ def quantize_model(
         stats.samples,
     )
     _write_metadata(built.model, report, plan, tgt, prepared)
-    _check(built.model)
+    _check(built.model, model)
     return QuantizedModel(built.model, prepared.model, params, tgt.name, report)
 
 
@@ -179,6 +190,18 @@ def _reject_quantized(model: Any) -> None:
                     "`surgery quantize` compiles as it is with `surgery compile`"
                 ),
             )
+
+
+def check_quantizable(model: Any, label: str | None = None) -> None:
+    """What calibration cannot work around, said before it starts: graph inputs that are not
+    tensors (sequences, maps, optionals; calibration samples are tensors). A graph without
+    outputs is refused when the model is loaded (`surgery.model.validate_graph`)."""
+    if not isinstance(model, onnx.ModelProto):
+        return  # a path: the calibration pass's input signature checks the prepared model
+    error = non_tensor_input_error(model)
+    if error is not None:
+        where = f"{label}: " if label else ""
+        raise QuantizationError(f"{where}{error.message}", hint=error.hint)
 
 
 def _check_names(params: QuantizationParams, prepared: PreparedModel) -> None:
@@ -324,12 +347,31 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _check(model: onnx.ModelProto) -> None:
-    if model_nbytes(model) >= PROTOBUF_LIMIT - 64 * 2**20:
-        return  # the checker needs a path for models this large; ORT still loads them
+def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
+    """onnx.checker's complaint about `model` (a ModelProto or a path), or None when it passes
+    or cannot be checked (a ModelProto too large to serialise: the checker needs its path)."""
+    if isinstance(model, onnx.ModelProto) and model_nbytes(model) >= PROTOBUF_LIMIT - 64 * 2**20:
+        return None
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else os.fspath(model))
     except onnx.checker.ValidationError as exc:
+        return first_line(exc)
+    return None
+
+
+def _check(model: onnx.ModelProto, float_model: Any) -> None:
+    """The QDQ model must pass onnx.checker. When it fails, the float model it came from is
+    checked too: a model that is invalid already (an op with no schema, an input named "")
+    is the user's to fix, not a quantizer bug."""
+    problem = _checker_problem(model)
+    if problem is None:
+        return
+    before = _checker_problem(float_model) if isinstance(float_model, FLOAT_SOURCES) else None
+    if before is not None:
+        also = "" if before == problem else f" (the quantized model: {problem})"
         raise QuantizationError(
-            f"the QDQ model fails onnx.checker (a quantizer bug): {first_line(exc)}"
-        ) from None
+            f"the input model is not valid ONNX: onnx.checker: {before}{also}",
+            hint="fix the float model (ONNX Runtime and the compiler cannot run it either) "
+            "and quantize again",
+        )
+    raise QuantizationError(f"the QDQ model fails onnx.checker (a quantizer bug): {problem}")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.quantize.errors import CalibrationDataError
+from compiler.quantize.errors import CalibrationDataError, QuantizationError
 
 __all__ = ["CalibrationData", "InputSignature", "SamplePasses", "as_feed", "input_signature"]
 
@@ -22,10 +22,37 @@ Sample = Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray]
 CalibrationData = Iterable[Any] | Callable[[], Iterable[Any]]
 
 
+_NON_TENSOR_KINDS = {
+    "sequence_type": "a sequence",
+    "map_type": "a map",
+    "optional_type": "an optional",
+    "sparse_tensor_type": "a sparse tensor",
+}
+
+
+def non_tensor_input_error(model: onnx.ModelProto) -> QuantizationError | None:
+    """The error for the first graph input that is not a dense tensor (a sequence, map,
+    optional or sparse tensor), or None: calibration samples are tensors, and so are the
+    buffers of the compiled pipeline."""
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        kind = _NON_TENSOR_KINDS.get(vi.type.WhichOneof("value") or "")
+        if vi.name not in inits and kind is not None:
+            return QuantizationError(
+                f"input {vi.name!r} is {kind}, not a tensor; the pipeline takes tensors",
+                hint="cut the part that reads it off the model (surgery split) and quantize "
+                "the tensor part",
+            )
+    return None
+
+
 class InputSignature:
     """Names, dtypes and static shapes (None for dynamic dims) of a model's graph inputs."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
+        error = non_tensor_input_error(model)
+        if error is not None:
+            raise error
         inits = {t.name for t in model.graph.initializer}
         self.names: list[str] = []
         self.dtypes: dict[str, np.dtype] = {}

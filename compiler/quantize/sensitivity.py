@@ -112,8 +112,8 @@ def output_sensitivity(
     switched = switched_model(qdq_model, float_model, pairs)
     groups = _blocks(len(pairs), blocks)
     outputs = [o.name for o in float_model.graph.output]
-    float_sess = reference_session(with_outputs(float_model, outputs))
-    switch_sess = reference_session(switched)
+    float_sess = reference_session(with_outputs(float_model, outputs), label="the float model")
+    switch_sess = reference_session(switched, label="the quantized model")
     signature = input_signature(float_model)
     noise = np.zeros(len(groups) + 1)
     signal = 0.0

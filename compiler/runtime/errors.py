@@ -25,3 +25,10 @@ class ExecutionError(SurgeryError):
     """The inputs given to `run` / `run_integer` do not fit the model."""
 
     code = "execution_error"
+
+
+class UnknownOpError(SurgeryError):
+    """A node that nothing can run: no ONNX schema, no kernel in ONNX Runtime or onnx.reference,
+    no function of that name in the model (a typo'd op type, a custom domain's op)."""
+
+    code = "unknown_op"

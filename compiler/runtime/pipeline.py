@@ -46,7 +46,7 @@ from compiler.runtime.errors import ExecutionError
 from compiler.runtime.host_session import host_session
 from compiler.runtime.reference import IntegerExecutor
 from surgery.errors import first_line
-from surgery.targets import resolve_target
+from surgery.targets import Target, available_targets, resolve_target
 
 Buffers = dict[tuple[str, str], np.ndarray]
 
@@ -155,6 +155,19 @@ class PipelineStats:
         }
 
 
+def _archive_target(document: Mapping[str, Any]) -> Target:
+    """The built-in target an archive names; one compiled for a profile file needs that file."""
+    name = document.get("target")
+    if isinstance(name, str) and name not in available_targets():
+        raise ArchiveError(
+            f"the archive was compiled for target {name!r}, a profile read from a file (the "
+            f"built-in targets are {', '.join(available_targets())})",
+            hint="pass the same profile: surgery run --target PATH.yaml "
+            "(run_archive(hardware=MlaHardware.from_profile(...)))",
+        )
+    return resolve_target(name)
+
+
 def run_archive(
     archive: str | Path | Archive,
     inputs: Mapping[str, np.ndarray],
@@ -169,7 +182,7 @@ def run_archive(
         archive = read_archive(archive)
     document = archive.manifest
     if hardware is None:
-        hardware = MlaHardware.from_profile(resolve_target(document["target"]).profile.hardware)
+        hardware = MlaHardware.from_profile(_archive_target(document).profile.hardware)
     cvu = cvu or CvuModel()
     batch = archive.actual_batch_size
     frames = _frames_of(document["input_nodes"], inputs)

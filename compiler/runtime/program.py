@@ -8,8 +8,9 @@ program cannot express in float (ONNX Runtime, as the archive's host stages do).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 import numpy as np
@@ -18,7 +19,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler.intmath import dequantize_linear, quantize_linear
-from compiler.runtime.errors import ExecutionError
+from compiler.runtime.errors import ExecutionError, UnknownOpError
 from compiler.runtime.float_ops import FLOAT_OP_OVERRIDES
 from compiler.runtime.host_session import single_node_session
 from compiler.runtime.ops.base import Kernel
@@ -129,18 +130,29 @@ class FloatStep:
             [helper.make_value_info(name, untyped) for name in self.inputs],
             [helper.make_value_info(name, untyped) for name in self.outputs if name],
         )
-        self._evaluator = ReferenceEvaluator(
-            graph, opsets=opsets, functions=functions or None, new_ops=list(FLOAT_OP_OVERRIDES)
-        )
+        self._on_onnxruntime = node.domain in ONNX_RUNTIME_DOMAINS
+        self._evaluator: ReferenceEvaluator | None = None
+        try:
+            self._evaluator = ReferenceEvaluator(
+                graph, opsets=opsets, functions=functions or None, new_ops=list(FLOAT_OP_OVERRIDES)
+            )
+        except Exception:  # noqa: BLE001 - NotImplementedError for an op it has no code for
+            if not (self._on_onnxruntime and onnxruntime_runs(node, functions)):
+                raise unknown_op_error(node, self.name) from None
         self._opsets = opsets
         self._constants = dict(constants or {})
-        self._on_onnxruntime = node.domain in ONNX_RUNTIME_DOMAINS
         self._sessions: dict[tuple, Any] = {}
 
     def run(self, values: Values) -> None:
         feeds = {name: np.asarray(values[name]) for name in self.inputs}
         results = self._run_onnxruntime(feeds) if self._on_onnxruntime else None
         if results is None:
+            if self._evaluator is None:
+                raise ExecutionError(
+                    f"{self.name} ({self.pattern}): ONNX Runtime cannot run it on inputs "
+                    f"{', '.join(f'{v.dtype}{list(v.shape)}' for v in feeds.values())}, and "
+                    "onnx.reference has no implementation of it"
+                )
             results = self._evaluator.run(None, feeds)
         for name, result in zip((o for o in self.outputs if o), results, strict=True):
             values[name] = np.asarray(result)
@@ -177,3 +189,47 @@ class FloatStep:
 
 
 Step = IntegerStep | QuantizeStep | DequantizeStep | FloatStep
+
+
+@cache
+def _onnxruntime_kernels() -> frozenset[tuple[str, str]]:
+    """(domain, op type) of every kernel of ONNX Runtime's CPU provider ("" for ai.onnx)."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        return frozenset((k.domain, k.op_name) for k in _pybind_state.get_all_opkernel_def())
+    except Exception:  # noqa: BLE001 - a build without the listing: assume nothing
+        return frozenset()
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain in ("", "ai.onnx") else node.domain
+
+
+def onnxruntime_runs(
+    node: onnx.NodeProto, functions: Sequence[onnx.FunctionProto] | None = None
+) -> bool:
+    """Whether ONNX Runtime can run `node`: an ONNX op (ONNX Runtime expands the ones defined as
+    functions), an op it has a kernel for, or a function the model defines."""
+    domain = _domain(node)
+    if any(f.name == node.op_type and f.domain == node.domain for f in functions or ()):
+        return True
+    if domain == "" and onnx.defs.has(node.op_type):
+        return True
+    return (domain, node.op_type) in _onnxruntime_kernels()
+
+
+def unknown_op_error(node: onnx.NodeProto, name: str) -> UnknownOpError:
+    """The error for a node that neither ONNX Runtime nor onnx.reference can run."""
+    domain = _domain(node)
+    if domain == "":
+        what = f"{node.op_type} (domain ai.onnx) has no ONNX schema and no kernel"
+    else:
+        what = (
+            f"{domain}:{node.op_type} has no kernel in ONNX Runtime or onnx.reference and no "
+            "function in the model"
+        )
+    return UnknownOpError(
+        f"node {name!r}: {what}; the host stage cannot run it",
+        hint="check the op type's spelling, or replace the node with standard ONNX ops",
+    )
