@@ -12,7 +12,7 @@ their input shapes, so the sweep can be rerun:
 
 Needs torch, torchvision, timm and transformers, which model-surgery itself does not depend
 on: run it from a separate environment. A model that fails to export is listed with its error
-and skipped (HF BEiT and Swin do not export with torch 2.14's dynamo exporter).
+and skipped (HF BEiT, Swin and T5 do not export with torch 2.14's dynamo exporter).
 """
 
 from __future__ import annotations
@@ -56,6 +56,14 @@ TIMM = [
     "densenet121",
     "inception_v3:299",
     "xcit_nano_12_p16_224",
+    "sequencer2d_s",
+    "nfnet_l0",
+    "coatnet_nano_rw_224",
+    "hrnet_w18_small",
+    "mobilenetv4_hybrid_medium:256",
+    "efficientvit_b0",
+    "eva02_tiny_patch14_224",
+    "volo_d1_224",
 ]
 
 
@@ -201,20 +209,138 @@ def hugging_face() -> dict[str, Callable[[], Built]]:
             "input_values",
             (1, 16000),
         ),
+        "hf_albert": lambda: _hf(
+            hf.AlbertConfig(
+                embedding_size=64,
+                hidden_size=128,
+                num_hidden_layers=4,
+                num_attention_heads=2,
+                intermediate_size=256,
+                vocab_size=1000,
+            ),
+            hf.AlbertModel,
+            "input_ids",
+            text,
+        ),
+        "hf_deberta_v2": lambda: _hf(
+            hf.DebertaV2Config(
+                hidden_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=256,
+                vocab_size=1000,
+                relative_attention=True,
+                pos_att_type=["p2c", "c2p"],
+                position_buckets=64,
+                max_relative_positions=-1,
+                position_biased_input=False,
+                norm_rel_ebd="layer_norm",
+            ),
+            hf.DebertaV2Model,
+            "input_ids",
+            text,
+        ),
+        "hf_mobilebert": lambda: _hf(
+            hf.MobileBertConfig(
+                hidden_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=128,
+                embedding_size=64,
+                intra_bottleneck_size=64,
+                true_hidden_size=64,
+                vocab_size=1000,
+            ),
+            hf.MobileBertModel,
+            "input_ids",
+            text,
+        ),
+        "hf_qwen2": lambda: _hf(
+            hf.Qwen2Config(
+                hidden_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=256,
+                vocab_size=1000,
+            ),
+            hf.Qwen2Model,
+            "input_ids",
+            text,
+        ),
+        "hf_wavlm": lambda: _hf(
+            hf.WavLMConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=128,
+                conv_dim=(32,) * 7,
+            ),
+            hf.WavLMModel,
+            "input_values",
+            (1, 16000),
+        ),
+        "hf_yolos": lambda: _hf(
+            hf.YolosConfig(
+                hidden_size=192,
+                num_hidden_layers=2,
+                num_attention_heads=3,
+                intermediate_size=384,
+                num_detection_tokens=10,
+            ),
+            hf.YolosForObjectDetection,
+            "pixel_values",
+            (1, 3, 224, 224),
+        ),
+        "hf_mobilevit": lambda: _hf(
+            hf.MobileViTConfig(
+                hidden_sizes=[64, 80, 96],
+                neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320],
+                expand_ratio=2.0,
+            ),
+            hf.MobileViTModel,
+            "pixel_values",
+            (1, 3, 256, 256),
+        ),
     }
+
+
+class _FlowPair(torch.nn.Module):
+    """RAFT on the two frames stacked along channels: (1, 6, H, W) → the last flow estimate."""
+
+    def __init__(self, model: torch.nn.Module, updates: int) -> None:
+        super().__init__()
+        self.model, self.updates = model.eval(), updates
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = x[:, :3], x[:, 3:]
+        return self.model(first, second, num_flow_updates=self.updates)[-1]
 
 
 def torchvision_models() -> dict[str, Callable[[], Built]]:
     models = torchvision.models
 
-    def image(module: torch.nn.Module) -> Built:
-        return _FirstOutput(module, None), torch.randn(1, 3, 224, 224)
+    def image(module: torch.nn.Module, *shape: int) -> Built:
+        return _FirstOutput(module, None), torch.randn(*(shape or (1, 3, 224, 224)))
 
+    segmentation = {"weights": None, "weights_backbone": None, "num_classes": 10}
     return {
         "tv_shufflenet": lambda: image(models.shufflenet_v2_x0_5()),
         "tv_squeezenet": lambda: image(models.squeezenet1_1()),
         "tv_mnasnet": lambda: image(models.mnasnet0_5()),
         "tv_googlenet": lambda: image(models.googlenet(aux_logits=False, init_weights=True)),
+        "tv_deeplabv3_mnv3": lambda: image(
+            models.segmentation.deeplabv3_mobilenet_v3_large(**segmentation)
+        ),
+        "tv_lraspp_mnv3": lambda: image(
+            models.segmentation.lraspp_mobilenet_v3_large(**segmentation)
+        ),
+        "tv_r3d_18": lambda: image(models.video.r3d_18(num_classes=10), 1, 3, 4, 64, 64),
+        "tv_s3d": lambda: image(models.video.s3d(num_classes=10), 1, 3, 16, 224, 224),
+        "tv_raft_small": lambda: (
+            _FlowPair(models.optical_flow.raft_small(), updates=2),
+            torch.randn(1, 6, 128, 128),
+        ),
     }
 
 

@@ -193,6 +193,7 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     view = GraphView(model)
     if not set(view.domains) <= STANDARD_DOMAINS | declared:
         _raise_unknown_domain(view, declared, label)
+    _check_unique_names(model, label)
     produced = view.producer
     # Outputs are rarely omitted (""): count them only when the cheap count disagrees.
     if len(produced) != sum(map(len, view.node_outputs)) and len(produced) != sum(
@@ -209,6 +210,19 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     check_node_counts(model, view, label)
     _check_acyclic(view, label)
     return view
+
+
+def _check_unique_names(model: onnx.ModelProto, label: str) -> None:
+    """Two initializers or two graph inputs of one name: which one a reader takes is up to it
+    (ONNX Runtime refuses the model)."""
+    g = model.graph
+    for kind, names in (
+        ("initializer", [t.name for t in g.initializer]),
+        ("graph input", [i.name for i in g.input]),
+    ):
+        if len(set(names)) != len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise InvalidGraphError(f"{label}: two {kind}s are named {twice!r}")
 
 
 def _check_versions(model: onnx.ModelProto, label: str) -> None:

@@ -177,3 +177,15 @@ def test_fix_that_cannot_write_its_output_stores_no_version(tmp_path) -> None:
     )
     assert result.exit_code == 2, result.output
     assert not (tmp_path / "ws" / "models" / "yolo").exists()
+
+
+@pytest.mark.parametrize("kind", ["initializer", "graph input"])
+def test_two_tensors_of_one_name_are_invalid(kind) -> None:
+    model = examples.plain_cnn()
+    g = model.graph
+    if kind == "initializer":
+        g.initializer.append(g.initializer[0])
+    else:
+        g.input.append(g.input[0])
+    with pytest.raises(InvalidGraphError, match=f"two {kind}s are named"):
+        check_model(model)
