@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -193,6 +194,9 @@ class CoverageReport:
                 "op_types": sorted({n.op_type for n in nodes}),
                 "nodes": [n.name for n in nodes],
                 "suggested_rules": sorted({r for n in nodes for r in n.suggested_rules}),
+                "suggested_rule_nodes": dict(
+                    sorted(Counter(r for n in nodes for r in n.suggested_rules).items())
+                ),
             }
             for (code, message), nodes in groups.items()
         ]

@@ -118,3 +118,11 @@ def test_a_model_with_dynamic_input_dims_is_no_single_elf_yet(tmp_path) -> None:
     data = json.loads(result.stdout)
     assert data["dynamic_inputs"] == {"input": [1, 3, "h", "w"]}
     assert not data["single_elf"] and result.exit_code == 1
+
+
+def test_a_rule_that_frees_part_of_a_group_says_how_many(save) -> None:
+    """A group's fix must not read as a fix for all of it."""
+    from surgery.cli.check import _rules_text
+
+    group = {"count": 47, "suggested_rule_nodes": {"classifier-to-conv": 6, "fold-constants": 47}}
+    assert _rules_text(group) == "classifier-to-conv (6 of 47), fold-constants"

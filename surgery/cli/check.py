@@ -85,11 +85,7 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
         console.print(f"\n[bold]Blockers[/] ({len(report.blockers)} nodes, {len(groups)} reasons):")
         for g in groups[:max_groups]:
             example = escape(", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else ""))
-            rules = (
-                f"  [green]fix: {', '.join(g['suggested_rules'])}[/]"
-                if g["suggested_rules"]
-                else ""
-            )
+            rules = f"  [green]fix: {escape(_rules_text(g))}[/]" if g["suggested_rules"] else ""
             console.print(
                 f"  {g['count']:>4} × {'/'.join(g['op_types'])}: {escape(g['reason'])}{rules}",
                 highlight=False,
@@ -118,3 +114,13 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
             "inputs with --input-shape)"
         )
     console.print(f"\n{verdict}; {share}")
+
+
+def _rules_text(group: dict) -> str:
+    """The group's rules, each with how many of its nodes it frees when that is not all of
+    them: "classifier-to-conv (1 of 47)" must not read as a fix for the 47."""
+    count = group["count"]
+    return ", ".join(
+        rule if n == count else f"{rule} ({n} of {count})"
+        for rule, n in group["suggested_rule_nodes"].items()
+    )
