@@ -537,6 +537,72 @@ class DropEmptyConcatInputs(GraphRule):
         return True
 
 
+SOFTPLUS_EXACT_FROM = 16.0
+"""Above this x, softplus(x) = x + log1p(exp(-x)) rounds to x in float32 (exp(-16) ≈ 1.1e-7 is
+under half an ulp of 16, 9.5e-7): a threshold at or above it changes no float32 value."""
+
+
+@register
+class DropSoftplusThreshold(GraphRule):
+    """Where(x > t, x, Softplus(x)) with a constant t ≥ 16 → Softplus(x).
+
+    torch's F.softplus (threshold 20, beta 1) exports its large-input shortcut as a Greater
+    and a Where, neither of which the MLA runs: Mamba's time-step softplus split its model in
+    three. Above 16, float32 softplus already equals x, so the shortcut changes nothing and
+    the single Softplus is exact. A cleanup, so it runs before rank lifts reshape x."""
+
+    name = "drop-softplus-threshold"
+    suggest_for = frozenset({"Where", "Greater"})
+    summary = "torch's thresholded softplus, Where(x > 20, x, Softplus(x)) → Softplus(x)."
+    category = "cleanup"
+    example = "surgery apply drop-softplus-threshold mamba.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        pat = Pattern(ctx)
+        found = []
+        for where in pat.nodes("Where"):
+            parts = _thresholded_softplus(pat, where)
+            if parts is None:
+                continue
+            x, nodes = parts
+            names = [pat.name(n) for n in nodes]
+            found.append(
+                self.match(
+                    names,
+                    f"{pat.name(where)}: where(x > t, x, softplus(x)) → softplus(x)",
+                    freed_blockers(ctx, names),
+                    x=x,
+                    y=pat.outs(where)[0],
+                )
+            )
+        return found
+
+    def edit(self, ed: Editor, match: Match, params: RuleParams) -> bool:
+        x, y = ed.tensor(match.data["x"]), ed.tensor(match.data["y"])
+        ed.detach(*(n for n in (ed.node_named(name) for name in match.nodes) if n is not None))
+        ed.node("Softplus", "softplus", [x], [y])
+        return True
+
+
+def _thresholded_softplus(pat: Pattern, where: int) -> tuple[str, list[int]] | None:
+    """(x, [greater, softplus, where]) when `where` is Where(x > t, x, Softplus(x)) with a
+    constant t ≥ SOFTPLUS_EXACT_FROM and the comparison and softplus read by it alone."""
+    ins = pat.ins(where)
+    if len(ins) != 3:
+        return None
+    cond, x, other = ins
+    greater, softplus = pat.producer(cond, "Greater"), pat.producer(other, "Softplus")
+    if greater is None or softplus is None or not (pat.private(cond) and pat.private(other)):
+        return None
+    a, t = pat.ins(greater)[:2]
+    threshold = pat.scalar(t)
+    if a != x or pat.ins(softplus)[0] != x or threshold is None:
+        return None
+    if threshold < SOFTPLUS_EXACT_FROM or not pat.is_float(x):
+        return None
+    return x, [greater, softplus, where]
+
+
 def _empty_slice(pat: Pattern, tensor: str) -> bool:
     """Whether `tensor` is the output of a Slice (opset ≥ 10, constant operands, input of
     static shape) that keeps nothing along some axis."""
