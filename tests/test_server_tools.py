@@ -122,6 +122,15 @@ def _group_counts(result: dict) -> list[tuple[str, int]]:
     return sorted((g["code"], g["count"]) for g in result["blocker_groups"])
 
 
+async def test_a_misspelt_argument_is_refused_not_ignored(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "cnn.onnx"})
+        text = await call_error(client, "check_model", {"model": "cnn", "limt": 5})
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert "limt" in text and "Extra inputs are not permitted" in text
+    assert tools["check_model"].input_schema.get("additionalProperties") is False
+
+
 async def test_suggest_rules_counts_what_check_model_counts(sandbox: Sandbox) -> None:
     """bert_tiny's shapes wait for folding: both tools read them folded (suggest_rules used
     to report dynamic-shape blockers that check_model does not)."""
