@@ -210,3 +210,11 @@ def test_fix_takes_a_vit_quantized_by_onnx_runtime_to_one_segment(tmp_path):
     assert result.coverage_before.mla_segments > 1
     assert result.single_elf, result.notes
     assert result.notes[0] == REWRITTEN_AS_FLOAT_NOTE
+
+
+def test_check_of_a_qdq_model_suggests_what_matches_its_float_model(qdq_linear):
+    """On the float view the weight is a DequantizeLinear and transformer-to-4d cannot match
+    the MatMul; on the float model fix rewrites, it does."""
+    report = check_model(qdq_linear)
+    linear = next(b for b in report.blockers if b.name == "linear")
+    assert "transformer-to-4d" in linear.suggested_rules
