@@ -58,7 +58,10 @@ def _suggest_on_float_model(
     from surgery.model import load_model
     from surgery.qdq import float_model
 
-    rewritten = check_model(load_model(float_model(qdq)), target, op_target=op_target)
+    rewritten_model = load_model(float_model(qdq))
+    if is_qdq(GraphView(rewritten_model)):
+        return  # Q/DQ that float_model cannot undo: its float view is all there is to match
+    rewritten = check_model(rewritten_model, target, op_target=op_target)
     rules = {b.name: b.suggested_rules for b in rewritten.blockers}
     for blocker in report.blockers:
         if blocker.name in rules:
