@@ -250,7 +250,10 @@ class Archive:
         return programs
 
     def summary(self) -> dict[str, Any]:
-        """What `surgery archive` prints: the pipeline, sizes and the MLA programs."""
+        """What `surgery archive` prints: the pipeline, sizes and the MLA programs. Every ELF
+        is decoded on the way (its CRCs checked): a damaged one is an ArchiveError here, not
+        first at `surgery run`."""
+        programs = self.programs
         plugins = []
         for plugin in self.plugins:
             entry = {
@@ -271,6 +274,7 @@ class Archive:
                         "stall_aware_cycles": params.get("stall_aware_cycles"),
                         "peak_bytes": plan.get("peak_bytes"),
                         "lower_bound_bytes": plan.get("lower_bound_bytes"),
+                        "instructions": len(programs[plugin["name"]].instructions),
                     }
                 )
             plugins.append(entry)

@@ -522,6 +522,9 @@ class ArchivePlugin(Out):
     stall_aware_cycles: int | None = None
     peak_bytes: int | None = None
     lower_bound_bytes: int | None = None
+    instructions: int | None = Field(
+        default=None, description="MLA program length (the ELF was decoded, its CRCs checked)."
+    )
 
 
 class LayerCycles(Out):

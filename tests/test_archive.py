@@ -138,3 +138,24 @@ def test_reader_rejects_broken_archives(tmp_path, topk_archive) -> None:
         tar.addfile(info, io.BytesIO(data))
     with pytest.raises(ArchiveError, match="v99"):
         read_archive(future)
+
+
+def test_the_summary_refuses_a_damaged_elf(tmp_path, topk_archive) -> None:
+    """`surgery archive` decodes every ELF (CRCs checked), not only `surgery run`."""
+    archive = read_archive(topk_archive.archive)
+    damaged = tmp_path / "damaged_mpk.tar.gz"
+    with tarfile.open(damaged, "w:gz") as tar:
+        for name, data in archive.files.items():
+            if name.endswith(".elf"):
+                data = data[:-64] + bytes(b ^ 0xFF for b in data[-64:])
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArchiveError, match="unreadable ELF"):
+        read_archive(damaged).summary()
+
+
+def test_the_summary_counts_each_mla_program_instructions(topk_archive) -> None:
+    summary = read_archive(topk_archive.archive).summary()
+    mla = [p for p in summary["plugins"] if p["processor"] == "MLA"]
+    assert mla and all(p["instructions"] > 0 for p in mla)
