@@ -262,10 +262,9 @@ class Model:
             **options,
         )
 
-    def _compile_target(self) -> str | Target:
-        """The profile quantized for while `target` still names it, else `target` (a name)."""
-        profile = self._profile
-        return profile if profile is not None and profile.name == self.target else self.target
+    def _compile_target(self) -> Target:
+        """The profile quantized for while `target` still names it, else the one it names."""
+        return _target_of(self.target, self._profile)
 
     @property
     def segments(self) -> dict[str, Any]:

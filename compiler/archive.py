@@ -47,7 +47,12 @@ def sdk_version() -> str:
 
 
 def model_checksum(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return checksum_of_digest(hashlib.sha256(data).hexdigest())
+
+
+def checksum_of_digest(sha256_hex: str) -> str:
+    """`model_checksum` of a file whose hex sha256 is known (a workspace version's record)."""
+    return "sha256:" + sha256_hex
 
 
 def check_compiled_from(

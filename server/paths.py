@@ -8,7 +8,6 @@ symlinks that point out of a root are all refused with the same clear error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,7 +90,7 @@ class PathPolicy:
                     "versions are immutable",
                     hint="export to a path outside the workspace folder",
                 )
-        blocking = next((p for p in real.parents if p.exists() and not p.is_dir()), None)
+        blocking = file_in_the_way(real)
         if blocking is not None:
             raise PathNotAllowedError(f"cannot write {raw!r}: {blocking} is a file, not a folder")
         if real.is_dir():
@@ -104,10 +103,7 @@ def _lexically_inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(normal == r or normal.is_relative_to(r) for r in roots)
 
 
-def sha256_file(path: Path) -> str:
-    """Digest of a file, read in chunks (models can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def file_in_the_way(path: Path) -> Path | None:
+    """The first existing ancestor of `path` that is not a folder (the folders a write would
+    create cannot be made under it), or None."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)

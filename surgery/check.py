@@ -13,8 +13,8 @@ import surgery.rules  # noqa: F401  (registers the rule suggester used by the re
 from surgery.coverage import CoverageReport, analyze_coverage, check_pins, constant_tensors
 from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
-from surgery.model import open_model
-from surgery.qdq import float_view, is_qdq, quantized_for
+from surgery.model import load_model, open_model
+from surgery.qdq import float_model, float_view, is_qdq, quantized_for
 from surgery.shape_repair import repair_shapes
 from surgery.targets import Target, resolve_target
 
@@ -55,9 +55,6 @@ def _suggest_on_float_model(
     weights are still DequantizeLinear nodes, most rules cannot match: an ORT-quantized ViT
     was suggested transformer-to-4d for 12 blockers where fix frees 303. Placement stays the
     float view's, as compile partitions it."""
-    from surgery.model import load_model
-    from surgery.qdq import float_model
-
     rewritten_model = load_model(float_model(qdq))
     if is_qdq(GraphView(rewritten_model)):
         return  # Q/DQ that float_model cannot undo: its float view is all there is to match

@@ -186,20 +186,20 @@ class CoverageReport:
             first = b.reasons[0] if b.reasons else Reason("unknown", "no reason recorded")
             key = (first.code, _generic(first.message))
             groups.setdefault(key, []).append(b)
-        out = [
-            {
-                "code": code,
-                "reason": message,
-                "count": len(nodes),
-                "op_types": sorted({n.op_type for n in nodes}),
-                "nodes": [n.name for n in nodes],
-                "suggested_rules": sorted({r for n in nodes for r in n.suggested_rules}),
-                "suggested_rule_nodes": dict(
-                    sorted(Counter(r for n in nodes for r in n.suggested_rules).items())
-                ),
-            }
-            for (code, message), nodes in groups.items()
-        ]
+        out = []
+        for (code, message), nodes in groups.items():
+            rule_nodes = dict(sorted(Counter(r for n in nodes for r in n.suggested_rules).items()))
+            out.append(
+                {
+                    "code": code,
+                    "reason": message,
+                    "count": len(nodes),
+                    "op_types": sorted({n.op_type for n in nodes}),
+                    "nodes": [n.name for n in nodes],
+                    "suggested_rules": list(rule_nodes),
+                    "suggested_rule_nodes": rule_nodes,
+                }
+            )
         return sorted(out, key=lambda g: -g["count"])
 
     def by_name(self, name: str) -> NodePlacement | None:

@@ -151,9 +151,13 @@ def attribute_values(node: onnx.NodeProto) -> dict[str, object]:
     return {a.name: attribute_value(a) for a in node.attribute}
 
 
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+"""The names of the default (ai.onnx) domain."""
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's default-domain ("" or "ai.onnx") opset; 1 when it declares none."""
-    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:

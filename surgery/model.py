@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -26,7 +27,7 @@ from surgery.errors import (
     UnknownDomainError,
     first_line,
 )
-from surgery.graph import GraphView, default_opset
+from surgery.graph import DEFAULT_DOMAINS, GraphView, default_opset
 from surgery.schema_check import check_node_counts
 from surgery.targets import CONTRIB_OPS
 
@@ -76,12 +77,8 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
             f"expected an .onnx path or an onnx.ModelProto, got {type(source).__name__}"
         )
     path = Path(source)
-    if not path.exists():
-        raise ModelNotFoundError(f"{path}: no such file")
-    if path.is_dir():
-        raise ModelNotFoundError(f"{path}: is a directory, expected an .onnx file")
-    if not path.is_file():  # a FIFO or device: reading it could block for ever
-        raise ModelNotFoundError(f"{path}: not a regular file, expected an .onnx file")
+    if not path.is_file():
+        _raise_not_a_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -101,6 +98,15 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
                 "no missing file and no symbolic link",
             ) from None
     return model
+
+
+def _raise_not_a_file(path: Path) -> NoReturn:
+    if not path.exists():
+        raise ModelNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelNotFoundError(f"{path}: is a directory, expected an .onnx file")
+    # a FIFO or a device: reading it could block for ever
+    raise ModelNotFoundError(f"{path}: not a regular file, expected an .onnx file")
 
 
 def load_model(
@@ -193,7 +199,7 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     view = GraphView(model)
     if not set(view.domains) <= STANDARD_DOMAINS | declared:
         _raise_unknown_domain(view, declared, label)
-    _check_unique_names(model, label)
+    _check_unique_names(model, view, label)
     produced = view.producer
     # Outputs are rarely omitted (""): count them only when the cheap count disagrees.
     if len(produced) != sum(map(len, view.node_outputs)) and len(produced) != sum(
@@ -212,15 +218,18 @@ def validate_graph(model: onnx.ModelProto, label: str = "model") -> GraphView:
     return view
 
 
-def _check_unique_names(model: onnx.ModelProto, label: str) -> None:
+def _check_unique_names(model: onnx.ModelProto, view: GraphView, label: str) -> None:
     """Two initializers or two graph inputs of one name: which one a reader takes is up to it
-    (ONNX Runtime refuses the model)."""
+    (ONNX Runtime refuses the model). The view's initializer index has one entry per name, so
+    the names are only listed when the counts differ."""
     g = model.graph
-    for kind, names in (
-        ("initializer", [t.name for t in g.initializer]),
-        ("graph input", [i.name for i in g.input]),
+    inputs = [i.name for i in g.input]
+    for kind, unique, protos in (
+        ("initializer", len(view.initializers), g.initializer),
+        ("graph input", len(set(inputs)), g.input),
     ):
-        if len(set(names)) != len(names):
+        if unique != len(protos):
+            names = [p.name for p in protos]
             twice = next(n for n in names if names.count(n) > 1)
             raise InvalidGraphError(f"{label}: two {kind}s are named {twice!r}")
 
@@ -464,8 +473,6 @@ def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 """Ops whose attributes hold graphs that read the outer graph's tensors by name."""
-DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
-"""The names of the default (ai.onnx) domain."""
 
 
 def _shape_inferred(
@@ -686,10 +693,10 @@ _FILE_MODE = 0o666 & ~_current_umask()
 def refuse_special_file(path: Path) -> None:
     """Writes rename a temporary file over their target: over a FIFO or a device (-o /dev/null)
     that would replace it with a regular file, so such a target is refused."""
-    if path.exists() and not path.is_file() and not path.is_dir():
-        raise SurgeryError(f"cannot write {path}: it exists and is not a regular file")
     if path.is_dir():
         raise SurgeryError(f"cannot write {path}: it is a folder")
+    if path.exists() and not path.is_file():
+        raise SurgeryError(f"cannot write {path}: it exists and is not a regular file")
 
 
 def temp_file_beside(path: Path) -> tuple[int, str]:

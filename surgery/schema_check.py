@@ -16,9 +16,7 @@ import onnx
 from onnx import defs
 
 from surgery.errors import InvalidGraphError
-from surgery.graph import GraphView, default_opset
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
+from surgery.graph import DEFAULT_DOMAINS, GraphView, default_opset
 
 
 @cache

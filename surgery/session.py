@@ -7,7 +7,6 @@ parameters, the verification metrics and the coverage summary.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from surgery.errors import WorkspaceError
 from surgery.model import load_model
 from surgery.rules.engine import RewriteResult
 from surgery.rules.fix import FixResult
-from surgery.workspace import VersionInfo, Workspace, sanitize_name
+from surgery.workspace import VersionInfo, Workspace, file_sha256, sanitize_name
 
 
 def coverage_summary(cov: CoverageReport) -> dict[str, Any]:
@@ -38,32 +37,48 @@ def import_or_reuse(
 ) -> VersionInfo:
     """Import the file as a model; if that name holds this file already, the version it was
     imported as (unchanged) or a new version (the file was edited outside)."""
-    name = name or sanitize_name(Path(source).stem)
-    if name in ws.list_models():
-        from surgery.model import read_model
-
-        refuse_other_source(ws, name, source)
-        digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
-        same = [v for v in ws.versions(name) if v.action == "import" and v.sha256 == digest]
-        if same:  # the file is unchanged since that import: every rewrite starts from it
-            return same[-1]
-        latest = ws.latest(name)
-        return ws.add_version(
-            name,
-            read_model(source),
-            parent=latest.version,
-            action="import",
-            params={"source": str(Path(source).resolve())},
-        )
-    return ws.import_model(source, name)
+    path = Path(source)
+    return _import_or_reuse(ws, path, name or sanitize_name(path.stem))[0]
 
 
-def refuse_other_source(ws: Workspace, name: str, source: str | os.PathLike) -> None:
+def _import_or_reuse(
+    ws: Workspace, path: Path, name: str, digest: str | None = None
+) -> tuple[VersionInfo, bool]:
+    """`import_or_reuse`, and whether it stored a version. `digest` is the file's sha256 when
+    the caller has it (it is only needed when the name exists)."""
+    if name not in ws.list_models():
+        return ws.import_model(path, name), True
+    versions = ws.versions(name)
+    refuse_other_source(ws, name, path, versions)
+    digest = digest or file_sha256(path)
+    same = [v for v in versions if v.action == "import" and v.sha256 == digest]
+    if same:  # the file is unchanged since that import: every rewrite starts from it
+        return same[-1], False
+    from surgery.model import read_model
+
+    info = ws.add_version(
+        name,
+        read_model(path),
+        parent=versions[-1].version,
+        action="import",
+        params={"source": str(path.resolve())},
+    )
+    return info, True
+
+
+def refuse_other_source(
+    ws: Workspace,
+    name: str,
+    source: str | os.PathLike,
+    versions: Sequence[VersionInfo] | None = None,
+) -> None:
     """A WorkspaceError unless some version of `name` was imported from `source`: a new
     version under an existing name must be that model edited, not another network that
-    happens to share its file name (two folders' model.onnx)."""
+    happens to share its file name (two folders' model.onnx). `versions`: `name`'s, when the
+    caller has read them."""
     wanted = Path(source).resolve()
-    recorded = [v.params.get("source") for v in ws.versions(name) if v.action == "import"]
+    versions = versions if versions is not None else ws.versions(name)
+    recorded = [v.params.get("source") for v in versions if v.action == "import"]
     if any(s and Path(s).resolve() == wanted for s in recorded):
         return
     origin = next((s for s in recorded if s), None)
@@ -90,12 +105,13 @@ def open_in_workspace(
     path = Path(source)
     name = name or sanitize_name(path.stem)
     validated = load_model(path, input_shapes)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     exists = name in ws.list_models()
+    digest = file_sha256(path) if exists else None
     if exists and not input_shapes and ws.latest(name).sha256 == digest:
         return ws.latest(name), False, validated
     if not input_shapes:
-        return import_or_reuse(ws, path, name), True, validated
+        info, created = _import_or_reuse(ws, path, name, digest)
+        return info, created, validated
     if exists:
         refuse_other_source(ws, name, path)
         params = {

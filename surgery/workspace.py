@@ -301,7 +301,7 @@ class Workspace:
                 f"{info.name} {info.id}: its file {path} is missing ({exc.strerror})"
             ) from None
         key = (str(path), stat.st_size, stat.st_mtime_ns)
-        digest = self._digests.get(key) or _sha256(path)
+        digest = self._digests.get(key) or file_sha256(path)
         if digest != info.sha256:
             raise WorkspaceError(
                 f"{info.name} {info.id} was modified outside the workspace: {path} no longer "
@@ -544,7 +544,7 @@ class Workspace:
             else:
                 assert model is not None
                 save_model(model, model_path)
-            record["sha256"] = _sha256(model_path)
+            record["sha256"] = file_sha256(model_path)
             _write_atomic(folder / _record_name(number), _to_json(record))
         except BaseException as exc:
             _remove_version_files(folder, number)
@@ -800,7 +800,8 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (models can be gigabytes)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

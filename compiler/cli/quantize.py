@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -35,6 +35,9 @@ from surgery.cli.app import (
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg, TargetOpt
 from surgery.errors import SurgeryError
 from surgery.model import parse_input_shapes
+
+if TYPE_CHECKING:  # the quantizer loads only in the commands that use it
+    from compiler.quantize.data import CalibrationDataset
 
 METHODS = ("mse", "minmax", "moving_average", "entropy", "percentile")
 MAX_LISTED = 3
@@ -135,7 +138,9 @@ def _params(
     return params.with_unquantized_nodes(*unquantized) if unquantized else params
 
 
-def _split(dataset: Any, holdout: int) -> tuple[Any, Any]:
+def _split(
+    dataset: CalibrationDataset, holdout: int
+) -> tuple[CalibrationDataset, CalibrationDataset]:
     """Calibration rows and the last `holdout` rows, as two lazy datasets over the same files."""
     from compiler.quantize.errors import CalibrationDataError
 
@@ -144,7 +149,7 @@ def _split(dataset: Any, holdout: int) -> tuple[Any, Any]:
         raise SurgeryError(f"--holdout {holdout}: must be 0 or more")
     if holdout >= len(rows):
         # Few samples: often because the others were not samples at all. Say which files.
-        problems = dataset.unusable() if hasattr(dataset, "unusable") else []
+        problems = dataset.unusable()
         needed = (
             f"--holdout {holdout}: --calib has {len(rows)} samples; at least one must be left "
             "for calibration"

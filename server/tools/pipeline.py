@@ -41,7 +41,7 @@ from server.models import (
     TargetArg,
     VersionArg,
 )
-from server.paths import PathNotAllowedError
+from server.paths import PathNotAllowedError, file_in_the_way
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.errors import SurgeryError
@@ -91,7 +91,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 )
         if folder.exists() and not folder.is_dir():
             raise PathNotAllowedError(f"{raw!r} is a file; output_dir must be a folder")
-        blocking = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+        blocking = file_in_the_way(folder)
         if blocking is not None:
             raise PathNotAllowedError(f"cannot create {raw!r}: {blocking} is a file")
         folder.mkdir(parents=True, exist_ok=True)
@@ -100,15 +100,18 @@ def register(mcp: MCPServer, state: ServerState) -> None:
     def reference_path(archive: Any, model: str | None, version: VersionArg) -> Path:
         """The QDQ model for the bit-exact comparison: a workspace version when named, else
         the model_path the archive records, if the server may read it and it is unchanged."""
-        from compiler.archive import check_compiled_from
+        from compiler.archive import check_compiled_from, checksum_of_digest
 
         if model is not None:
             info = ws.info(model, version)
+            path = ws.checked_path(info)  # the file has the sha256 its record gives
             checksum = archive.manifest.get("model_checksum")
-            compiled = [v.id for v in ws.versions(info.name) if f"sha256:{v.sha256}" == checksum]
-            hint = f"pass reference_version={compiled[-1]!r}" if compiled else None
-            path = ws.checked_path(info)
-            check_compiled_from(archive.manifest, path, f"{info.name} {info.id}", hint)
+            if checksum_of_digest(info.sha256) != checksum:  # not it: name the one that is
+                compiled = [
+                    v.id for v in ws.versions(info.name) if checksum_of_digest(v.sha256) == checksum
+                ]
+                hint = f"pass reference_version={compiled[-1]!r}" if compiled else None
+                check_compiled_from(archive.manifest, path, f"{info.name} {info.id}", hint)
             return path
         recorded = str(archive.manifest.get("model_path") or "")
         if not recorded or not Path(recorded).is_file():

@@ -27,11 +27,9 @@ from server.models import (
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.fold import coverage_as_compiled
-from surgery.graph import GraphView
-from surgery.model import load_model
-from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules import RuleContext, all_rules, get_rule
 from surgery.rules import apply_rule as core_apply_rule
+from surgery.rules.engine import rewritable_model
 from surgery.rules.fix import FixResult, describe_step
 from surgery.rules.fix import fix_model as core_fix_model
 from surgery.rules.graph_edit import with_unique_node_names
@@ -138,10 +136,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         or let fix_model choose."""
         info, proto = state.read_only(model, version)
         tgt = resolve_target(target or state.default_target)
-        notes: list[str] = []
-        if is_quantized(GraphView(proto)):  # the model apply_rule and fix_model rewrite
-            proto = load_model(float_model(proto))
-            notes.append(REWRITTEN_AS_FLOAT_NOTE)
+        proto, notes = rewritable_model(proto)  # what apply_rule and fix_model rewrite
         named = with_unique_node_names(proto)
         ctx = RuleContext.build(named, tgt)
         rules, by_blocker = _rule_matches(ctx)

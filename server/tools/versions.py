@@ -24,13 +24,13 @@ from server.models import (
     VersionArg,
     VersionRef,
 )
-from server.paths import sha256_file
 from server.state import ServerState
 from server.tools._base import register_tool
 from surgery.check import check_model as core_check_model
 from surgery.errors import VerifyError
 from surgery.model import PROTOBUF_LIMIT, model_nbytes, save_model
 from surgery.verify import verify_models as core_verify_models
+from surgery.workspace import file_sha256
 
 MAX_OUTPUTS = 20
 
@@ -189,6 +189,6 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             version=info.id,
             path=str(dest),
             bytes=dest.stat().st_size,
-            sha256=sha256_file(dest),
+            sha256=file_sha256(dest),
             external_data=external,
         )

@@ -148,6 +148,14 @@ def find_matches(
     return rule.find(ctx, parse_params(rule, params))
 
 
+def rewritable_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model rules rewrite, and the notes that say what it is: a quantized model's float
+    model (rules match float graphs: see `float_model`), to be quantized again."""
+    if not is_quantized(GraphView(model)):
+        return model, []
+    return load_model(float_model(model)), [REWRITTEN_AS_FLOAT_NOTE]
+
+
 def apply_rule(
     model: onnx.ModelProto,
     rule: Rule | str,
@@ -169,9 +177,8 @@ def apply_rule(
     tgt = resolve_target(target)
     p = parse_params(rule, params)
     notes: list[str] = []
-    if ctx is None and is_quantized(GraphView(model)):  # rules match float graphs: see float_model
-        model = load_model(float_model(model))
-        notes.append(REWRITTEN_AS_FLOAT_NOTE)
+    if ctx is None:
+        model, notes = rewritable_model(model)
     model = with_unique_node_names(model)
     ctx = ctx or RuleContext.build(model, tgt)
     matches = rule.find(ctx, p)

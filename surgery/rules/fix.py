@@ -25,9 +25,8 @@ from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView, shape_text
 from surgery.model import load_model
-from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
 from surgery.rules.base import Rule, RuleContext
-from surgery.rules.engine import Reference, RewriteResult, apply_rule
+from surgery.rules.engine import Reference, RewriteResult, apply_rule, rewritable_model
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.registry import all_rules, get_rule
 from surgery.rules.suggest import rule_matches
@@ -184,15 +183,12 @@ def fix_model(
         loaded = load_model(model)  # a path, or a model not yet shape-inferred
     else:
         loaded = model
-    quantized = is_quantized(GraphView(loaded))
-    if quantized:
-        loaded = load_model(float_model(loaded))
+    loaded, float_notes = rewritable_model(loaded)
     start = with_unique_node_names(loaded)
     result = _fix(
         start, tgt, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
     )
-    if quantized:
-        result.notes.insert(0, REWRITTEN_AS_FLOAT_NOTE)
+    result.notes[:0] = float_notes
     result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     if not result.coverage_after.blockers:
         result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)

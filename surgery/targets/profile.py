@@ -240,7 +240,7 @@ class Target:
                         break
             except (TypeError, ValueError, KeyError, IndexError) as exc:
                 pairs = zip(rule.constraints, rule.checks, strict=True)
-                spec = next(c for c, check in pairs if check[0] is fn)
+                spec = next(c for c, check in pairs if check == (fn, params))
                 raise ConstraintEvaluationError(self.name, rule.processor, spec, exc) from exc
             if failed is None:
                 return OpDecision(rule.processor, reasons, rule.precisions)
