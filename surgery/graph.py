@@ -154,6 +154,31 @@ def attribute_values(node: onnx.NodeProto) -> dict[str, object]:
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 """The names of the default (ai.onnx) domain."""
 
+VALUE_MOVING_OPS = frozenset(
+    {
+        "MaxPool",
+        "GlobalMaxPool",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Split",
+        "Identity",
+        "Dropout",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Gather",
+        "Resize",
+        "Expand",
+        "Tile",
+        "Pad",
+    }
+)
+"""Ops whose outputs are input values moved around (or mixes of them, for Resize), plus Pad's
+constant: a quantizer gives them their input's scale."""
+
 
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's default-domain ("" or "ai.onnx") opset; 1 when it declares none."""

@@ -15,10 +15,11 @@ import copy
 import json
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from surgery.graph import GraphView
+from surgery.graph import VALUE_MOVING_OPS, GraphView
 
 QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
@@ -191,7 +192,7 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     from surgery.dynamic_quantization import undo_dynamic_quantization
     from surgery.fold import evaluate_nodes
 
-    model = float_view(qdq_model)
+    model = float_view(_with_removed_activations_restored(qdq_model))
     view = GraphView(model)
     outputs = {o.name for o in model.graph.output}
     _, foldable = constant_tensors(view)
@@ -211,6 +212,136 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     return model
+
+
+_NON_NEGATIVE_OPS = frozenset(
+    {"Relu", "Sigmoid", "Softmax", "Abs", "Exp", "Softplus", "HardSigmoid", "Sqrt", "Shape", "Size"}
+)
+"""Ops whose outputs are never negative."""
+
+_SIGN_KEEPING_OPS = (VALUE_MOVING_OPS - {"Pad"}) | {
+    "AveragePool",
+    "GlobalAveragePool",
+    "Concat",
+    "ReduceMax",
+    "ReduceMean",
+    _DEQUANTIZE,
+}
+"""Ops whose outputs are non-negative when their data input is (moves, pools, maxima, and a
+DequantizeLinear of a range from zero)."""
+
+_INTEGER_RANGES = {
+    onnx.TensorProto.UINT8: (0, 255),
+    onnx.TensorProto.INT8: (-128, 127),
+    onnx.TensorProto.UINT16: (0, 65535),
+    onnx.TensorProto.INT16: (-32768, 32767),
+    onnx.TensorProto.UINT4: (0, 15),
+    onnx.TensorProto.INT4: (-8, 7),
+}
+"""The values of each integer type an activation can be quantized to."""
+
+
+def _with_removed_activations_restored(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
+    """`qdq_model`, or a copy with a Clip in front of each activation QuantizeLinear that stands
+    for a Relu or Clip the quantizer removed.
+
+    ONNX Runtime's quantizer (asymmetric QDQ, its default) drops a Relu or Clip that follows a
+    quantized op and lets the next QuantizeLinear's range, [0, max], clamp instead
+    (QDQRemovableActivation). Taking that Q -> DQ pair away takes the activation with it: the
+    float model of a PP-OCR classifier lost its ReLU6s and overflowed to NaN. A QuantizeLinear
+    of a run-time tensor that can be negative, whose range starts at exactly 0 (zero point at
+    its type's minimum) and which a DequantizeLinear reads, gets a Clip to its range: what the
+    pair computes, rounding aside."""
+    from surgery.coverage import constant_tensors  # coverage reads this module
+
+    view = GraphView(qdq_model)
+    if _QUANTIZE not in view.op_types:
+        return qdq_model
+    _, foldable = constant_tensors(view)
+    non_negative: set[str] = set()
+    clamps: dict[int, tuple[float, float]] = {}
+    for k, (op, ins, outs) in enumerate(
+        zip(view.op_types, view.node_inputs, view.node_outputs, strict=True)
+    ):
+        if op == _QUANTIZE and ins and ins[0]:
+            clamp = _range_from_zero(view, view.nodes[k])
+            if clamp is None:
+                continue
+            non_negative.update(outs)
+            read = view.consumers.get(outs[0], ())
+            if (
+                not foldable[k]  # a weight's Q -> DQ is folded, not removed
+                and ins[0] in view.producer
+                and ins[0] not in non_negative
+                and any(view.op_types[c] == _DEQUANTIZE for c in read)
+            ):
+                clamps[k] = clamp
+        elif _keeps_non_negative(view, k, non_negative):
+            non_negative.update(outs)
+    if not clamps:
+        return qdq_model
+    model = copy.deepcopy(qdq_model)
+    graph = model.graph
+    nodes: list[onnx.NodeProto] = []
+    for k, node in enumerate(graph.node):
+        if k in clamps:
+            name = f"{node.input[0]}_clamp"
+            bounds = [f"{name}_min", f"{name}_max"]
+            graph.initializer.extend(
+                numpy_helper.from_array(np.array(v, np.float32), b)
+                for v, b in zip(clamps[k], bounds, strict=True)
+            )
+            clip = onnx.helper.make_node(
+                "Clip", [node.input[0], *bounds], [name], name=f"{node.name or name}_clamp"
+            )
+            nodes.append(clip)
+            node.input[0] = name
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def _keeps_non_negative(view: GraphView, k: int, non_negative: set[str]) -> bool:
+    """Whether node `k` outputs no negative value, given the tensors known `non_negative`."""
+    op, ins = view.op_types[k], view.node_inputs[k]
+    if op in _NON_NEGATIVE_OPS:
+        return True
+    if op == "Clip":
+        low = view.constant_value(ins[1]) if len(ins) > 1 and ins[1] else None
+        return low is not None and low.size > 0 and float(np.min(low)) >= 0
+
+    def known(t: str) -> bool:
+        if t in non_negative:
+            return True
+        value = view.constant_value(t)
+        return value is not None and value.size > 0 and float(np.min(value)) >= 0
+
+    if op in ("Concat", "Sum", "Max", "Add", "Mul", "Div"):
+        return all(known(t) for t in ins if t)
+    return (op in _SIGN_KEEPING_OPS or op == "Pow") and bool(ins) and known(ins[0])
+
+
+def _range_from_zero(view: GraphView, quantize: onnx.NodeProto) -> tuple[float, float] | None:
+    """(0, max) of a per-tensor QuantizeLinear whose zero point is its type's minimum, else
+    None."""
+    ins = quantize.input
+    scale = view.constant_value(ins[1]) if len(ins) > 1 else None
+    if scale is None or scale.size != 1 or not np.issubdtype(scale.dtype, np.floating):
+        return None
+    if len(ins) > 2 and ins[2]:
+        zero_point = view.constant_value(ins[2])
+        dtype = view.tensor(ins[2]).elem_type
+    else:  # no zero point: 0 of output_dtype, uint8 unless the attribute says otherwise
+        zero_point = np.zeros(1)
+        attr = next((a.i for a in quantize.attribute if a.name == "output_dtype"), 0)
+        dtype = attr or onnx.TensorProto.UINT8
+    if zero_point is None or zero_point.size != 1 or dtype not in _INTEGER_RANGES:
+        return None
+    qmin, qmax = _INTEGER_RANGES[dtype]
+    if int(zero_point.ravel()[0]) != qmin:
+        return None
+    return 0.0, float((qmax - qmin) * float(scale.ravel()[0]))
 
 
 def _computed_constants(view: GraphView, foldable: list[bool]) -> dict[int, set[int]]:

@@ -41,36 +41,15 @@ from compiler.defines import (
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.groups import ElementwiseGroup, find_groups
 from surgery.coverage import CoverageReport
-from surgery.graph import GraphView
+from surgery.graph import VALUE_MOVING_OPS, GraphView
 from surgery.targets import Target
 
 __all__ = ["ActivationSpec", "ParamSpec", "QuantPlan", "make_plan", "WEIGHTED_OPS"]
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
-SAME_SCALE_OPS = frozenset(
-    {
-        "MaxPool",
-        "GlobalMaxPool",
-        "Reshape",
-        "Flatten",
-        "Transpose",
-        "Squeeze",
-        "Unsqueeze",
-        "Slice",
-        "Split",
-        "Identity",
-        "Dropout",
-        "DepthToSpace",
-        "SpaceToDepth",
-        "Gather",
-        "Resize",
-        "Expand",
-        "Tile",
-        "Pad",
-    }
-)
-"""Ops whose outputs are input values moved around (or convex mixes of them, for Resize)."""
+SAME_SCALE_OPS = VALUE_MOVING_OPS
+"""Ops whose output takes its input's scale."""
 
 ALL_OPERAND_OPS = frozenset(
     {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Concat", "MatMul", "Einsum"}
