@@ -302,11 +302,26 @@ class Archive:
         }
 
 
-def read_archive(path: str | Path) -> Archive:
-    """Open an archive and check that it is complete (manifest, stats, every executable)."""
-    path = Path(path)
+def _archive_in(path: Path) -> Path:
+    """`path`, or the one archive in folder `path` (what `surgery compile -o DIR` wrote)."""
     if not path.exists():
         raise ArchiveError(f"{path}: no such file")
+    if not path.is_dir():
+        return path
+    # regular files only: a link could lead out of a folder a server was allowed to read
+    found = sorted(p for p in path.glob(f"*{ARCHIVE_SUFFIX}") if p.is_file() and not p.is_symlink())
+    if len(found) != 1:
+        listed = ", ".join(p.name for p in found[:5]) or "none"
+        raise ArchiveError(
+            f"{path}: a folder; expected one *{ARCHIVE_SUFFIX} archive in it, found "
+            f"{len(found)} ({listed})"
+        )
+    return found[0]
+
+
+def read_archive(path: str | Path) -> Archive:
+    """Open an archive and check that it is complete (manifest, stats, every executable)."""
+    path = _archive_in(Path(path))
     try:
         with tarfile.open(path, mode="r:gz") as tar:
             files = {}

@@ -159,3 +159,17 @@ def test_the_summary_counts_each_mla_program_instructions(topk_archive) -> None:
     summary = read_archive(topk_archive.archive).summary()
     mla = [p for p in summary["plugins"] if p["processor"] == "MLA"]
     assert mla and all(p["instructions"] > 0 for p in mla)
+
+
+def test_the_folder_compile_wrote_reads_as_its_one_archive(topk_archive) -> None:
+    folder = topk_archive.archive.parent
+    assert read_archive(folder).files == read_archive(topk_archive.archive).files
+
+
+def test_a_folder_without_exactly_one_archive_is_refused_with_what_it_holds(tmp_path) -> None:
+    with pytest.raises(ArchiveError, match="found 0 \\(none\\)"):
+        read_archive(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}{ARCHIVE_SUFFIX}").write_bytes(b"")
+    with pytest.raises(ArchiveError, match=f"found 2 \\(a{ARCHIVE_SUFFIX}, b{ARCHIVE_SUFFIX}\\)"):
+        read_archive(tmp_path)

@@ -25,7 +25,12 @@ from surgery.errors import SurgeryError
 if TYPE_CHECKING:
     from compiler.costmodel import MlaHardware
 
-ArchiveArg = Annotated[Path, typer.Argument(help="A compiled archive (<name>_mpk.tar.gz).")]
+ArchiveArg = Annotated[
+    Path,
+    typer.Argument(
+        help="A compiled archive (<name>_mpk.tar.gz), or the folder `compile -o` wrote it to."
+    ),
+]
 
 
 @app.command("compile")
