@@ -5,7 +5,11 @@ Each model of ../shared/models gets its input shapes fixed (INDEX.tsv's run_inpu
 quantized per channel to int8 QDQ on two seeded random inputs (`surgery.verify.make_inputs`:
 images in [0, 1], token ids within their table): this measures what `fix` does with the
 graph ONNX Runtime writes, not accuracy. Models it cannot quantize are listed and skipped.
-Writes the models and an INDEX.tsv into --out, so the folder feeds the pipeline sweep:
+For each model it prints how far the float model that `fix` rewrites (`surgery.qdq.float_model`)
+is from the original, beside how far the QDQ model is, as SQNR on a third seeded input: the
+float model only has int8 weights, so it should be at least as close as the QDQ model; a float
+model far below it has lost part of the network (ONNX Runtime removes the Relus and Clips its
+activation ranges stand for, and `float_model` must put them back). Writes the models and an INDEX.tsv into --out, so the folder feeds the pipeline sweep:
 
     python bench/ort_quantized_models.py --out /tmp/ort_qdq_models
     python bench/pipeline_sweep.py --models /tmp/ort_qdq_models --target mlsoc rk3588 \\
@@ -25,7 +29,8 @@ from check_speed import run_inputs
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 from surgery.model import set_input_shapes
-from surgery.verify import make_inputs
+from surgery.qdq import float_model
+from surgery.verify import make_inputs, verify_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +62,10 @@ def quantize(source: Path, shapes: dict[str, list[int]], target: Path) -> str | 
     return None
 
 
+def _db(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:6.1f} dB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for the QDQ models.")
@@ -72,9 +81,19 @@ def main() -> None:
         if failed:
             print(f"{path.name:30s} skipped: {failed}")
             continue
+        qdq = onnx.load(args.out / name)
+        sqnr = {
+            label: verify_models(path, candidate, input_shapes=given or None, seed=2).worst[
+                "min_sqnr_db"
+            ]
+            for label, candidate in (("qdq", qdq), ("float_model", float_model(qdq)))
+        }
         spec = " ".join(f"{n}{list(d)}" for n, d in given.items())
         rows.append({"file": name, "run_inputs": spec, "what": f"{path.name}, ORT quantize_static"})
-        print(f"{name:40s} {(args.out / name).stat().st_size / 1e6:7.1f} MB")
+        print(
+            f"{name:40s} {(args.out / name).stat().st_size / 1e6:7.1f} MB   SQNR vs the original: "
+            f"QDQ {_db(sqnr['qdq'])}, float_model {_db(sqnr['float_model'])}"
+        )
     with (args.out / "INDEX.tsv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "run_inputs", "what"], delimiter="\t")
         writer.writeheader()
