@@ -136,9 +136,54 @@ def open_model(
     if infer_shapes:
         model = _shape_inferred(model, label, view, _worth_hiding_weights(source, model))
         view.rebind(model)
+        if input_shapes:
+            refuse_impossible_reshapes(view, label)
     else:
         view.reload_value_info()
     return model, view
+
+
+def refuse_impossible_reshapes(view: GraphView, label: str = "model") -> None:
+    """A ShapeError when, at the model's input shapes, a Reshape would get a different number of values
+    than its target shape holds: the model cannot run at those shapes. Shape inference does
+    not check this (it takes the target shape as the output's), so `check` counted segments of
+    a model ONNX Runtime then refused to run. The usual cause is an export that traced a size
+    as a constant: torch's TorchScript exporter writes nn.MultiheadAttention's head reshape
+    with the sequence length it saw, so a recogniser exported at width 128 with a dynamic
+    width axis runs at 128 only. Tensors that are graph outputs are left out (their declared
+    shape may be the export's, not the inferred one)."""
+    if "Reshape" not in view.op_types:
+        return
+    outputs = {o.name for o in view.model.graph.output}
+    for k, op in enumerate(view.op_types):
+        ins, outs = view.node_inputs[k], view.node_outputs[k]
+        if op != "Reshape" or view.domains[k] not in DEFAULT_DOMAINS or not ins or not outs:
+            continue
+        if outs[0] in outputs:
+            continue
+        node = view.nodes[k]
+        src, dst = view.tensor(ins[0]), view.tensor(outs[0])
+        if not (src.is_static and dst.is_static) or src.shape is None or dst.shape is None:
+            continue
+        have, want = _count(src.shape), _count(dst.shape)
+        if have and want and have != want:
+            given = ", ".join(
+                f"{t.name}={list(t.shape or ())}" for t in map(view.tensor, view.graph_inputs)
+            )
+            raise ShapeError(
+                f"{label}: the model cannot run at input shape {given}: Reshape "
+                f"{node.name or node.output[0]!r} gets {list(src.shape)} ({have} values) and "
+                f"makes {list(dst.shape)} ({want}); a size in its target shape was fixed at "
+                "export (a traced constant): use the export's input shape, or export again"
+            )
+
+
+def _count(shape: Sequence[object]) -> int:
+    """The number of values of a static shape."""
+    n = 1
+    for d in shape:
+        n *= int(d)  # type: ignore[call-overload]
+    return n
 
 
 def _worth_hiding_weights(

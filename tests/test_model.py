@@ -316,3 +316,35 @@ def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monke
     assert weights["conv_w"].raw_data == original.graph.initializer[0].raw_data
     constant = next(n for n in loaded.graph.node if n.op_type == "Constant")
     assert constant.attribute[0].t.raw_data == original.graph.node[3].attribute[0].t.raw_data
+
+
+def _traced_head_reshape(width: int | str = "w") -> onnx.ModelProto:
+    """x [1, 4, W] → Transpose → Reshape to a constant [8, 2, 2] → Relu: a head reshape whose
+    sequence length (W = 8) an export traced as a constant, as torch's TorchScript exporter
+    writes nn.MultiheadAttention; the model runs at W = 8 only."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name="seq_first", perm=[2, 0, 1]),
+        helper.make_node("Reshape", ["t", "heads"], ["h"], name="to_heads"),
+        helper.make_node("Relu", ["h"], ["y"], name="act"),
+    ]
+    heads = numpy_helper.from_array(np.array([8, 2, 2], np.int64), "heads")
+    graph = helper.make_graph(nodes, "g", [x], [y], [heads])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_input_shape_a_traced_reshape_cannot_take_is_refused():
+    """Shape inference takes a Reshape's target shape as its output's without counting: the
+    model loaded, and check counted segments, at a width ONNX Runtime refuses to run."""
+    assert load_model(_traced_head_reshape(), input_shapes={"x": [1, 4, 8]})
+    with pytest.raises(ShapeError, match=r"cannot run at input shape x=\[1, 4, 10\].*to_heads"):
+        load_model(_traced_head_reshape(), input_shapes={"x": [1, 4, 10]})
+
+
+def test_check_refuses_a_static_model_whose_reshape_cannot_take_its_input():
+    from surgery.check import check_model
+
+    assert check_model(_traced_head_reshape(8), "mlsoc").nodes_total == 3
+    with pytest.raises(ShapeError, match=r"gets \[10, 1, 4\] \(40 values\) and makes \[8, 2, 2\]"):
+        check_model(load_model(_traced_head_reshape(10)), "mlsoc")

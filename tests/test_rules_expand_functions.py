@@ -316,3 +316,57 @@ def test_where_with_a_constant_false_condition_passes_its_else_side():
     assert _ops(result.model) == {"Relu"}
     feed = _feed(model)
     np.testing.assert_array_equal(_run(result.model, feed)[0], _run(model, feed)[0])
+
+
+def test_a_body_whose_host_op_feeds_its_mla_ops_is_not_expanded():
+    """Opset 13's LogSoftmax is x - max - Log(Σ exp(x - max)): on rk3588, which lacks Log, the
+    last Sub would be an MLA island between host nodes, so the op stays whole; mlsoc runs Log
+    and gets the body."""
+    model = _unary("LogSoftmax", 13, axis=1)
+    assert find_matches(model, "expand-function-ops", "rk3588") == []
+    assert find_matches(model, "expand-function-ops", "mlsoc")
+
+
+def _crnn_tail() -> onnx.ModelProto:
+    """A bidirectional RNN's [T, 2, 1, H] output → Transpose → Reshape [T, 1, 2H] → Linear →
+    LogSoftmax (opset 13), as torch's TorchScript exporter writes a CRNN's CTC head."""
+    hidden, steps, classes = 8, 20, 12
+    rng = np.random.default_rng(3)
+    return _model(
+        [
+            helper.make_node("Mul", ["x", "scale"], ["yd"], name="rnn_out"),
+            helper.make_node("Transpose", ["yd"], ["yt"], name="dirs_last", perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", ["yt", "seq"], ["feat"], name="to_seq"),
+            helper.make_node("MatMul", ["feat", "fc_w"], ["mm"], name="fc"),
+            helper.make_node("Add", ["fc_b", "mm"], ["logits"], name="fc_bias"),
+            helper.make_node("LogSoftmax", ["logits"], ["y"], name="log_softmax", axis=-1),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, 1, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, classes])],
+        [
+            numpy_helper.from_array(
+                rng.normal(0, 0.2, (1, 2, 1, hidden)).astype(np.float32), "scale"
+            ),
+            numpy_helper.from_array(np.array([steps, 1, 2 * hidden], np.int64), "seq"),
+            numpy_helper.from_array(
+                rng.normal(0, 0.2, (2 * hidden, classes)).astype(np.float32), "fc_w"
+            ),
+            numpy_helper.from_array(rng.normal(0, 0.2, (classes,)).astype(np.float32), "fc_b"),
+        ],
+        opset=13,
+    )
+
+
+def test_fix_keeps_a_crnn_heads_log_softmax_whole_on_a_target_without_log():
+    """Expanded, its Log went to the host with the Sub after it, which fix then had to pin to
+    the host as well (3 host nodes and a place-on-host step instead of the one LogSoftmax)."""
+    model = _crnn_tail()
+    result = fix_model(model, "rk3588")
+    rules = [s["rule"] for s in result.steps]
+    assert result.single_elf and "expand-function-ops" not in rules
+    assert "place-on-host" not in rules
+    host = sorted(p.op_type for p in result.coverage_after.placements if p.is_blocker)
+    assert "LogSoftmax" in host and "Log" not in host
+    assert result.coverage_after.mla_mac_fraction == 1.0
+    feed = _feed(model)
+    np.testing.assert_allclose(_run(result.model, feed)[0], _run(model, feed)[0], atol=1e-5)

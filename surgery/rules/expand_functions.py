@@ -82,9 +82,13 @@ def function_body(ctx: RuleContext, idx: int) -> onnx.FunctionProto | None:
     return body
 
 
-def _off_mla_ops(ctx: RuleContext, idx: int, body: onnx.FunctionProto) -> list[str]:
+def _off_mla_ops(
+    ctx: RuleContext, idx: int, body: onnx.FunctionProto
+) -> tuple[list[str], list[str]]:
     """Body ops that compute on run-time data and that the target cannot run on the MLA (the
-    shape arithmetic folds away; pass-through ops are left to the cleanups)."""
+    shape arithmetic folds away; pass-through ops are left to the cleanups), and the MLA ops of
+    the body that compute on their results: an opset-13 LogSoftmax is x - max - Log(Σ exp(…)),
+    and on a target without Log its last Sub would be an MLA island between host nodes."""
     view = ctx.view
     node_inputs = view.node_inputs[idx]
     constant = {
@@ -94,8 +98,9 @@ def _off_mla_ops(ctx: RuleContext, idx: int, body: onnx.FunctionProto) -> list[s
     }
     constant.update(body.input[len(node_inputs) :])  # inputs left out are empty
     constant.add("")
-    off = []
-    for inner in body.node:
+    off, after_off = [], []
+    downstream: set[str] = set()  # run-time tensors computed from an off-MLA op's result
+    for inner in body.node:  # a function body lists its nodes in topological order
         ins = list(inner.input)
         if (
             inner.op_type == "Constant"
@@ -106,11 +111,17 @@ def _off_mla_ops(ctx: RuleContext, idx: int, body: onnx.FunctionProto) -> list[s
         ):
             constant.update(inner.output)
             continue
-        if inner.op_type not in _LEFT_TO_LATER_RULES and not ctx.target.supports(
-            inner.op_type, "MLA"
-        ):
+        fed = any(i in downstream for i in ins)
+        if inner.op_type in _LEFT_TO_LATER_RULES:
+            pass
+        elif not ctx.target.supports(inner.op_type, "MLA"):
             off.append(inner.op_type)
-    return off
+            downstream.update(inner.output)
+        elif fed:
+            after_off.append(inner.op_type)
+        if fed:
+            downstream.update(inner.output)
+    return off, after_off
 
 
 @register
@@ -129,7 +140,10 @@ class ExpandFunctionOps(GraphRule):
     the op computes; verification compares the two in ONNX Runtime. Only ops that the target
     does not support on the MLA at all are expanded: an op the MLA runs under some constraint
     (LayerNormalization on a 4-D tensor) is left to the rules that meet the constraint. A match
-    lists the node as freed when every run-time op of the body is one the MLA supports.
+    lists the node as freed when every run-time op of the body is one the MLA supports. A body
+    whose off-MLA op feeds MLA ops of the body is not expanded: the op's host work stays and
+    the ops after it become an MLA island between host nodes (opset 13's LogSoftmax on a target
+    without Log, after a CRNN's classifier), where the op whole was one host node at the end.
     """
 
     name = "expand-function-ops"
@@ -155,7 +169,9 @@ class ExpandFunctionOps(GraphRule):
             body = function_body(ctx, idx)
             if body is None:
                 continue
-            off = _off_mla_ops(ctx, idx, body)
+            off, after_off = _off_mla_ops(ctx, idx, body)
+            if after_off:  # the op's host work stays, and what follows it in the body splits off
+                continue
             note = f"{op} {name} → its ONNX function ({len(body.node)} nodes)"
             if off:
                 note += f"; {', '.join(sorted(set(off)))} of it stay off the MLA"
