@@ -282,10 +282,14 @@ def _with_removed_activations_restored(qdq_model: onnx.ModelProto) -> onnx.Model
         return qdq_model
     model = copy.deepcopy(qdq_model)
     graph = model.graph
+    taken = {*view.producer, *view.initializers, *(i.name for i in graph.input)}
     nodes: list[onnx.NodeProto] = []
     for k, node in enumerate(graph.node):
         if k in clamps:
             name = f"{node.input[0]}_clamp"
+            while {name, f"{name}_min", f"{name}_max"} & taken:
+                name = f"{name}_{k}"
+            taken.update((name, f"{name}_min", f"{name}_max"))
             bounds = [f"{name}_min", f"{name}_max"]
             graph.initializer.extend(
                 numpy_helper.from_array(np.array(v, np.float32), b)

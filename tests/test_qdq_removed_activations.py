@@ -146,3 +146,33 @@ def test_fix_of_an_ort_quantized_model_verifies_against_its_float_model(tmp_path
     _, check = record_fix(ws, parent, fix_model(qdq, "mlsoc"))
     assert check["passed"], check
     assert "float model" in check["reference"]
+
+
+def test_two_ranges_from_zero_on_one_tensor_get_clips_of_their_own_names():
+    """Names stay unique when one tensor is quantized twice."""
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "s2"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+    ]
+    nodes = [helper.make_node("Neg", ["x"], ["a"])]
+    for k, scale in enumerate(("s", "s2")):
+        nodes += [
+            helper.make_node("QuantizeLinear", ["a", scale, "z"], [f"q{k}"]),
+            helper.make_node("DequantizeLinear", [f"q{k}", scale, "z"], [f"y{k}"]),
+        ]
+    outputs = [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, SHAPE) for k in (0, 1)]
+    graph = helper.make_graph(
+        nodes,
+        "twice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        outputs,
+        inits,
+    )
+    restored = float_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(restored, full_check=True)
+    assert _ops(restored) == ["Neg", "Clip", "Clip"]
+    x = {"x": -np.linspace(-2, 30, 256, dtype=np.float32).reshape(SHAPE)}
+    outs = run_model(restored, x)
+    assert outs["y0"].min() == 0 and outs["y0"].max() == pytest.approx(255 * 0.05)
+    assert outs["y1"].max() == pytest.approx(255 * 0.1)
