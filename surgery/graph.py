@@ -179,6 +179,9 @@ VALUE_MOVING_OPS = frozenset(
 """Ops whose outputs are input values moved around (or mixes of them, for Resize), plus Pad's
 constant: a quantizer gives them their input's scale."""
 
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+"""Ops that only rearrange their first input's elements, every one of them, once."""
+
 
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's default-domain ("" or "ai.onnx") opset; 1 when it declares none."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -63,6 +64,31 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
                 f"--input-shape {spec!r}: dimensions must be positive integers below 2**63"
             )
         shapes[name] = values
+    return shapes
+
+
+def recorded_input_shapes(
+    model: onnx.ModelProto, dynamic: Mapping[str, Sequence | None]
+) -> dict[str, list[int]]:
+    """Concrete shapes for the dynamic image inputs (NCHW, static channels) from the size the
+    exporter recorded in the metadata: `imgsz` ("[H, W]" or "S") and `batch` (default 1), as
+    Ultralytics writes them. Empty when the metadata records no size. A suggestion for
+    --input-shape, never applied on its own."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    size = [int(v) for v in re.findall(r"\d+", meta.get("imgsz", ""))]
+    if len(size) == 1:
+        size *= 2
+    batch = int(meta["batch"]) if meta.get("batch", "").isdigit() else 1
+    if len(size) != 2 or min(size) < 1 or batch < 1:
+        return {}
+    shapes: dict[str, list[int]] = {}
+    for name, dims in dynamic.items():
+        if dims is None or len(dims) != 4 or not isinstance(dims[1], int) or dims[1] < 1:
+            continue
+        recorded = [batch, dims[1], *size]
+        shapes[name] = [
+            d if isinstance(d, int) and d > 0 else r for d, r in zip(dims, recorded, strict=True)
+        ]
     return shapes
 
 

@@ -504,6 +504,10 @@ class OutputComparison:
     sqnr_db: float | None = None
     min_atol: float | None = None
     min_rtol: float | None = None
+    rows_moved: int | None = None
+    """Failed: how many of the differing rows (along the last axis) are, within the
+    tolerance, another differing row of B in its place (`reordered_rows`), as when a TopK or
+    sort upstream orders near-equal scores differently after a rounding change."""
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -627,9 +631,85 @@ def _float_metrics(
     out.mismatches = bad + nonfinite_bad
     out.passed = out.mismatches == 0
     messages = [rule] if bad else []
+    if bad and not nonfinite_bad:
+        tolerance = EXACT_SCALE * max(1.0, ref_peak) if exact else None
+        differing, moved = reordered_rows(ref, test, atol, rtol, tolerance)
+        if moved:
+            out.rows_moved = moved
+            messages.append(
+                f"{moved} of the {differing} differing rows are rows of B in another place "
+                "(a TopK or sort upstream ordered near-equal values differently)"
+            )
     if nonfinite_bad:
         messages.append(f"{nonfinite_bad} NaN/inf value(s) differ")
     out.message = "; ".join(messages)
+
+
+MAX_REORDERED_ROWS = 2048
+"""Rows out of place above which `reordered_rows` does not look for a pairing."""
+
+
+def reordered_rows(
+    ref: np.ndarray,
+    test: np.ndarray,
+    atol: float,
+    rtol: float,
+    tolerance: float | None = None,
+) -> tuple[int, int]:
+    """(rows that differ, how many of them are another differing row in its place): the rows
+    along the last axis, compared within the tolerance (`tolerance` if given, else
+    atol + rtol·|ref|) at the same leading indices, paired one for one. A detector's TopK
+    output (rows of box, score, class) differs this way when a rewrite moves near-equal scores
+    by a rounding error: the same detections in another order, and at most a few at the k-th
+    place swapped for the next one. (0, 0) for rank < 2 and when too many rows differ."""
+    if ref.ndim < 2 or ref.shape != test.shape or not np.isfinite(ref).all():
+        return 0, 0
+    rows, width = ref.shape[-2], ref.shape[-1]
+    differing = paired = 0
+    for ra, rb in zip(ref.reshape(-1, rows, width), test.reshape(-1, rows, width), strict=True):
+        limit = tolerance if tolerance is not None else atol + rtol * np.abs(ra)
+        off = np.flatnonzero(~(np.abs(ra - rb) <= limit).all(axis=1))
+        if off.size > MAX_REORDERED_ROWS:
+            return 0, 0
+        if not off.size:
+            continue
+        xa, xb = ra[off], rb[off]
+        limit = tolerance if tolerance is not None else atol + rtol * np.abs(xa)[:, None, :]
+        close = (np.abs(xa[:, None, :] - xb[None, :, :]) <= limit).all(axis=2)
+        differing += off.size
+        paired += _max_matching(close)
+    return differing, paired
+
+
+def _max_matching(close: np.ndarray) -> int:
+    """The size of a maximum matching of the boolean matrix's rows to its columns (Kuhn's
+    augmenting paths, iterative)."""
+    owner = [-1] * close.shape[1]
+    size = 0
+    for start in np.flatnonzero(close.any(axis=1)):
+        seen = [False] * close.shape[1]
+        stack = [(int(start), iter(np.flatnonzero(close[start])))]
+        path: list[tuple[int, int]] = []
+        found = False
+        while stack and not found:
+            row, cols = stack[-1]
+            for col in cols:
+                if seen[col]:
+                    continue
+                seen[col] = True
+                path = [*path[: len(stack) - 1], (row, int(col))]
+                if owner[col] < 0:
+                    found = True
+                else:
+                    stack.append((owner[col], iter(np.flatnonzero(close[owner[col]]))))
+                break
+            else:
+                stack.pop()
+        if found:
+            size += 1
+            for row, col in path:
+                owner[col] = row
+    return size
 
 
 def _min_rtol(err: np.ndarray, mag: np.ndarray) -> float:

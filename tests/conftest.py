@@ -24,6 +24,16 @@ RUN_INPUTS: dict[str, dict[str, list[int]]] = {
 }
 
 
+def npy_calibration_folder(folder: Path, shape: tuple[int, ...], count: int = 6) -> Path:
+    """`folder`/calib with `count` seeded standard-normal samples of `shape` as .npy files."""
+    calib = folder / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(count):
+        np.save(calib / f"s{k}.npy", rng.standard_normal(shape).astype(np.float32))
+    return calib
+
+
 def shared_model(name: str) -> Path:
     """Path of a real model in ../shared/models, skipping the test cleanly when absent."""
     path = SHARED_MODELS / f"{name}.onnx"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from typer.testing import CliRunner
 
 from server.cli import app
+from tests.conftest import npy_calibration_folder
 from tests.test_quant_hybrid import collapsing_head
 
 runner = CliRunner()
@@ -20,11 +20,7 @@ runner = CliRunner()
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("quant_cli")
     onnx.save(collapsing_head(), folder / "head.onnx")
-    calib = folder / "calib"
-    calib.mkdir()
-    rng = np.random.default_rng(0)
-    for k in range(6):
-        np.save(calib / f"s{k}.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    npy_calibration_folder(folder, (1, 3, 8, 8))
     return folder
 
 

@@ -749,7 +749,8 @@ def test_fix_reaches_single_elf_on_yolov8_heads(name):
     assert _output_signature(result.model) == _output_signature(
         load_model(shared_model(name), RUN_INPUTS.get(name))
     )
-    assert [g["op_types"] for g in data["remaining_blockers"]] in ([], [["Reshape"]])
+    groups = [g["op_types"] for g in data["remaining_blockers"]]
+    assert groups in ([], [["Reshape"]], [["Concat"], ["Reshape"]])  # + output-concat-to-host's pin
     if name == "yolov8n":
         assert seconds < 30
 

@@ -41,6 +41,7 @@ from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from surgery.errors import first_line
+from surgery.graph import VIEW_OPS
 
 __all__ = [
     "AnalysisResult",
@@ -48,6 +49,7 @@ __all__ = [
     "LayerError",
     "QuantizedTensor",
     "analyze_quantization_error",
+    "concat_output_parts",
     "find_quantized_tensors",
 ]
 
@@ -305,6 +307,54 @@ def _concat_parts(
         parts.append((name, int(shape[axis])))
     rank = len(shapes[node.input[0]])
     return tuple(parts), axis % rank
+
+
+def concat_output_parts(model: onnx.ModelProto) -> dict[str, dict[str, np.ndarray]]:
+    """{graph output: {Concat input: boolean mask of its elements in the output}} for each
+    graph output that is a Concat, or a view of one (Reshape, Flatten, Squeeze, Unsqueeze,
+    Identity, Transpose), with static shapes.
+
+    A detector exports boxes (hundreds of pixels) and class scores (0‥1) as one concatenated
+    output, often reshaped after `surgery fix` made the Concat 4-D: the whole output's SQNR and
+    cosine stay high while int8 steps sized for the boxes round every score to zero. Judging
+    each part's elements on their own shows it."""
+    shapes = _static_shapes(model)
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for output in model.graph.output:
+        chain: list[onnx.NodeProto] = []
+        name = output.name
+        node = producers.get(name)
+        while node is not None and node.op_type in VIEW_OPS and node.input:
+            chain.append(node)
+            name = node.input[0]
+            node = producers.get(name)
+        parts, axis = _concat_parts(node, shapes)
+        shape = shapes.get(name)
+        if not parts or not shape or any(d is None for d in shape):
+            continue
+        along = np.repeat(np.arange(len(parts)), [length for _, length in parts])
+        labels = np.broadcast_to(
+            along.reshape([-1 if i == axis else 1 for i in range(len(shape))]), shape
+        )
+        for view in reversed(chain):
+            out_shape = shapes.get(view.output[0])
+            if view.op_type == "Transpose":
+                perm = next((list(a.ints) for a in view.attribute if a.name == "perm"), None)
+                labels = labels.transpose(perm)
+            elif out_shape and all(d is not None for d in out_shape):
+                labels = labels.reshape(out_shape)
+            else:
+                labels = None
+                break
+        if labels is None:
+            continue
+        masks: dict[str, np.ndarray] = {}
+        for index, (part, _) in enumerate(parts):
+            key = part if part not in masks else f"{part}#{index}"
+            masks[key] = labels == index
+        found[output.name] = masks
+    return found
 
 
 def _opens_pair(node: onnx.NodeProto) -> bool:

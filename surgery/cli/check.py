@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import onnx
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -13,7 +14,7 @@ from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, hand
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
 from surgery.coverage import CoverageReport
 from surgery.graph import shape_text
-from surgery.model import parse_input_shapes
+from surgery.model import parse_input_shapes, recorded_input_shapes
 
 
 @app.command("check")
@@ -45,6 +46,13 @@ def check_command(
         emit_json({"model": str(model), **report.to_dict()})
     else:
         render_report(str(model), report, max_groups=blockers)
+        if report.dynamic_inputs:
+            recorded = recorded_input_shapes(
+                onnx.load(str(model), load_external_data=False), report.dynamic_inputs
+            )
+            if recorded:
+                flags = " ".join(f"-s {k}={','.join(map(str, v))}" for k, v in recorded.items())
+                console.print(f"the size its metadata records: {escape(flags)}", highlight=False)
     raise typer.Exit(EXIT_OK if report.single_elf else EXIT_VERDICT)
 
 

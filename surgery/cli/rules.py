@@ -283,4 +283,9 @@ def fix_command(
                 f"{escape(', '.join(check['failed_outputs']))} (surgery verify shows the errors)",
                 highlight=False,
             )
+            for out in check["outputs"]:
+                if not out["passed"] and out.get("rows_moved"):
+                    console.print(
+                        f"  {escape(out['name'])}: {escape(out['message'])}", highlight=False
+                    )
     raise typer.Exit(EXIT_OK if result.single_elf else EXIT_VERDICT)

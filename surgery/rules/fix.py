@@ -24,7 +24,7 @@ from surgery.coverage import CoverageReport, dynamic_inputs
 from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView, shape_text
-from surgery.model import load_model
+from surgery.model import load_model, recorded_input_shapes
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule, rewritable_model
 from surgery.rules.graph_edit import with_unique_node_names
@@ -286,6 +286,10 @@ def _fix(
         current, ctx = _place_small_islands(
             result, current, ctx, tgt, reference, on_step, on_rewrite
         )
+    if "output-concat-to-host" not in skip and len(result.steps) < max_steps:
+        current, ctx = _output_concats_to_host(
+            result, current, ctx, tgt, reference, on_step, on_rewrite
+        )
     result.model = current
     result.coverage_after = ctx.coverage
     if not ctx.coverage.single_elf:
@@ -319,10 +323,17 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
     except SurgeryError as exc:
         reason = exc.message.removeprefix("parent model: ")
         dynamic = dynamic_inputs(GraphView(model)) if inputs is None else {}
+        recorded = recorded_input_shapes(model, dynamic)
+        sizes = (
+            " ".join(f"{k}={','.join(map(str, v))}" for k, v in recorded.items())
+            + " (the size its metadata records)"
+            if recorded
+            else "NAME=DIMS"
+        )
         hint = (
             "its dynamic input dims were fed as 1 ("
             + ", ".join(f"{k}={shape_text(v)}" for k, v in dynamic.items())
-            + "): give real sizes with --input-shape NAME=DIMS, or real inputs with --inputs"
+            + f"): give real sizes with --input-shape {sizes}, or real inputs with --inputs"
             if dynamic
             else "repair the export (re-export, or a newer opset) so that ONNX Runtime runs it"
         )
@@ -455,10 +466,8 @@ def _place_small_islands(
 
     if not small_islands(ctx.coverage, max_fraction=0.01):
         return current, ctx
-    try:
-        step = apply_rule(current, "place-on-host", target, reference=reference, ctx=ctx)
-    except SurgeryError as exc:
-        result.rejected.append({"rule": "place-on-host", "reason": exc.message})
+    step = _try_rule(result, current, "place-on-host", target, reference, ctx)
+    if step is None:
         return current, ctx
     _record(result, step, on_step, on_rewrite)
     pinned = step.coverage_before.mla_segments - step.coverage_after.mla_segments
@@ -467,6 +476,53 @@ def _place_small_islands(
         f"(MLA share of MACs now {100 * step.coverage_after.mla_mac_fraction:.2f}%)"
     )
     return step.model, RuleContext.build(step.model, target)
+
+
+def _output_concats_to_host(
+    result: FixResult,
+    current: onnx.ModelProto,
+    ctx: RuleContext,
+    target: Target,
+    reference: Reference | None,
+    on_step: StepCallback | None,
+    on_rewrite: Callable[[RewriteResult], None] | None,
+) -> tuple[onnx.ModelProto, RuleContext]:
+    """Last: a graph output that is an MLA Concat (boxes ‖ scores) is concatenated on the host,
+    so int8 gives each part its own scale; kept only when the segments do not grow."""
+    from surgery.rules.structure import output_concat_tails
+
+    if not output_concat_tails(ctx.coverage, current):
+        return current, ctx
+    step = _try_rule(result, current, "output-concat-to-host", target, reference, ctx)
+    if step is None:
+        return current, ctx
+    if step.coverage_after.mla_segments > step.coverage_before.mla_segments:
+        result.rejected.append(
+            {"rule": "output-concat-to-host", "reason": "would add an MLA segment"}
+        )
+        return current, ctx
+    _record(result, step, on_step, on_rewrite)
+    result.notes.append(
+        "output-concat-to-host: the output Concat runs on the host, so each of its parts "
+        "(e.g. boxes and class scores) is quantized with its own scale"
+    )
+    return step.model, RuleContext.build(step.model, target)
+
+
+def _try_rule(
+    result: FixResult,
+    current: onnx.ModelProto,
+    rule: str,
+    target: Target,
+    reference: Reference | None,
+    ctx: RuleContext,
+) -> RewriteResult | None:
+    """`rule` applied to `current`, or None with the reason in `result.rejected`."""
+    try:
+        return apply_rule(current, rule, target, reference=reference, ctx=ctx)
+    except SurgeryError as exc:
+        result.rejected.append({"rule": rule, "reason": exc.message})
+        return None
 
 
 def _record(

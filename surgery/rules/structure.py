@@ -29,6 +29,7 @@ from pydantic import Field
 
 from surgery.coverage import PLACEMENT_METADATA_KEY, CoverageReport, Segment, analyze_coverage
 from surgery.errors import SurgeryError
+from surgery.graph import VIEW_OPS
 from surgery.model import load_model, save_model
 from surgery.rules import graph_edit
 from surgery.rules.base import WRITES_FILE, Match, Rule, RuleContext, RuleParams
@@ -619,6 +620,100 @@ class PlaceOnHost(Rule):
         return matches
 
 
+# --------------------------------------------------------------------------- output concat
+
+
+BOUNDED_OPS = frozenset({"Sigmoid", "Softmax", "Tanh", "HardSigmoid"})
+"""Ops whose output lies in a small fixed range (scores, probabilities)."""
+
+
+def _bounded_source(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether `tensor` is a bounded op's output, through views."""
+    node = producers.get(tensor)
+    while node is not None and node.op_type in VIEW_OPS and node.input:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type in BOUNDED_OPS
+
+
+def output_concat_tails(coverage: CoverageReport, model: onnx.ModelProto) -> list[list[str]]:
+    """Per graph output that is an MLA Concat (or a view of one, through `VIEW_OPS`,
+    read by nothing else) of a bounded part (a Sigmoid, Softmax or Tanh output: scores) beside
+    an unbounded one: the Concat and those of its views that run on the MLA, output first.
+
+    On the MLA the Concat's output is one int8 tensor with one scale, so a detector's boxes
+    (hundreds of pixels) and class scores (0‥1) share steps sized for the boxes, and every
+    score rounds to zero. On the host the MLA hands over each part with its own scale; as the
+    graph's last op it costs no segment. Parts computed alike (all bounded, or none: a
+    concatenation of per-level maps) share one scale well and stay."""
+    where = {p.name: p.processor for p in coverage.placements}
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    outputs = {o.name for o in model.graph.output}
+    tails: list[list[str]] = []
+    for out in model.graph.output:
+        chain: list[str] = []
+        node = producers.get(out.name)
+        while node is not None and node.op_type in VIEW_OPS and node.input:
+            chain.append(node.name)
+            node = producers.get(node.input[0])
+            if node is not None and (
+                readers.get(node.output[0], 0) != 1 or node.output[0] in outputs
+            ):
+                node = None  # the view's input is read elsewhere too: not a pure tail
+        if node is None or node.op_type != "Concat" or len(set(node.input)) < 2:
+            continue
+        bounded = [_bounded_source(i, producers) for i in node.input]
+        if all(bounded) or not any(bounded):
+            continue  # parts alike (e.g. per-level maps) share one scale well
+        chain.append(node.name)
+        if where.get(node.name) == "MLA":
+            tails.append([n for n in chain if where.get(n) == "MLA"])
+    return tails
+
+
+@register
+class OutputConcatToHost(Rule):
+    """Pin a graph output's Concat (and the Reshape/Transpose views after it) to the host when
+    it runs on the MLA: its parts then leave the MLA as separate tensors, each quantized with
+    its own scale, and the host concatenates them in float. A detection head's boxes ‖ scores
+    output keeps its scores (int8 steps sized for boxes of hundreds of pixels round them all
+    to zero). Placement only, through `surgery.op_target` metadata: the graph and its numbers
+    do not change, and the Concat being the last op, no segment is added. `surgery fix` runs
+    it last."""
+
+    name = "output-concat-to-host"
+    summary = "Concatenate a graph output's parts on the host: each part keeps its own int8 scale."
+    category = "placement"
+    auto = False
+    example = "surgery apply output-concat-to-host yolov8n_fixed.onnx -o pinned.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        matches: list[Match] = []
+        op_of = {p.name: p.op_type for p in ctx.coverage.placements}
+        for chain in output_concat_tails(ctx.coverage, ctx.model):
+            on_cvu = all(ctx.target.supports(op_of[n], "CVU") for n in chain)
+            host = "CVU" if on_cvu else "APU"
+            reason = f"the output Concat {chain[-1]} runs on the {host}: each part keeps its scale"
+            pins = dict.fromkeys(chain, host)
+            matches.append(PlacementMatch(self.name, chain, reason, [], {"pins": pins}))
+        return matches
+
+    def apply_all(
+        self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
+    ) -> list[Match]:
+        attr = getattr(graph_edit, "GRAPH_METADATA_ATTR", None)
+        if attr is None:
+            raise RuleFailedError(f"rule {self.name!r} needs export_graph to carry metadata")
+        pins = {n: p for m in matches for n, p in m.data["pins"].items()}
+        updates = dict(vars(graph).get(attr) or {})
+        updates[PLACEMENT_METADATA_KEY] = merged_pins(ctx.model, pins)
+        setattr(graph, attr, updates)
+        return matches
+
+
 __all__ = [
     "MAX_ISLAND_FRACTION",
     "CutError",
@@ -627,10 +722,12 @@ __all__ = [
     "CutProof",
     "CutReport",
     "IslandMove",
+    "OutputConcatToHost",
     "PlaceOnHost",
     "cut_postprocess",
     "island_moves",
     "main_segment",
+    "output_concat_tails",
     "place_on_host",
     "plan_cut",
     "prove_cut",
