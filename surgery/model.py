@@ -483,14 +483,18 @@ def _run_inferencer(
     source = _weightless_copy(model, view) if hide_weights else model
     try:
         return infer_shapes_through_contrib_ops(
-            source, domains=view.domains if view is not None else None
+            source,
+            domains=view.domains if view is not None else None,
+            op_types=view.op_types if view is not None else None,
         )
     except Exception as exc:  # onnx raises several unrelated types here
         raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
 
 
 def infer_shapes_through_contrib_ops(
-    model: onnx.ModelProto, domains: Iterable[str] | None = None
+    model: onnx.ModelProto,
+    domains: Iterable[str] | None = None,
+    op_types: Iterable[str] | None = None,
 ) -> onnx.ModelProto:
     """ONNX shape inference (with data propagation) carried through the contrib ops of
     `CONTRIB_OPS`, returning the inferred copy.
@@ -502,18 +506,38 @@ def infer_shapes_through_contrib_ops(
     again from there, until no contrib output is left untyped. The one place this is done:
     loading, `fix`, the quantizer and the compiler's partition all infer through here.
     `domains` (the nodes' domains, when the caller has them) skips the scan for models without
-    a contrib op: `surgery check` infers every model through here.
+    a contrib op, and `op_types` (their op types) the one for models without control flow
+    (`_with_original_subgraphs`): `surgery check` infers every model through here.
     """
     inferred = shape_inference.infer_shapes(
         model, check_type=False, strict_mode=False, data_prop=True
     )
     present = set(domains) if domains is not None else {n.domain for n in model.graph.node}
-    if present.isdisjoint(CONTRIB_OPS):
+    if not present.isdisjoint(CONTRIB_OPS):
+        while _type_contrib_outputs(inferred):
+            inferred = shape_inference.infer_shapes(
+                inferred, check_type=False, strict_mode=False, data_prop=True
+            )
+    if op_types is not None and SUBGRAPH_OPS.isdisjoint(op_types):
         return inferred
-    while _type_contrib_outputs(inferred):
-        inferred = shape_inference.infer_shapes(
-            inferred, check_type=False, strict_mode=False, data_prop=True
-        )
+    return _with_original_subgraphs(model, inferred)
+
+
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _with_original_subgraphs(model: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
+    """`inferred` with the control-flow bodies (If branches, Loop and Scan bodies) of `model`.
+
+    onnx's data propagation keys the values it propagates by tensor name across subgraphs, so
+    when two branches of an If reuse names (Optimum's merged decoder: both branches are exports
+    of one module) one branch's propagated shapes land in the other's value_info and outputs;
+    ONNX Runtime then refuses the model ("Incompatible dimensions"). Nothing placed reads the
+    shapes inside a body (coverage places the If whole), so the bodies are kept as they were."""
+    for source, node in zip(model.graph.node, inferred.graph.node, strict=True):
+        if any(a.type in _GRAPH_ATTRIBUTES for a in source.attribute):
+            del node.attribute[:]
+            node.attribute.extend(source.attribute)
     return inferred
 
 

@@ -336,3 +336,56 @@ def test_a_range_across_the_whole_float32_line_gets_the_largest_finite_step(sche
     with np.errstate(over="ignore"):
         assert np.isfinite(np.float32(qp.scale) * codes)
         assert not np.isfinite(np.float32(larger) * codes)
+
+
+def _biased_attention() -> onnx.ModelProto:
+    """T5's form: scores + (position bias + (1 − keep)·finfo.min), the mask added to a learnt
+    position bias before it reaches the scores (the sum of the two is shared by every layer)."""
+    rng = np.random.default_rng(3)
+    bias = rng.normal(0, 0.5, (1, HEADS, KEYS, KEYS)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(bias, "position_bias"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(NEG, np.float32), "fill"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["q", "k"], ["scores"], name="qk"),
+        helper.make_node("Sub", ["one", "keep"], ["pad"], name="pad"),
+        helper.make_node("Mul", ["pad", "fill"], ["fill_bias"], name="mask_fill"),
+        helper.make_node("Add", ["position_bias", "fill_bias"], ["bias_sum"], name="bias_sum"),
+        helper.make_node("Add", ["scores", "bias_sum"], ["masked"], name="mask"),
+        helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, HEADS, KEYS, DEPTH]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, HEADS, DEPTH, KEYS]),
+        helper.make_tensor_value_info("keep", TensorProto.FLOAT, [1, 1, 1, KEYS]),
+    ]
+    outputs = [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, HEADS, KEYS, KEYS])]
+    graph = helper.make_graph(nodes, "biased", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return fix_model(load_model(model), "mlsoc").model
+
+
+def test_mask_operand_of_a_floored_bias_sum_stops_below_it() -> None:
+    """The floor goes on through an Add whose own sum was floored: the mask term of position
+    bias + mask kept −3.4e38 in its range, and the integer Add of the two needed a ~1e31
+    requantization multiplier (T5 compiled to two .elf files around a CVU Add)."""
+    quantized = _quantize(_biased_attention(), "fill")
+    tensors = quantized.report["tensors"]
+    fill_bias, bias_sum, bias = tensors["fill_bias"], tensors["bias_sum"], "position_bias"
+    assert bias_sum["min"] > -1e3
+    hi_bias = float(
+        numpy_helper.to_array(
+            next(i for i in quantized.float_model.graph.initializer if i.name == bias)
+        ).max()
+    )
+    assert fill_bias["min"] == pytest.approx(
+        bias_sum["min"] - hi_bias - (bias_sum["max"] - bias_sum["min"]), rel=1e-4
+    )
+
+
+def test_mask_added_to_a_position_bias_compiles_to_one_elf(tmp_path) -> None:
+    quantized = _quantize(_biased_attention(), "fill")
+    result = compile_model(quantized.model, tmp_path, model_name="biased")
+    assert len(result.elf_files) == 1 and result.notes == []

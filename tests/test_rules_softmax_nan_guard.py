@@ -148,3 +148,25 @@ def test_a_guard_filling_other_than_zero_is_left_alone() -> None:
     zero = next(t for t in model.graph.initializer if t.name == "zero")
     zero.CopyFrom(numpy_helper.from_array(np.array(0.5, np.float32), "zero"))
     assert find_matches(load_model(model), "drop-softmax-nan-guard") == []
+
+
+def test_a_constant_neg_inf_mask_is_clamped() -> None:
+    """A decoder's causal mask folds to an initializer holding −inf (Whisper's decoder after
+    fold-constants): the mask is a constant, not a tensor computed from one, and the guard
+    was kept — the IsNaN and Where left the decoder in three MLA segments."""
+    model = _guarded(-np.inf)
+    mask = np.triu(np.ones((H, W), bool), 1)[None, None].repeat(C, axis=1)
+    graph = model.graph
+    where = next(n for n in graph.node if n.name == "mask_bias")
+    graph.node.remove(where)
+    graph.input.remove(next(i for i in graph.input if i.name == "mask"))
+    bias = np.where(mask, -np.inf, 0.0).astype(np.float32)
+    graph.initializer.append(numpy_helper.from_array(bias, "bias"))
+    model = load_model(model)
+    assert check_model(model, "mlsoc", suggest=False).mla_segments == 2
+    result = apply_rule(model, "drop-softmax-nan-guard")
+    _exact(result)
+    assert "IsNaN" not in _ops(result.model)
+    x = {"x": np.random.default_rng(2).normal(0, 1, (1, C, H, W)).astype(np.float32)}
+    np.testing.assert_array_equal(_run(result.model, x), _run(model, x))
+    assert check_model(result.model, "mlsoc", suggest=False).mla_segments == 1

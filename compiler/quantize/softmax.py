@@ -167,26 +167,52 @@ def mask_operand_floors(
     width below lo_sum — more than the rounding of all three tensors can undo — so the sum's
     QuantizeLinear gives its lowest code however low m is: m's range can stop at c. That holds
     only when every reader of m's dequantized value is such an Add (`clamped` lists the sums'
-    keys); `ranges` are the calibrated ranges of the observed activations."""
+    keys); `ranges` are the calibrated ranges of the observed activations.
+
+    A floored m is itself a clamped sum when it is computed by an Add: T5's position bias
+    plus (1 − mask)·finfo.min, shared by the attention of every layer, is such an m, and its
+    own mask operand can stop where that sum's lowest code no longer moves. The floors are
+    taken again with each new one until none changes."""
     sums = set(clamped)
+    current = dict(ranges)
     constants = view.initializers
     floors: dict[str, float] = {}
-    for key, spec in plan.observed().items():
-        if spec.produced_by_quantized:
-            readers = _readers(view, spec.tensor)
-        else:
-            readers = [idx for idx, _ in spec.consumers]
-        if not readers or key not in ranges:
-            continue
-        bounds = [
-            _floor_for(view, plan, ranges, sums, constants, idx, spec.tensor) for idx in readers
-        ]
-        if any(b is None for b in bounds):
-            continue
-        floor = min(b for b in bounds if b is not None)
-        if floor > ranges[key].lo:
-            floors[key] = floor
+    observed = plan.observed()
+    changed = True
+    while changed:
+        changed = False
+        for key, spec in observed.items():
+            if key in floors:
+                continue
+            floor = _operand_floor(view, plan, current, sums, constants, spec)
+            if floor is not None and key in current and floor > current[key].lo:
+                floors[key] = floor
+                current[key] = Range(floor, current[key].hi)
+                sums.add(key)
+                changed = True
     return floors
+
+
+def _operand_floor(
+    view: GraphView,
+    plan: QuantPlan,
+    ranges: Mapping[str, Range],
+    sums: set[str],
+    constants: Mapping[str, onnx.TensorProto],
+    spec: ActivationSpec,
+) -> float | None:
+    """The lowest value every reader of `spec`'s tensor allows, or None when one of them is
+    not an Add whose quantized sum has a clamped range."""
+    if spec.produced_by_quantized:
+        readers = _readers(view, spec.tensor)
+    else:
+        readers = [idx for idx, _ in spec.consumers]
+    if not readers or spec.key not in ranges:
+        return None
+    bounds = [_floor_for(view, plan, ranges, sums, constants, idx, spec.tensor) for idx in readers]
+    if any(b is None for b in bounds):
+        return None
+    return min(b for b in bounds if b is not None)
 
 
 def _floor_for(

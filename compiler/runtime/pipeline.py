@@ -276,7 +276,14 @@ def _frames_of(
 
 
 def _logical(buffer: np.ndarray, node: Mapping[str, Any]) -> np.ndarray:
-    return detessellate(buffer, node["layout"], node["shape"])
+    """The tensor of `buffer` in its logical shape. A host stage's NCHW output that holds
+    another number of values than declared keeps the shape its stage computed: an output of
+    an If (Optimum's merged decoder: `present.*` grows by the past length only on the cache
+    branch) or of any op whose shape depends on values has no one shape to declare."""
+    shape = tuple(int(s) for s in node["shape"])
+    if node["layout"] == "NCHW" and np.asarray(buffer).size != int(np.prod(shape, dtype=np.int64)):
+        return np.asarray(buffer)
+    return detessellate(buffer, node["layout"], shape)
 
 
 def _declared_shapes(archive: Archive) -> dict[str, dict[str, Any]]:

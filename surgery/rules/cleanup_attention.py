@@ -53,7 +53,11 @@ def _nonfinite_tensors(ctx: RuleContext, finite: set[str]) -> set[str]:
 
     for idx in topo_order(view):
         ins = [t for t in view.node_inputs[idx] if t]
-        hit = any(t in tainted or bad(view.constant_value(t, _NONFINITE_CHECKED)) for t in ins)
+        constants = {
+            t for t in ins if t not in tainted and bad(view.constant_value(t, _NONFINITE_CHECKED))
+        }
+        tainted |= constants  # a folded causal mask: an initializer holding −inf
+        hit = bool(constants) or any(t in tainted for t in ins)
         if view.op_types[idx] in ("Constant", "ConstantOfShape"):
             hit = hit or any(bad(v) for v in attribute_values(view.nodes[idx]).values())
         if hit:
