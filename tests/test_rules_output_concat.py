@@ -111,3 +111,12 @@ def test_fix_can_skip_it() -> None:
     result = fix_model(detector(), "mlsoc", skip=["output-concat-to-host"])
     assert "output-concat-to-host" not in [s["rule"] for s in result.steps]
     assert _pins(result.model) == {}
+
+
+def test_check_suggests_no_rule_for_the_pinned_concat() -> None:
+    """No rule undoes a pin: check of the fixed model lists the Concat as pinned, with no fix
+    (it used to suggest cut-postprocess)."""
+    fixed = fix_model(detector(), "mlsoc").model
+    (pinned,) = [b for b in check_model(fixed, "mlsoc").blockers if b.name == "head"]
+    assert pinned.reasons[0].code == "pinned"
+    assert pinned.suggested_rules == []
