@@ -429,6 +429,13 @@ class ExportOut(Out):
 # --------------------------------------------------------------------------- pipeline
 
 
+class QuantPartMetrics(Out):
+    """One part of an output that concatenates tensors (a detector's boxes, its scores)."""
+
+    sqnr_db: float | str | None = Field(description="Over all held-out samples together.")
+    cosine: float | str | None = Field(description="Over all held-out samples together.")
+
+
 class QuantOutputMetrics(Out):
     """One output of the QDQ model against the float model on the held-out samples."""
 
@@ -436,6 +443,11 @@ class QuantOutputMetrics(Out):
     cosine: float | str | None = Field(description="Lowest over the held-out samples.")
     sqnr_db: float | str | None = Field(description="Lowest over the held-out samples.")
     max_abs: float | str | None = Field(description="Largest over the held-out samples.")
+    parts: dict[str, QuantPartMetrics] = Field(
+        default_factory=dict,
+        description="An output that concatenates tensors, by the tensor each part comes from: "
+        "one part can collapse (scores quantized to 0) while the whole looks fine.",
+    )
 
 
 class QuantizeOut(Out):

@@ -363,3 +363,19 @@ async def test_quantize_notes_what_to_try_when_an_output_loses_its_signal(
     assert any("'scores'" in n and "dB" in n for n in q["notes"])
     assert any("target_sqnr_db=30" in n for n in q["notes"])
     assert any(f"analyze_quantization on {name} {q['version']}" in n for n in q["notes"])
+
+
+async def test_quantize_reports_the_parts_of_a_concatenated_output(sandbox: Sandbox) -> None:
+    """Boxes ‖ scores in one output: the whole looks fine while the scores part collapses,
+    and only auto_hybrid (which judges each part) is advised."""
+    from tests.test_quant_concat_output import detector_output
+
+    save_model(detector_output(), sandbox.root / "det.onnx")
+    async with Client(sandbox.server()) as client:
+        calib = calibration_folder(sandbox.root / "det_calib", [1, 3, 8, 8], 6)
+        name = (await call(client, "open_model", {"path": "det.onnx"}))["model"]
+        q = await call(client, "quantize_model", {"model": name, "calibration": str(calib)})
+    (output,) = q["outputs"]
+    assert float(output["sqnr_db"]) > 20
+    assert min(float(p["sqnr_db"]) for p in output["parts"].values()) < 20
+    assert any("auto_hybrid=0.98" in n for n in q["notes"])

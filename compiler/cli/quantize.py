@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -168,53 +167,6 @@ def _split(
     return calib, held
 
 
-def output_errors(
-    float_out: dict[str, np.ndarray],
-    quant_out: dict[str, np.ndarray],
-    parts: dict[str, dict[str, np.ndarray]] | None = None,
-) -> dict:
-    """Per output over all held-out samples (stacked on a leading axis): SQNR (dB) and cosine
-    from summed products; an output that is a Concat's data (`concat_output_parts`) also gets
-    them per part under "parts", where a collapsed score slice shows."""
-    result: dict[str, dict[str, Any]] = {}
-    for name, ref in float_out.items():
-        result[name] = _errors(ref, quant_out[name])
-        masks = (parts or {}).get(name, {})
-        if masks and all(m.shape == ref.shape[1:] for m in masks.values()):
-            result[name]["parts"] = {
-                part: _errors(ref[:, mask], quant_out[name][:, mask])
-                for part, mask in masks.items()
-            }
-    return result
-
-
-def _errors(ref: np.ndarray, quant: np.ndarray) -> dict[str, float | None]:
-    from compiler.quantize.analysis import sqnr_db
-
-    r = ref.astype(np.float64).ravel()
-    q = quant.astype(np.float64).ravel()
-    noise = float(np.square(r - q).sum())
-    signal = float(np.square(r).sum())
-    norm = math.sqrt(signal * float(np.square(q).sum()))
-    sqnr = None if noise == 0 else sqnr_db(signal, noise)
-    cosine = (1.0 if noise == 0 else 0.0) if norm == 0 else float(r @ q) / norm
-    return {"sqnr_db": sqnr, "cosine": cosine}
-
-
-def _part_label(output: str, part: str) -> str:
-    return f"{output} (part from {part})"
-
-
-def _scored(errors: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """SQNR of every output and of every part of a concatenated one, for the advice."""
-    scored: dict[str, float | None] = {}
-    for name, err in errors.items():
-        scored[name] = err["sqnr_db"]
-        for part, perr in err.get("parts", {}).items():
-            scored[_part_label(name, part)] = perr["sqnr_db"]
-    return scored
-
-
 def _analyze_command(
     model_path: Path,
     out_path: Path,
@@ -229,22 +181,6 @@ def _analyze_command(
     words += [f"--input-shape {s}" for s in input_shape or []]
     words += [f"--mean {v:g}" for v in mean or []] + [f"--std {v:g}" for v in std or []]
     return " ".join(words + (["--bgr"] if bgr else []))
-
-
-def _evaluate(net: Any, model: Any, held: Any) -> dict[str, dict[str, float | None]]:
-    floats: dict[str, list[np.ndarray]] = {}
-    quants: dict[str, list[np.ndarray]] = {}
-    for sample in held:
-        for store, outs in ((floats, net.execute(sample)), (quants, model.execute(sample))):
-            for k, v in outs.items():
-                store.setdefault(k, []).append(v)
-    from compiler.quantize.analysis import concat_output_parts
-
-    return output_errors(
-        {k: np.stack(v) for k, v in floats.items()},
-        {k: np.stack(v) for k, v in quants.items()},
-        concat_output_parts(net.model),
-    )
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -335,7 +271,8 @@ def quantize_command(
     refuse_overwrite(out_path, model_path)
     from compiler.api import load_model
     from compiler.quantize import load_calibration_data
-    from compiler.quantize.advice import LOW_OUTPUT_SQNR_DB, low_sqnr_advice
+    from compiler.quantize.advice import low_sqnr_advice
+    from compiler.quantize.holdout import holdout_errors, part_sqnrs
     from compiler.quantize.hybrid import auto_hybrid as run_auto_hybrid
     from compiler.quantize.quantizer import check_quantizable
     from surgery.model import save_model
@@ -382,7 +319,7 @@ def quantize_command(
         else:
             model = net.quantize(calib_data, params, progress=progress)
     # Evaluate first: a model ONNX Runtime rejects is reported, not written.
-    errors = _evaluate(net, model, held) if len(held.rows) else {}
+    errors = holdout_errors(net, model, held) if len(held.rows) else {}
     save_model(model.qdq_model, out_path)
     payload: dict[str, Any] = {
         "output": str(out_path),
@@ -395,23 +332,14 @@ def quantize_command(
     }
     if hybrid is not None:
         payload["auto_hybrid"] = hybrid
-    scored = _scored(errors)
     payload["advice"] = low_sqnr_advice(
-        scored,
+        {name: e["sqnr_db"] for name, e in errors.items()},
         raised=hybrid is not None or bits == 16,
         raise_layers="--target-sqnr 30",
+        raise_parts="--auto-hybrid 0.98",
         analyze=f"`{_analyze_command(model_path, out_path, calib, input_shape, mean, std, bgr)}`",
+        part_sqnr_db=part_sqnrs(errors),
     )
-    worst_whole = min(
-        (e["sqnr_db"] for e in errors.values() if e["sqnr_db"] is not None), default=None
-    )
-    if payload["advice"] and worst_whole is not None and worst_whole >= LOW_OUTPUT_SQNR_DB:
-        # only a part of a concatenated output is bad: --target-sqnr judges whole outputs
-        # (the boxes' signal hides the scores' noise), --auto-hybrid judges each part
-        payload["advice"][1] = (
-            "--auto-hybrid 0.98 raises the layers under that cosine to int16 (bf16 on modalix), "
-            "judging each part of a concatenated tensor; --target-sqnr judges whole outputs"
-        )
     if as_json:
         emit_json(payload)
         raise typer.Exit(EXIT_OK)

@@ -16,21 +16,32 @@ def low_sqnr_advice(
     raised: bool,
     raise_layers: str,
     analyze: str,
+    part_sqnr_db: Mapping[str, float | None] | None = None,
+    raise_parts: str = "",
 ) -> list[str]:
-    """What to try when an output's held-out SQNR (None: exact) is under `LOW_OUTPUT_SQNR_DB`;
-    nothing otherwise. `raised`: layers were already raised to int16/bf16 (hybrid or 16 bits),
-    so the advice is about raising more and about the data. `raise_layers` names the switch
-    that raises layers to an output target (`--target-sqnr 30`), `analyze` the per-layer
-    analysis of this model."""
-    scored = [(sqnr, name) for name, sqnr in output_sqnr_db.items() if sqnr is not None]
-    if not scored or min(scored)[0] >= LOW_OUTPUT_SQNR_DB:
+    """What to try when an output's held-out SQNR (None: exact), or a part's of an output that
+    concatenates (`part_sqnr_db`), is under `LOW_OUTPUT_SQNR_DB`; nothing otherwise. `raised`:
+    layers were already raised to int16/bf16 (hybrid or 16 bits), so the advice is about
+    raising more and about the data. `raise_layers` names the switch that raises layers to an
+    output target (`--target-sqnr 30`), `raise_parts` the one that judges each part
+    (`--auto-hybrid 0.98`), `analyze` the per-layer analysis of this model."""
+    wholes = [(sqnr, name) for name, sqnr in output_sqnr_db.items() if sqnr is not None]
+    parts = [(sqnr, name) for name, sqnr in (part_sqnr_db or {}).items() if sqnr is not None]
+    if not wholes + parts or min(wholes + parts)[0] >= LOW_OUTPUT_SQNR_DB:
         return []
-    worst, name = min(scored)
+    worst, name = min(wholes + parts)
     advice = [
         f"output {name!r} is at {worst:.1f} dB on the held-out samples (under "
         f"{LOW_OUTPUT_SQNR_DB:.0f} dB): quantization loses much of its signal"
     ]
-    if raised:
+    only_a_part = not wholes or min(wholes)[0] >= LOW_OUTPUT_SQNR_DB
+    if only_a_part and raise_parts:
+        # an output target judges whole outputs: the boxes' signal hides the scores' noise
+        advice.append(
+            f"{raise_parts} raises the layers under that cosine to int16 (bf16 on modalix), "
+            f"judging each part of a concatenated tensor; {raise_layers} judges whole outputs"
+        )
+    elif raised:
         advice.append(f"raise more layers: a higher output target ({raise_layers})")
     else:
         advice.append(

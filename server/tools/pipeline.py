@@ -35,6 +35,7 @@ from server.models import (
     PathArg,
     QuantizeOut,
     QuantOutputMetrics,
+    QuantPartMetrics,
     RunArchiveOut,
     RunOutputSummary,
     RunStage,
@@ -212,6 +213,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from compiler.defines import default_quantization, int16_quantization
         from compiler.quantize import load_calibration_data
         from compiler.quantize.advice import low_sqnr_advice
+        from compiler.quantize.holdout import holdout_errors, part_sqnrs
         from surgery.check import check_model
         from surgery.session import coverage_summary
         from surgery.verify import compare_arrays
@@ -279,6 +281,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                         value = getattr(cmp, key)
                         if value is not None:
                             row[key] = min(row[key], value)
+            errors = holdout_errors(net, quantized, held)
             coverage = check_model(quantized.qdq_model, tgt)
             report = quantized.report
             params = quantized.params
@@ -288,6 +291,12 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                     cosine=_finite(row["cosine"]),
                     sqnr_db=_finite(row["sqnr_db"]),
                     max_abs=_finite(row["max_abs"]),
+                    parts={
+                        part: QuantPartMetrics(
+                            sqnr_db=_finite(err["sqnr_db"]), cosine=_finite(err["cosine"])
+                        )
+                        for part, err in errors.get(name, {}).get("parts", {}).items()
+                    },
                 )
                 for name, row in worst.items()
             ]
@@ -327,7 +336,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 {n: None if r["sqnr_db"] == math.inf else r["sqnr_db"] for n, r in worst.items()},
                 raised=bool(raised) or params.activation_quantization_scheme.bits == 16,
                 raise_layers="target_sqnr_db=30",
+                raise_parts="auto_hybrid=0.98",
                 analyze=f"analyze_quantization on {new.name} {new.id}",
+                part_sqnr_db=part_sqnrs(errors),
             )
             return QuantizeOut(
                 model=new.name,
