@@ -10,7 +10,7 @@ the input shapes (`run_inputs`) the sweep reads:
     python bench/export_ultralytics_models.py --out /tmp/ultra_models [--only NAME ...]
     python bench/pipeline_sweep.py --models /tmp/ultra_models --target mlsoc rk3588
 
-Needs ultralytics (and torch, onnx, onnxslim for simplify=True), which model-surgery itself
+Needs ultralytics (8.4.190 measured; and torch, onnx, onnxslim for simplify=True), which model-surgery itself
 does not depend on: run it from a separate environment. A model that fails to build or export
 is listed with its error and skipped.
 """
