@@ -35,6 +35,7 @@ MODULES = (
     "replace_unfold",
     "replace_slicing",
     "structure",
+    "inline_branch",
     "rank4",
     "rank4_heads",
     "rank4_hoist",

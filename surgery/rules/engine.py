@@ -210,7 +210,7 @@ def apply_rule(
     after_ctx = RuleContext.build(new, tgt)
     after_names = set(after_ctx.view.names)
     verification, child_reference = (
-        _verify(rule, model, new, reference)
+        _verify(rule, model, new, reference, _fixed_inputs(applied))
         if verify
         else (
             Verification(True, "skipped", 0.0, []),
@@ -285,10 +285,24 @@ def _feed_fits(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> bool:
     return True
 
 
+def _fixed_inputs(matches: list[Match]) -> dict[str, np.ndarray]:
+    """Inputs a rule fixed to one value (inline-if-branch's condition): the parent is
+    verified with them so fed, the child no longer has them."""
+    return {k: v for m in matches for k, v in m.data.get("fixed_inputs", {}).items()}
+
+
 def _verify(
-    rule: Rule, parent: onnx.ModelProto, child: onnx.ModelProto, reference: Reference | None
+    rule: Rule,
+    parent: onnx.ModelProto,
+    child: onnx.ModelProto,
+    reference: Reference | None,
+    fixed: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Verification, Reference]:
-    ref = reference or Reference.of(parent)
+    if fixed:
+        drawn = reference.inputs if reference is not None else make_inputs(parent)
+        ref = Reference.of(parent, {**drawn, **fixed})
+    else:
+        ref = reference or Reference.of(parent)
     if not _feed_fits(child, ref.inputs):
         # The rewrite fixed input shapes (e.g. fix-input-shapes): draw inputs the child accepts;
         # the parent, whose dims were dynamic, runs on the same arrays.

@@ -422,8 +422,9 @@ def _explain_stop(cov: CoverageReport) -> str:
     if control:
         text += (
             f"; {'/'.join(control)} control flow runs on the APU with its subgraphs (the network "
-            "inside the branches is not placed on the MLA) — if one branch is always taken, extract "
-            "it with `surgery split` or inline it, then run fix on that model"
+            "inside the branches is not placed on the MLA) — if an If's boolean input always has "
+            "one value (Optimum's use_cache_branch), `surgery apply inline-if-branch --param "
+            "value=true` makes that branch the graph; then run fix on that model"
         )
     integer = [op for op in ops if op in _INTEGER_OPS]
     if integer:
