@@ -334,6 +334,11 @@ class FixStep(Out):
     segments_after: int
     blockers_before: int
     blockers_after: int
+    pinned_after: int = Field(
+        0,
+        description="Blockers after the step that are on the host only by a pin (a placement "
+        "step such as output-concat-to-host adds them on purpose).",
+    )
     macs_unknown_nodes_before: int = Field(
         0,
         description="Matrix ops of unknown shape before the step: while above 0, the segment "

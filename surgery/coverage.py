@@ -519,11 +519,11 @@ def _attach_suggestions(
         for node, rules in suggester(model, target, report, view, constants).items():
             merged.setdefault(node, set()).update(rules)
     for b in report.blockers:
-        if b.name in merged and not _pinned_off_the_mla(b):
+        if b.name in merged and not pinned_off_the_mla(b):
             b.suggested_rules.extend(sorted(merged[b.name]))
 
 
-def _pinned_off_the_mla(placement: NodePlacement) -> bool:
+def pinned_off_the_mla(placement: NodePlacement) -> bool:
     """Whether the node is on the host only because a pin put it there: no rule undoes a pin
     (output-concat-to-host's, place-on-host's or the user's), so none is suggested for it."""
     return placement.pinned and all(r.code == "pinned" for r in placement.reasons)

@@ -120,3 +120,12 @@ def test_check_suggests_no_rule_for_the_pinned_concat() -> None:
     (pinned,) = [b for b in check_model(fixed, "mlsoc").blockers if b.name == "head"]
     assert pinned.reasons[0].code == "pinned"
     assert pinned.suggested_rules == []
+
+
+def test_the_step_line_says_the_added_blocker_is_a_pin() -> None:
+    """blockers 1→2 would read as a regression; the pin is the step's purpose."""
+    from surgery.rules.fix import describe_step
+
+    step = fix_model(detector(), "mlsoc").steps[-1]
+    assert step["pinned_after"] == 1
+    assert describe_step(step).endswith("(1 pinned to the host)")

@@ -65,7 +65,7 @@ def demo_command(
     from compiler.runtime.compare import compare_output, reference_outputs
     from compiler.runtime.pipeline import run_archive
     from surgery.coverage import analyze_coverage
-    from surgery.rules.fix import fix_model
+    from surgery.rules.fix import fix_model, pinned_text
 
     if example not in EXAMPLES:
         raise typer.BadParameter(f"unknown example {example!r}; choose from {', '.join(EXAMPLES)}")
@@ -83,7 +83,8 @@ def demo_command(
         for step in fixed.steps:
             console.print(
                 f"  {escape(step['rule'])}: segments {step['segments_before']}→{step['segments_after']}, "
-                f"blockers {step['blockers_before']}→{step['blockers_after']}, verified "
+                f"blockers {step['blockers_before']}→{step['blockers_after']}"
+                f"{pinned_text(step)}, verified "
                 f"(max |err| {step['verify']['max_abs']:.2g})",
                 highlight=False,
             )

@@ -286,6 +286,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                     segments_after=s["segments_after"],
                     blockers_before=s["blockers_before"],
                     blockers_after=s["blockers_after"],
+                    pinned_after=s.get("pinned_after", 0),
                     macs_unknown_nodes_before=s["macs_unknown_nodes_before"],
                     macs_unknown_nodes_after=s["macs_unknown_nodes_after"],
                     verify_passed=s["verify"]["passed"],

@@ -20,7 +20,7 @@ from typing import Any
 
 import onnx
 
-from surgery.coverage import CoverageReport, dynamic_inputs
+from surgery.coverage import CoverageReport, dynamic_inputs, pinned_off_the_mla
 from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView, shape_text
@@ -548,6 +548,7 @@ def _record(
         "segments_after": summary["mla_segments_after"],
         "blockers_before": summary["blockers_before"],
         "blockers_after": summary["blockers_after"],
+        "pinned_after": sum(pinned_off_the_mla(b) for b in step.coverage_after.blockers),
         "mla_mac_fraction_after": summary["mla_mac_fraction_after"],
         "macs_unknown_nodes_before": summary["macs_unknown_nodes_before"],
         "macs_unknown_nodes_after": summary["macs_unknown_nodes_after"],
@@ -577,5 +578,12 @@ def describe_step(step: dict[str, Any], *, ascii_only: bool = False) -> str:
     return (
         f"step {step['step']}: {step['rule']} {times}{step['matches']}{dash} segments "
         f"{step['segments_before']}{arrow}{step['segments_after']}{unknown}, blockers "
-        f"{step['blockers_before']}{arrow}{step['blockers_after']}"
+        f"{step['blockers_before']}{arrow}{step['blockers_after']}{pinned_text(step)}"
     )
+
+
+def pinned_text(step: dict[str, Any]) -> str:
+    """ " (n pinned to the host)" when blockers after the step are there only by a pin: a
+    placement step (output-concat-to-host) adds them on purpose, not as a regression."""
+    pinned = step.get("pinned_after", 0)
+    return f" ({pinned} pinned to the host)" if pinned else ""
