@@ -589,6 +589,7 @@ class PlaceOnHost(Rule):
     name = "place-on-host"
     summary = "Run tiny MLA islands (<1% of MACs) on the CVU/APU: one .elf fewer each."
     category = "placement"
+    suggest_for = frozenset()  # it frees no blocker: check need not ask it
     Params = PlaceParams
     example = "surgery apply place-on-host yolov8n.onnx -o pinned.onnx"
 
@@ -688,6 +689,7 @@ class OutputConcatToHost(Rule):
     summary = "Concatenate a graph output's parts on the host: each part keeps its own int8 scale."
     category = "placement"
     auto = False
+    suggest_for = frozenset()  # it frees no blocker: check need not ask it
     example = "surgery apply output-concat-to-host yolov8n_fixed.onnx -o pinned.onnx"
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
