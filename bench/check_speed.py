@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import csv
 import json
 import subprocess
 import sys
@@ -35,29 +34,12 @@ from functools import partial
 from pathlib import Path
 
 import onnx
+from corpus import run_inputs
 from onnx import shape_inference
 
 from surgery.check import check_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_inputs(index: Path) -> dict[str, dict[str, list[int]]]:
-    """Concrete input shapes from INDEX.tsv's run_inputs column ("name[1, 3, 640, 640] …")."""
-    shapes: dict[str, dict[str, list[int]]] = {}
-    if not index.exists():
-        return shapes
-    with index.open() as f:
-        for row in csv.DictReader(f, delimiter="\t"):
-            spec = row.get("run_inputs", "")
-            entries: dict[str, list[int]] = {}
-            for part in spec.split("] "):
-                name, _, dims = part.partition("[")
-                dims = dims.rstrip("]")
-                if name and dims:
-                    entries[name.strip()] = [int(d) for d in dims.split(",")]
-            shapes[row["file"]] = entries
-    return shapes
 
 
 def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:

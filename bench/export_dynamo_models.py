@@ -26,6 +26,7 @@ import timm
 import torch
 import torchvision
 import transformers as hf
+from corpus import earlier_rows, run_inputs_text, write_index
 
 TIMM = [
     "resnet18",
@@ -365,7 +366,7 @@ def main() -> None:
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     builders = {**timm_models(), **torchvision_models(), **hugging_face()}
-    rows = []
+    rows = earlier_rows(args.out)
     for name, build in builders.items():
         if args.only and name not in args.only:
             continue
@@ -375,12 +376,11 @@ def main() -> None:
             torch.onnx.export(
                 module.eval(), (x,), str(path), dynamo=True, input_names=["x"], external_data=False
             )
-            rows.append(f"{path.name}\tx[{', '.join(map(str, x.shape))}]")
+            rows[path.name] = run_inputs_text({"x": list(x.shape)})
             print(f"ok    {name}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next model
             print(f"FAIL  {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-    (args.out / "INDEX.tsv").write_text("file\trun_inputs\n" + "\n".join(rows) + "\n")
-    print(f"wrote {len(rows)} models and {args.out / 'INDEX.tsv'}")
+    write_index(args.out, rows)
 
 
 if __name__ == "__main__":

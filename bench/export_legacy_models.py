@@ -30,6 +30,7 @@ import timm
 import torch
 import torchvision
 import transformers as hf
+from corpus import add_weight_noise, earlier_rows, run_inputs_text, write_index
 
 
 @dataclass
@@ -329,21 +330,14 @@ def main() -> None:
     torch.backends.mha.set_fastpath_enabled(False)
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
-    index = args.out / "INDEX.tsv"
-    rows = {}
-    if index.exists():
-        for line in index.read_text().splitlines()[1:]:
-            file, _, shapes = line.partition("\t")
-            rows[file] = shapes
+    rows = earlier_rows(args.out)
     for name, spec in specs().items():
         if args.only and name not in args.only:
             continue
         try:
             module, xs = spec.build()
             module.eval()
-            with torch.no_grad():  # random init leaves biases 0 and norm scales 1, which
-                for param in module.parameters():  # remove-identity would strip as x+0, x*1
-                    param.add_(torch.randn_like(param) * 0.02)
+            add_weight_noise(module)
             path = args.out / f"{name}.onnx"
             with torch.no_grad():
                 torch.onnx.export(
@@ -359,12 +353,11 @@ def main() -> None:
             run = RUN_SHAPES.get(
                 name, {n: list(x.shape) for n, x in zip(spec.names, xs, strict=True)}
             )
-            rows[path.name] = " ".join(f"{n}[{', '.join(map(str, s))}]" for n, s in run.items())
+            rows[path.name] = run_inputs_text(run)
             print(f"ok    {name}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next model
             print(f"FAIL  {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-    index.write_text("file\trun_inputs\n" + "".join(f"{f}\t{s}\n" for f, s in rows.items()))
-    print(f"wrote {len(rows)} models and {index}")
+    write_index(args.out, rows)
 
 
 if __name__ == "__main__":

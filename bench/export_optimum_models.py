@@ -30,6 +30,7 @@ from pathlib import Path
 import onnx
 import torch
 import transformers as hf
+from corpus import add_weight_noise, earlier_rows, run_inputs_text, write_index
 from optimum.exporters.onnx import main_export
 
 V = 256  # vocabulary: small, so embeddings stay small
@@ -272,13 +273,13 @@ def run_inputs(path: Path, dims: dict[str, int]) -> str:
     with_past = (
         any(n.startswith("past_key_values") for n in names) and "use_cache_branch" not in names
     )
-    parts = []
+    parts: dict[str, list[int]] = {}
     for vi in proto.graph.input:
         shape = [_dim(d, dims, with_past) for d in vi.type.tensor_type.shape.dim]
         if vi.name == "use_cache_branch":
             shape = [1]
-        parts.append(f"{vi.name}[{', '.join(map(str, shape))}]")
-    return " ".join(parts)
+        parts[vi.name] = shape
+    return run_inputs_text(parts)
 
 
 def main() -> None:
@@ -290,21 +291,14 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    index = args.out / "INDEX.tsv"
-    rows: dict[str, str] = {}
-    if index.exists():
-        for line in index.read_text().splitlines()[1:]:
-            file, _, shapes = line.partition("\t")
-            rows[file] = shapes
+    rows = earlier_rows(args.out)
     for name, (build, task, dims_over) in models().items():
         if args.only and name not in args.only:
             continue
         try:
             torch.manual_seed(0)
             model = build().eval()
-            with torch.no_grad():
-                for param in model.parameters():
-                    param.add_(torch.randn_like(param) * 0.02)
+            add_weight_noise(model)
             src = args.work / name
             shutil.rmtree(src, ignore_errors=True)
             model.save_pretrained(src)
@@ -327,8 +321,7 @@ def main() -> None:
                     print(f"ok    {out.name}: {rows[out.name]}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next model
             print(f"FAIL  {name}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
-    index.write_text("file\trun_inputs\n" + "".join(f"{f}\t{s}\n" for f, s in rows.items()))
-    print(f"wrote {len(rows)} models and {index}")
+    write_index(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from corpus import earlier_rows, run_inputs_text, write_index
+
 os.environ.setdefault("YOLO_OFFLINE", "1")  # no hub / asset / font downloads
 os.environ.setdefault("YOLO_VERBOSE", "False")
 
@@ -102,13 +104,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
-    index = args.out / "INDEX.tsv"
-    rows = {}
-    if index.exists():  # keep the rows of models exported by an earlier run
-        for line in index.read_text().splitlines()[1:]:
-            name, _, shape = line.partition("\t")
-            if (args.out / name).exists():
-                rows[name] = shape
+    rows = earlier_rows(args.out)
     for name, (yaml, imgsz, opset, simplify, *extra) in MODELS.items():
         if args.only and name not in args.only:
             continue
@@ -116,12 +112,11 @@ def main() -> None:
         try:
             export_one(yaml, imgsz, opset, simplify, path, extra[0] if extra else {})
             h, w = imgsz if isinstance(imgsz, tuple) else (imgsz, imgsz)
-            rows[path.name] = f"images[1, 3, {h}, {w}]"
+            rows[path.name] = run_inputs_text({"images": [1, 3, h, w]})
             print(f"ok    {name}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next model
             print(f"FAIL  {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-    index.write_text("file\trun_inputs\n" + "".join(f"{k}\t{v}\n" for k, v in sorted(rows.items())))
-    print(f"wrote {len(rows)} models and {index}")
+    write_index(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from check_speed import run_inputs
+from corpus import run_inputs
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 from surgery.model import set_input_shapes

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from check_speed import run_inputs
+from corpus import run_inputs
 
 from compiler.archive import read_archive
 from compiler.compile import compile_model

@@ -13,7 +13,7 @@ import surgery.rules  # noqa: F401  (registers the rule suggester used by the re
 from surgery.coverage import CoverageReport, analyze_coverage, check_pins, constant_tensors
 from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
-from surgery.model import load_model, open_model, refuse_impossible_reshapes
+from surgery.model import load_model, model_label, open_model, refuse_impossible_reshapes
 from surgery.qdq import float_model, float_view, is_qdq, quantized_for
 from surgery.shape_repair import repair_shapes
 from surgery.targets import Target, resolve_target
@@ -90,7 +90,7 @@ def _analyse(
     if op_target:
         check_pins(view, op_target)
     constants = constant_tensors(view)
-    label = (model.graph.name or "model") if isinstance(model, onnx.ModelProto) else str(model)
+    label = model_label(model)
     if waits_for_folding(loaded, view, tgt, constants, op_target):
         repaired = repair_shapes(loaded, view, constants)
         if repaired is not None:

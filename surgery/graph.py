@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
 
 import numpy as np
@@ -181,6 +181,19 @@ constant: a quantizer gives them their input's scale."""
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 """Ops that only rearrange their first input's elements, every one of them, once."""
+
+
+def behind_views(
+    tensor: str, producers: Mapping[str, onnx.NodeProto]
+) -> tuple[onnx.NodeProto | None, list[onnx.NodeProto]]:
+    """The first producer of `tensor` that is not a view (`VIEW_OPS`), or None, and the views
+    walked back through to it, the nearest first."""
+    chain: list[onnx.NodeProto] = []
+    node = producers.get(tensor)
+    while node is not None and node.op_type in VIEW_OPS and node.input:
+        chain.append(node)
+        node = producers.get(node.input[0])
+    return node, chain
 
 
 def default_opset(model: onnx.ModelProto) -> int:

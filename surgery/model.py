@@ -7,6 +7,7 @@ typed `SurgeryError`s that name the file, node and tensor.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -65,6 +66,12 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
             )
         shapes[name] = values
     return shapes
+
+
+def input_shape_specs(shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """`shapes` as --input-shape values ("images=1,3,640,640"): what `parse_input_shapes`
+    reads."""
+    return [f"{name}={','.join(map(str, dims))}" for name, dims in shapes.items()]
 
 
 def recorded_input_shapes(
@@ -153,9 +160,7 @@ def open_model(
 ) -> tuple[onnx.ModelProto, GraphView]:
     """`load_model` plus the GraphView built while validating (analyses reuse it)."""
     model = read_model(source)
-    label = (
-        str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
-    )
+    label = model_label(source)
     view = validate_graph(model, label)
     if input_shapes:
         set_input_shapes(model, input_shapes)
@@ -191,7 +196,7 @@ def refuse_impossible_reshapes(view: GraphView, label: str = "model") -> None:
         src, dst = view.tensor(ins[0]), view.tensor(outs[0])
         if not (src.is_static and dst.is_static) or src.shape is None or dst.shape is None:
             continue
-        have, want = _count(src.shape), _count(dst.shape)
+        have, want = math.prod(map(int, src.shape)), math.prod(map(int, dst.shape))
         if have and want and have != want:
             given = ", ".join(
                 f"{t.name}={list(t.shape or ())}" for t in map(view.tensor, view.graph_inputs)
@@ -204,12 +209,11 @@ def refuse_impossible_reshapes(view: GraphView, label: str = "model") -> None:
             )
 
 
-def _count(shape: Sequence[object]) -> int:
-    """The number of values of a static shape."""
-    n = 1
-    for d in shape:
-        n *= int(d)  # type: ignore[call-overload]
-    return n
+def model_label(source: str | os.PathLike | onnx.ModelProto) -> str:
+    """How errors name a model: its path, or a ModelProto's graph name."""
+    if isinstance(source, onnx.ModelProto):
+        return source.graph.name or "model"
+    return str(source)
 
 
 def _worth_hiding_weights(

@@ -17,8 +17,7 @@ import onnx
 from surgery.coverage import CoverageReport
 from surgery.errors import WorkspaceError
 from surgery.model import load_model
-from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE
-from surgery.rules.engine import RewriteResult, rewritable_model
+from surgery.rules.engine import RewriteResult
 from surgery.rules.fix import FixResult
 from surgery.workspace import VersionInfo, Workspace, file_sha256, sanitize_name
 
@@ -156,14 +155,15 @@ def record_fix(
     the whole chain at once). Returns the version and that verification."""
     from surgery.verify import verify_models
 
-    reference: str | Path | onnx.ModelProto = ws.checked_path(parent)
-    if REWRITTEN_AS_FLOAT_NOTE in result.notes:
-        # the steps rewrote the float model; the input differs from it by its quantization
-        reference = rewritable_model(load_model(reference))[0]
+    # the steps rewrote a quantized input's float model: the input differs by its quantization
+    floats = result.float_source
     check = verify_models(
-        reference, result.model, exact=not allow_approximate, inputs=inputs
+        floats if floats is not None else ws.checked_path(parent),
+        result.model,
+        exact=not allow_approximate,
+        inputs=inputs,
     ).to_dict()
-    if REWRITTEN_AS_FLOAT_NOTE in result.notes:
+    if floats is not None:
         check["reference"] = "the float model of the input (its quantization removed)"
     version = ws.add_version(
         parent.name,

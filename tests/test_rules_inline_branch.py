@@ -116,3 +116,8 @@ def test_check_suggests_it_for_the_if_and_fix_never_applies_it() -> None:
     result = fix_model(merged_decoder(), "mlsoc")
     assert "inline-if-branch" not in [s["rule"] for s in result.steps]
     assert any("inline-if-branch --param value=true" in note for note in result.notes)
+
+
+def test_a_condition_that_drives_no_if_is_named_with_the_ones_that_do() -> None:
+    with pytest.raises(RuleFailedError, match="'x' is not the boolean condition.*use_cache"):
+        apply_rule(merged_decoder(), "inline-if-branch", params={"value": True, "condition": "x"})

@@ -41,7 +41,7 @@ from compiler.quantize.errors import QuantizationError
 from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from surgery.errors import first_line
-from surgery.graph import VIEW_OPS
+from surgery.graph import behind_views
 
 __all__ = [
     "AnalysisResult",
@@ -322,13 +322,8 @@ def concat_output_parts(model: onnx.ModelProto) -> dict[str, dict[str, np.ndarra
     producers = {o: n for n in model.graph.node for o in n.output if o}
     found: dict[str, dict[str, np.ndarray]] = {}
     for output in model.graph.output:
-        chain: list[onnx.NodeProto] = []
-        name = output.name
-        node = producers.get(name)
-        while node is not None and node.op_type in VIEW_OPS and node.input:
-            chain.append(node)
-            name = node.input[0]
-            node = producers.get(name)
+        node, chain = behind_views(output.name, producers)
+        name = chain[-1].input[0] if chain else output.name
         parts, axis = _concat_parts(node, shapes)
         shape = shapes.get(name)
         if not parts or not shape or any(d is None for d in shape):

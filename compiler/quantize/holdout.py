@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import numpy as np
+import onnx
 
 from compiler.quantize.analysis import concat_output_parts, sqnr_db
 
@@ -65,8 +66,18 @@ def holdout_errors(net: Any, model: Any, held: Any) -> dict[str, dict[str, Any]]
         for store, outs in ((floats, net.execute(sample)), (quants, model.execute(sample))):
             for k, v in outs.items():
                 store.setdefault(k, []).append(v)
+    return stacked_errors(floats, quants, net.model)
+
+
+def stacked_errors(
+    floats: dict[str, list[np.ndarray]],
+    quants: dict[str, list[np.ndarray]],
+    float_model: onnx.ModelProto,
+) -> dict[str, dict[str, Any]]:
+    """`output_errors` of per-sample outputs (name → one array per held-out sample) of
+    `float_model` and its quantized model, with the parts of outputs that concatenate."""
     return output_errors(
         {k: np.stack(v) for k, v in floats.items()},
         {k: np.stack(v) for k, v in quants.items()},
-        concat_output_parts(net.model),
+        concat_output_parts(float_model),
     )

@@ -213,7 +213,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from compiler.defines import default_quantization, int16_quantization
         from compiler.quantize import load_calibration_data
         from compiler.quantize.advice import low_sqnr_advice
-        from compiler.quantize.holdout import holdout_errors, part_sqnrs
+        from compiler.quantize.holdout import part_sqnrs, stacked_errors
         from surgery.check import check_model
         from surgery.session import coverage_summary
         from surgery.verify import compare_arrays
@@ -271,9 +271,13 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 target_sqnr_db=target_sqnr_db,
             )
             worst: dict[str, dict[str, float]] = {}
+            floats: dict[str, list] = {}
+            quants: dict[str, list] = {}
             for sample in held:
                 reference, candidate = net.execute(sample), quantized.execute(sample)
                 for name, ref in reference.items():
+                    floats.setdefault(name, []).append(ref)
+                    quants.setdefault(name, []).append(candidate[name])
                     cmp = compare_arrays(ref, candidate[name], name=name)
                     row = worst.setdefault(name, {"cosine": math.inf, "sqnr_db": math.inf})
                     row["max_abs"] = max(row.get("max_abs", 0.0), cmp.max_abs or 0.0)
@@ -281,7 +285,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                         value = getattr(cmp, key)
                         if value is not None:
                             row[key] = min(row[key], value)
-            errors = holdout_errors(net, quantized, held)
+            errors = stacked_errors(floats, quants, net.model)
             coverage = check_model(quantized.qdq_model, tgt)
             report = quantized.report
             params = quantized.params

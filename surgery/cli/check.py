@@ -14,7 +14,7 @@ from surgery.cli.app import EXIT_OK, EXIT_VERDICT, app, console, emit_json, hand
 from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
 from surgery.coverage import CoverageReport
 from surgery.graph import shape_text
-from surgery.model import parse_input_shapes, recorded_input_shapes
+from surgery.model import input_shape_specs, parse_input_shapes, recorded_input_shapes
 
 
 @app.command("check")
@@ -51,7 +51,7 @@ def check_command(
                 onnx.load(str(model), load_external_data=False), report.dynamic_inputs
             )
             if recorded:
-                flags = " ".join(f"-s {k}={','.join(map(str, v))}" for k, v in recorded.items())
+                flags = " ".join(f"-s {spec}" for spec in input_shape_specs(recorded))
                 console.print(f"the size its metadata records: {escape(flags)}", highlight=False)
     raise typer.Exit(EXIT_OK if report.single_elf else EXIT_VERDICT)
 

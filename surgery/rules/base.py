@@ -67,6 +67,9 @@ class Match:
     split_off: onnx.ModelProto | None = None
     """A model the rewrite splits off beside the rewritten one (cut-postprocess's tail), for
     callers that keep it (the MCP server stores it in the workspace)."""
+    fixed_inputs: dict[str, Any] = field(default_factory=dict)
+    """Graph inputs the rewrite fixes to one value and removes (inline-if-branch's condition):
+    the parent is verified with them fed so."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -288,7 +288,7 @@ def _feed_fits(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> bool:
 def _fixed_inputs(matches: list[Match]) -> dict[str, np.ndarray]:
     """Inputs a rule fixed to one value (inline-if-branch's condition): the parent is
     verified with them so fed, the child no longer has them."""
-    return {k: v for m in matches for k, v in m.data.get("fixed_inputs", {}).items()}
+    return {k: v for m in matches for k, v in m.fixed_inputs.items()}
 
 
 def _verify(

@@ -24,7 +24,7 @@ from surgery.coverage import CoverageReport, dynamic_inputs, pinned_off_the_mla
 from surgery.errors import SurgeryError, VerifyError
 from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView, shape_text
-from surgery.model import load_model, recorded_input_shapes
+from surgery.model import input_shape_specs, load_model, recorded_input_shapes
 from surgery.rules.base import Rule, RuleContext
 from surgery.rules.engine import Reference, RewriteResult, apply_rule, rewritable_model
 from surgery.rules.graph_edit import with_unique_node_names
@@ -44,6 +44,9 @@ class FixResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    float_source: onnx.ModelProto | None = None
+    """The float model the steps rewrote when the input was quantized (`rewritable_model`):
+    the input differs from it by its quantization, so the result is verified against it."""
 
     @property
     def single_elf(self) -> bool:
@@ -189,6 +192,7 @@ def fix_model(
         start, tgt, max_steps, allow_approximate, skip, on_step, on_rewrite, inputs, look_ahead
     )
     result.notes[:0] = float_notes
+    result.float_source = loaded if float_notes else None
     result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     if not result.coverage_after.blockers:
         result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
@@ -325,8 +329,7 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
         dynamic = dynamic_inputs(GraphView(model)) if inputs is None else {}
         recorded = recorded_input_shapes(model, dynamic)
         sizes = (
-            " ".join(f"{k}={','.join(map(str, v))}" for k, v in recorded.items())
-            + " (the size its metadata records)"
+            " ".join(input_shape_specs(recorded)) + " (the size its metadata records)"
             if recorded
             else "NAME=DIMS"
         )

@@ -73,7 +73,13 @@ class InlineIfBranch(Rule):
         assert isinstance(params, InlineBranchParams)
         conditions = branch_conditions(ctx)
         if params.condition is not None:
-            conditions = {k: v for k, v in conditions.items() if k == params.condition}
+            if params.condition not in conditions:
+                drives = ", ".join(sorted(conditions)) or "none"
+                raise RuleFailedError(
+                    f"rule {self.name!r}: input {params.condition!r} is not the boolean "
+                    f"condition of an If (the inputs that are: {drives})"
+                )
+            conditions = {params.condition: conditions[params.condition]}
         if len(conditions) > 1:
             raise RuleFailedError(
                 f"rule {self.name!r}: If nodes read several boolean inputs "
@@ -86,10 +92,10 @@ class InlineIfBranch(Rule):
                 branch = "then_branch or else_branch (--param value=true|false)"
             blockers = sorted(set(nodes) & ctx.blocker_names)
             reason = f"{len(nodes)} If node(s) on {condition!r} become their {branch}"
-            feed = {condition: np.array([params.value])}
-            matches.append(
-                Match(self.name, nodes, reason, blockers, {"branch": branch, "fixed_inputs": feed})
-            )
+            match = Match(self.name, nodes, reason, blockers, {"branch": branch})
+            if params.value is not None:
+                match.fixed_inputs = {condition: np.array([params.value])}
+            matches.append(match)
         return matches
 
     def apply_all(
@@ -107,7 +113,7 @@ class InlineIfBranch(Rule):
                 node = next(n for n in graph.nodes if n.name == name)
                 _inline(graph, node, match.data["branch"])
         graph.cleanup().toposort()
-        conditions = {c for m in matches for c in m.data["fixed_inputs"]}
+        conditions = {c for m in matches for c in m.fixed_inputs}
         outputs = {t.name for t in graph.outputs}
         graph.inputs = [
             t

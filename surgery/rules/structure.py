@@ -29,7 +29,7 @@ from pydantic import Field
 
 from surgery.coverage import PLACEMENT_METADATA_KEY, CoverageReport, Segment, analyze_coverage
 from surgery.errors import SurgeryError
-from surgery.graph import VIEW_OPS
+from surgery.graph import behind_views
 from surgery.model import load_model, save_model
 from surgery.rules import graph_edit
 from surgery.rules.base import WRITES_FILE, Match, Rule, RuleContext, RuleParams
@@ -630,9 +630,7 @@ BOUNDED_OPS = frozenset({"Sigmoid", "Softmax", "Tanh", "HardSigmoid"})
 
 def _bounded_source(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> bool:
     """Whether `tensor` is a bounded op's output, through views."""
-    node = producers.get(tensor)
-    while node is not None and node.op_type in VIEW_OPS and node.input:
-        node = producers.get(node.input[0])
+    node, _ = behind_views(tensor, producers)
     return node is not None and node.op_type in BOUNDED_OPS
 
 
@@ -655,23 +653,16 @@ def output_concat_tails(coverage: CoverageReport, model: onnx.ModelProto) -> lis
     outputs = {o.name for o in model.graph.output}
     tails: list[list[str]] = []
     for out in model.graph.output:
-        chain: list[str] = []
-        node = producers.get(out.name)
-        while node is not None and node.op_type in VIEW_OPS and node.input:
-            chain.append(node.name)
-            node = producers.get(node.input[0])
-            if node is not None and (
-                readers.get(node.output[0], 0) != 1 or node.output[0] in outputs
-            ):
-                node = None  # the view's input is read elsewhere too: not a pure tail
+        node, views = behind_views(out.name, producers)
         if node is None or node.op_type != "Concat" or len(set(node.input)) < 2:
             continue
+        if any(readers.get(v.input[0], 0) != 1 or v.input[0] in outputs for v in views):
+            continue  # a view's input is read elsewhere too: not a pure tail
         bounded = [_bounded_source(i, producers) for i in node.input]
         if all(bounded) or not any(bounded):
             continue  # parts alike (e.g. per-level maps) share one scale well
-        chain.append(node.name)
         if where.get(node.name) == "MLA":
-            tails.append([n for n in chain if where.get(n) == "MLA"])
+            tails.append([n.name for n in (*views, node) if where.get(n.name) == "MLA"])
     return tails
 
 
