@@ -86,11 +86,17 @@ def test_fix_reports_the_segments_check_counts_before_and_after():
     assert result.coverage_after.mla_segments == check_model(result.model, "mlsoc").mla_segments
 
 
-def test_a_fix_step_that_folds_records_the_matrix_ops_whose_shapes_it_reveals():
-    step = fix_model(_view_by_computed_shape(), "mlsoc").steps[0]
+def test_a_fold_step_reports_the_segments_check_counts_not_those_of_the_unfolded_model():
+    model = _view_by_computed_shape()
+    step = fix_model(model, "mlsoc").steps[0]
     assert step["rule"] == "fold-constants"
-    assert step["macs_unknown_nodes_before"] == 1 and step["macs_unknown_nodes_after"] == 0
-    assert "segments 1→2 (1→0 matrix ops of unknown shape)" in describe_step(step)
+    assert (
+        step["segments_before"]
+        == step["segments_after"]
+        == check_model(model, "mlsoc").mla_segments
+    )
+    assert step["macs_unknown_nodes_before"] == step["macs_unknown_nodes_after"] == 0
+    assert "segments 2→2, blockers" in describe_step(step)
 
 
 def test_a_step_line_names_unknown_shapes_only_while_there_are_some():

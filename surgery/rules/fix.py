@@ -193,7 +193,6 @@ def fix_model(
     )
     result.notes[:0] = float_notes
     result.float_source = loaded if float_notes else None
-    result.coverage_before = _as_compiled(result.coverage_before, start, tgt)
     if not result.coverage_after.blockers:
         result.coverage_after = _as_compiled(result.coverage_after, result.model, tgt)
     else:  # what `surgery check` says of the result, the rules matching its blockers included
@@ -232,7 +231,7 @@ def _fix(
     ]
     current = start
     ctx = RuleContext.build(current, tgt)
-    result = FixResult(current, tgt.name, ctx.coverage, ctx.coverage)
+    result = FixResult(current, tgt.name, _as_compiled(ctx.coverage, start, tgt), ctx.coverage)
     reference: Reference | None = None  # computed on first use: nothing to run if nothing applies
     tried: set[str] = set()
     while len(result.steps) < max_steps:
@@ -255,7 +254,7 @@ def _fix(
                 if branch is not None and _outcome(branch[0].coverage_after) < _outcome(
                     ctx.coverage
                 ):
-                    return _adopt(result, ctx.coverage, step, *branch, on_step, on_rewrite)
+                    return _adopt(result, ctx.coverage, step, *branch, tgt, on_step, on_rewrite)
             elif verdict == "look ahead" and depth > 0:
                 detours.append(step)
             if verdict != "keep":
@@ -267,7 +266,7 @@ def _fix(
                 result.rejected.append({"rule": rule.name, "reason": reason})
                 tried.add(rule.name)
                 continue
-            _record(result, step, on_step, on_rewrite)
+            _record(result, step, tgt, on_step, on_rewrite)
             current, reference = step.model, step.reference or reference
             ctx = RuleContext.build(current, tgt)
             # Cleanup rules run once each until a rewrite changes the model's structure (lifting
@@ -280,7 +279,7 @@ def _fix(
         if not applied:
             best = _best_detour(detours, tgt, max_steps - len(result.steps) - 1, options)
             if best is not None and _outcome(best[1].coverage_after) < _outcome(ctx.coverage):
-                return _adopt(result, ctx.coverage, *best, on_step, on_rewrite)
+                return _adopt(result, ctx.coverage, *best, tgt, on_step, on_rewrite)
             break
     if (
         ctx.coverage.mla_segments > 1
@@ -390,12 +389,13 @@ def _adopt(
     step: RewriteResult,
     branch: FixResult,
     rewrites: list[RewriteResult],
+    target: Target,
     on_step: StepCallback | None,
     on_rewrite: Callable[[RewriteResult], None] | None,
 ) -> FixResult:
     """Continue `result` with a cleanup step and the branch that fixed on from it."""
     for rewrite in (step, *rewrites):
-        _record(result, rewrite, on_step, on_rewrite)
+        _record(result, rewrite, target, on_step, on_rewrite)
     end = branch.coverage_after
     known = (
         f" with the shapes of {before.macs_unknown_nodes - end.macs_unknown_nodes} more "
@@ -473,7 +473,7 @@ def _place_small_islands(
     step = _try_rule(result, current, "place-on-host", target, reference, ctx)
     if step is None:
         return current, ctx
-    _record(result, step, on_step, on_rewrite)
+    _record(result, step, target, on_step, on_rewrite)
     pinned = step.coverage_before.mla_segments - step.coverage_after.mla_segments
     result.notes.append(
         f"place-on-host pinned {pinned} MLA island(s) under 1% of the MACs to the CVU/APU "
@@ -505,7 +505,7 @@ def _output_concats_to_host(
             {"rule": "output-concat-to-host", "reason": "would add an MLA segment"}
         )
         return current, ctx
-    _record(result, step, on_step, on_rewrite)
+    _record(result, step, target, on_step, on_rewrite)
     result.notes.append(
         "output-concat-to-host: the output Concat runs on the host, so each of its parts "
         "(e.g. boxes and class scores) is quantized with its own scale"
@@ -532,10 +532,29 @@ def _try_rule(
 def _record(
     result: FixResult,
     step: RewriteResult,
+    target: Target,
     on_step: StepCallback | None,
     on_rewrite: Callable[[RewriteResult], None] | None,
 ) -> None:
-    summary = step.summary()
+    """Append `step` to `result.steps` with the counts `surgery check` gives before and after
+    it: the loop judges the model as it is, but while shapes wait for folding that model's
+    segments are not the compiled ones (yolov3u-tiny read "2→2" at a cleanup, then "2→3" at
+    fold-constants, of a model check counts at 3 throughout)."""
+    after = _as_compiled(step.coverage_after, step.model, target)
+    if result.steps:
+        last = result.steps[-1]
+        segments, blockers, unknown = (
+            last["segments_after"],
+            last["blockers_after"],
+            last["macs_unknown_nodes_after"],
+        )
+    else:
+        before = result.coverage_before
+        segments, blockers, unknown = (
+            before.mla_segments,
+            len(before.blockers),
+            before.macs_unknown_nodes,
+        )
     entry = {
         "step": len(result.steps) + 1,
         "rule": step.rule,
@@ -547,14 +566,14 @@ def _record(
             "max_abs": step.verification.worst_max_abs,
             "max_rel": step.verification.worst_max_rel,
         },
-        "segments_before": summary["mla_segments_before"],
-        "segments_after": summary["mla_segments_after"],
-        "blockers_before": summary["blockers_before"],
-        "blockers_after": summary["blockers_after"],
-        "pinned_after": sum(pinned_off_the_mla(b) for b in step.coverage_after.blockers),
-        "mla_mac_fraction_after": summary["mla_mac_fraction_after"],
-        "macs_unknown_nodes_before": summary["macs_unknown_nodes_before"],
-        "macs_unknown_nodes_after": summary["macs_unknown_nodes_after"],
+        "segments_before": segments,
+        "segments_after": after.mla_segments,
+        "blockers_before": blockers,
+        "blockers_after": len(after.blockers),
+        "pinned_after": sum(pinned_off_the_mla(b) for b in after.blockers),
+        "mla_mac_fraction_after": round(after.mla_mac_fraction, 6),
+        "macs_unknown_nodes_before": unknown,
+        "macs_unknown_nodes_after": after.macs_unknown_nodes,
     }
     result.steps.append(entry)
     if on_rewrite:
@@ -564,10 +583,9 @@ def _record(
 
 
 def describe_step(step: dict[str, Any], *, ascii_only: bool = False) -> str:
-    """One line for a recorded fix step (progress in the CLI and the MCP server). While the
-    shapes of some matrix ops are unknown (they wait for folding), the segment count of the
-    model as it is is not that of the model as compiled: the line says so, or a fold that
-    only reveals the real count would read as a step that split the model."""
+    """One line for a recorded fix step (progress in the CLI and the MCP server), in the counts
+    `surgery check` gives. Matrix ops whose shapes stay unknown even folded (a dynamic input)
+    leave their MACs out of the count: the line says how many there are while there are some."""
     arrow, times, dash = ("->", "x", ",") if ascii_only else ("→", "×", " —")
     unknown_before, unknown_after = (
         step["macs_unknown_nodes_before"],
