@@ -9,10 +9,11 @@ with a ToolError, so one bad call never takes the server down or leaves the agen
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
@@ -39,9 +40,7 @@ def describe_error(exc: BaseException) -> str:
         text = f"{exc.code}: {tool_words(exc.message)}"
         return f"{text}\nhint: {tool_words(exc.hint)}" if exc.hint else text
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "input"
-        return f"invalid_argument: {where}: {first['msg']}"
+        return "invalid_argument: " + "; ".join(_problem(e) for e in exc.errors())
     if isinstance(exc, MemoryError):
         return "out_of_memory: the model is too large for this machine's memory"
     if isinstance(exc, OSError):
@@ -51,6 +50,32 @@ def describe_error(exc: BaseException) -> str:
         f"internal_error: {type(exc).__name__}: {str(exc)[:300]}\n"
         "hint: this is a bug in model-surgery, not in your request; the server is still running"
     )
+
+
+def describe_argument_errors(tool: str, exc: ValidationError, accepted: Sequence[str]) -> str:
+    """A tool call's arguments that do not fit its schema, as one `invalid_argument` text:
+    every problem, a misspelt name with the nearest real one (an agent guessing
+    `input_shapes` for `input_shape`), and the names the tool takes."""
+    problems = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else ""
+        if error["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(name, accepted, n=1)
+            guess = f" (did you mean `{near[0]}`?)" if near else ""
+            problems.append(f"`{name}` is not an argument of {tool}{guess}")
+        else:
+            problems.append(_problem(error))
+    return f"invalid_argument: {'; '.join(problems)}\nhint: {tool} takes {', '.join(accepted)}"
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error as `where`: what is wrong (and the value given)."""
+    where = ".".join(str(x) for x in error["loc"]) or "input"
+    if error["type"] == "missing":
+        return f"`{where}` is required"
+    given = repr(error.get("input"))
+    given = given if len(given) <= 60 else given[:57] + "..."
+    return f"`{where}`: {error['msg']} (got {given})"
 
 
 def _expected(exc: BaseException) -> bool:

@@ -127,8 +127,23 @@ async def test_a_misspelt_argument_is_refused_not_ignored(sandbox: Sandbox) -> N
         await call(client, "open_model", {"path": "cnn.onnx"})
         text = await call_error(client, "check_model", {"model": "cnn", "limt": 5})
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert "limt" in text and "Extra inputs are not permitted" in text
+    assert "`limt` is not an argument of check_model (did you mean `limit`?)" in text
+    assert "hint: check_model takes model, version, target" in text
     assert tools["check_model"].input_schema.get("additionalProperties") is False
+
+
+async def test_a_wrongly_typed_argument_is_named_with_the_value_given(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        await call(client, "open_model", {"path": "cnn.onnx"})
+        text = await call_error(client, "fix_model", {"model": "cnn", "max_steps": "many"})
+    assert "invalid_argument: `max_steps`: Input should be a valid integer" in text
+    assert "(got 'many')" in text and "errors.pydantic.dev" not in text
+
+
+async def test_a_missing_argument_is_named_as_required(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        text = await call_error(client, "check_model", {})
+    assert "invalid_argument: `model` is required" in text
 
 
 async def test_suggest_rules_counts_what_check_model_counts(sandbox: Sandbox) -> None:

@@ -200,8 +200,9 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             Field(
                 gt=0,
                 le=120,
-                description="Raise the layers whose error hurts the outputs most until the "
-                "outputs reach this SQNR (dB) on the calibration samples. Slow on big models.",
+                description="Raise the layers whose error hurts the outputs most until every "
+                "output, and every part of a concatenated output (boxes ‖ scores), reaches "
+                "this SQNR (dB) on the calibration samples. Slow on big models.",
             ),
         ] = None,
     ) -> QuantizeOut:
