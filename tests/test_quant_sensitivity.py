@@ -49,9 +49,34 @@ def quantized(samples):
     return quantize_model(outlier_model(), samples)
 
 
+def concatenated_head() -> onnx.ModelProto:
+    """`collapsing_head` with its Concat as the one output: boxes (~±500) ‖ scores (~±0.5)."""
+    model = collapsing_head()
+    del model.graph.node[3:]
+    del model.graph.output[:]
+    model.graph.output.append(
+        helper.make_tensor_value_info("head", TensorProto.FLOAT, [1, 8, 8, 8])
+    )
+    return model
+
+
+def plain_conv() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def _db(model, quantized, samples) -> float:
+    """The SQNR of the worst output piece."""
     _, signal, noise, _ = output_errors(model, quantized, samples, None)
-    return 10 * np.log10(signal / noise)
+    return float(np.min(10 * np.log10(signal / noise)))
 
 
 def test_switches_off_give_float_and_on_give_the_qdq_model(quantized, samples) -> None:
@@ -96,10 +121,27 @@ def test_target_raises_the_ruined_layer_and_the_output_improves(samples) -> None
 
 
 def test_target_already_met_raises_nothing(samples) -> None:
-    """The head's pooled outputs are dominated by the boxes, which int8 keeps at > 25 dB."""
-    result = auto_hybrid(collapsing_head(), samples, target_sqnr_db=20.0)
+    result = auto_hybrid(plain_conv(), samples, target_sqnr_db=20.0)
     assert result.raised == [] and result.rounds == 0 and result.converged
     assert not result.quantized.params.custom_quantization_configs
+
+
+def test_target_is_reached_by_each_output_not_by_their_pool(samples) -> None:
+    """Pooled, the boxes' > 40 dB met a 20 dB target while int8 rounded every score to 0."""
+    model = collapsing_head()
+    assert _db(model, quantize_model(model, samples).model, samples) < 1
+    result = auto_hybrid(model, samples, target_sqnr_db=20.0)
+    assert "head" in {n for r in result.raised for n in r.nodes}
+    assert result.converged and _db(model, result.quantized.model, samples) >= 20
+    assert result.settings["output_sqnr_db"] >= 20
+
+
+def test_target_is_reached_by_each_part_of_a_concatenated_output(samples) -> None:
+    model = concatenated_head()
+    result = auto_hybrid(model, samples, target_sqnr_db=20.0)
+    assert [r.nodes for r in result.raised] == [["head"]]
+    assert result.raised[0].reason.startswith("head (part from scores_raw) at 0.0 dB")
+    assert result.converged and _db(model, result.quantized.model, samples) >= 20
 
 
 def test_loaded_net_runs_auto_hybrid_with_an_rknn_config(samples) -> None:

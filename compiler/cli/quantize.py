@@ -235,8 +235,9 @@ def quantize_command(
         float | None,
         typer.Option(
             "--target-sqnr",
-            help="Raise the layers whose error hurts the outputs most until the outputs reach DB "
-            "dB on the calibration samples (auto-hybrid by output sensitivity).",
+            help="Raise the layers whose error hurts the outputs most until every output, and "
+            "every part of an output that concatenates (boxes ‖ scores), reaches DB dB on the "
+            "calibration samples (auto-hybrid by output sensitivity).",
             metavar="DB",
         ),
     ] = None,

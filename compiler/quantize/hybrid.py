@@ -23,7 +23,9 @@ above 0.98 while the output is at 11 dB, and int8 on the input alone (cosine 0.9
 output near 21 dB. With a target, layers are ranked by their *output sensitivity*
 (`compiler.quantize.sensitivity`: the output's noise with only that layer — or a block of
 neighbouring layers — quantized), and the most harmful are raised, round by round, until the
-outputs' SQNR on the analysis samples reaches the target. Each round raises as many blocks as
+outputs reach it on the analysis samples — every output, and every part of an output that
+concatenates (`compiler.quantize.holdout.scored_pieces`), on its own: pooled, a detector's
+boxes hide its collapsed scores from any target. Each round raises as many blocks as
 the measured noise shares say are needed, so a model already over the target is left alone.
 """
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Literal
 
+import numpy as np
 import onnx
 
 from compiler.defines import (
@@ -55,6 +58,7 @@ from compiler.quantize.analysis import (
 )
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
+from compiler.quantize.holdout import piece_powers, scored_pieces, worst_piece
 from compiler.quantize.quantizer import QuantizedModel, quantize_model
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from compiler.quantize.sensitivity import OutputSensitivity, output_sensitivity
@@ -341,13 +345,16 @@ def output_errors(
     qdq_model: onnx.ModelProto,
     data: CalibrationData,
     limit: int | None,
-) -> tuple[dict[str, ErrorMetrics], float, float, int]:
-    """Per-output errors over the samples, and the pooled signal and noise of all outputs."""
+) -> tuple[dict[str, ErrorMetrics], np.ndarray, np.ndarray, int]:
+    """Per-output errors over the samples, and the signal and noise of each output piece
+    (`scored_pieces` order)."""
     outputs = [o.name for o in float_model.graph.output]
+    pieces = scored_pieces(float_model)
     float_sess = reference_session(with_outputs(float_model, outputs), label="the float model")
     quant_sess = reference_session(qdq_model, label="the quantized model")
     signature = input_signature(float_model)
     sums = {name: ErrorSums() for name in outputs}
+    signal, noise = np.zeros(len(pieces)), np.zeros(len(pieces))
     done = 0
     for sample in islice(SamplePasses(data).new_pass(), limit):
         feed = as_feed(sample, signature, done)
@@ -355,9 +362,10 @@ def output_errors(
         got = run_outputs(quant_sess, outputs, feed, done)
         for name, r, g in zip(outputs, ref, got, strict=True):
             sums[name].add(r, g)
+        sample_signal, sample_noise = piece_powers(pieces, outputs, ref, got)
+        signal += sample_signal
+        noise += sample_noise
         done += 1
-    signal = sum(s.ref for s in sums.values())
-    noise = sum(s.diff for s in sums.values())
     return {k: v.metrics() for k, v in sums.items()}, signal, noise, done
 
 
@@ -384,7 +392,7 @@ class _TargetSearch:
         done: set[str] = set()
         rounds = 0
         for round_no in range(1, max_rounds + 1):
-            if sqnr_db(signal, noise) >= target:
+            if worst_piece(signal, noise)[1] >= target:
                 break
             if sensitivity is None:
                 sensitivity = output_sensitivity(
@@ -404,10 +412,11 @@ class _TargetSearch:
             outputs, signal, noise, samples = self._measure(current)
             raised += fresh
             rounds = round_no
-        reached = sqnr_db(signal, noise)
+        worst, reached = worst_piece(signal, noise)
         settings = {
             "target_sqnr_db": target,
             "output_sqnr_db": round(reached, 3) if math.isfinite(reached) else None,
+            "worst_output": scored_pieces(current.float_model)[worst].label if worst >= 0 else None,
             "precision": self.precision,
             "sensitivity_blocks": blocks,
             "sensitivity": sensitivity.to_dict() if sensitivity is not None else None,
@@ -418,7 +427,9 @@ class _TargetSearch:
         remaining = [] if converged else ["outputs"]
         return HybridResult(current, final, initial, raised, rounds, converged, remaining, settings)
 
-    def _measure(self, q: QuantizedModel) -> tuple[dict[str, ErrorMetrics], float, float, int]:
+    def _measure(
+        self, q: QuantizedModel
+    ) -> tuple[dict[str, ErrorMetrics], np.ndarray, np.ndarray, int]:
         return output_errors(q.float_model, q.model, self.data, self.limit)
 
     def _pick(
@@ -426,17 +437,19 @@ class _TargetSearch:
         sensitivity: OutputSensitivity,
         current: QuantizedModel,
         done: set[str],
-        signal: float,
-        noise: float,
+        signal: np.ndarray,
+        noise: np.ndarray,
         target: float,
         round_no: int,
     ) -> list[RaisedLayer]:
-        """Blocks, most harmful first, until their share of the noise brings the outputs to
-        TARGET_MARGIN of the target's noise (at least one block; none whose own share is
-        negligible next to the target's noise)."""
+        """Blocks, most harmful to the worst output piece first, until their share of its
+        noise brings it to TARGET_MARGIN of the target's noise (at least one block; none whose
+        own share is negligible next to the target's noise)."""
+        piece, model_db = worst_piece(signal, noise)
+        piece_label = sensitivity.pieces[piece]
         producers = {o: n for n in current.float_model.graph.node for o in n.output if o}
         candidates = []
-        for unit in sensitivity.units:
+        for unit in sorted(sensitivity.units, key=lambda u: -u.piece_noise[piece]):
             per_tensor = {t: _nodes_to_raise(t, current) for t in unit.tensors}
             per_tensor = {t: [n for n in ns if n not in done] for t, ns in per_tensor.items()}
             per_tensor = {
@@ -447,23 +460,23 @@ class _TargetSearch:
                 candidates.append((unit, per_tensor))
         if not candidates:
             return []
-        left = sum(unit.noise for unit, _ in candidates) or 1.0
-        allowed = TARGET_MARGIN * signal / 10 ** (target / 10)
-        wanted = max(0.0, 1.0 - allowed / noise) if noise > 0 else 0.0
+        left = sum(unit.piece_noise[piece] for unit, _ in candidates) or 1.0
+        allowed = TARGET_MARGIN * signal[piece] / 10 ** (target / 10)
+        wanted = max(0.0, 1.0 - allowed / noise[piece]) if noise[piece] > 0 else 0.0
         share, picked = 0.0, []
         for unit, per_tensor in candidates:
-            if picked and unit.noise / left * noise < NEGLIGIBLE * allowed:
+            if picked and unit.piece_noise[piece] / left * noise[piece] < NEGLIGIBLE * allowed:
                 break
             picked.append((unit, per_tensor))
-            share += unit.noise / left
+            share += unit.piece_noise[piece] / left
             if share >= wanted:
                 break
-        model_db = sqnr_db(signal, noise)
         fresh: list[RaisedLayer] = []
         for unit, per_tensor in picked:
+            unit_db = sqnr_db(sensitivity.piece_signal[piece], unit.piece_noise[piece])
             reason = (
-                f"outputs at {unit.sqnr_db:.1f} dB with only its block of {len(unit.tensors)} "
-                f"layer(s) quantized; model at {model_db:.1f} dB < target {target} dB"
+                f"{piece_label} at {unit_db:.1f} dB with only its block of {len(unit.tensors)} "
+                f"layer(s) quantized; at {model_db:.1f} dB in the model < target {target} dB"
             )
             for tensor, nodes in per_tensor.items():
                 if not nodes:
@@ -480,7 +493,7 @@ class _TargetSearch:
                         reason,
                         None,
                         None,
-                        output_sqnr_db=unit.sqnr_db,
+                        output_sqnr_db=unit_db,
                     )
                 )
         return fresh
