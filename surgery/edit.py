@@ -140,17 +140,24 @@ def start(model: onnx.ModelProto) -> _Index:
 
 
 def finish(
-    model: onnx.ModelProto, what: str, error: type[SurgeryError] = EditError
+    model: onnx.ModelProto,
+    what: str,
+    error: type[SurgeryError] = EditError,
+    *,
+    keep_output_shapes: bool = False,
 ) -> onnx.ModelProto:
     """Drop stale shapes, re-infer, and run the full checker: the end of every edit.
 
     Shapes of node-produced outputs are cleared with the intermediate ones because an edit may
-    change them; their element types stay unless inference finds new ones.
+    change them; their element types stay unless inference finds new ones. A cut computes the
+    same tensors (`keep_output_shapes`): its outputs keep the shapes they had, which ONNX
+    inference alone may not find again (a Reshape-13 does not read a shape computed by a
+    Shape node, and the checker refuses a graph output without a shape).
     """
     del model.graph.value_info[:]
     produced = {t for n in model.graph.node for t in n.output}
     for out in model.graph.output:
-        if out.name in produced and out.type.HasField("tensor_type"):
+        if out.name in produced and out.type.HasField("tensor_type") and not keep_output_shapes:
             out.type.tensor_type.ClearField("shape")
     try:
         toposort_nodes(model)

@@ -73,7 +73,7 @@ def split_model(
     if region.leaks:
         raise _open_cut(view, region, set(inputs))
     sub = _build(source, view, region, inputs, outputs, name)
-    return finish(sub, "split", SplitError)
+    return finish(sub, "split", SplitError, keep_output_shapes=True)
 
 
 def _check_names(view: GraphView, inputs: list[str], outputs: list[str]) -> None:

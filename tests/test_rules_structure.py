@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from server.cli import app
 from surgery import edit, examples
+from surgery.check import check_model
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.examples import _Builder, _io
 from surgery.model import load_model
@@ -303,3 +304,44 @@ def test_fix_says_a_model_quantized_with_integer_ops_needs_its_float_model() -> 
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
     result = fix_model(load_model(model))
     assert any("already quantized" in note and "ConvInteger" in note for note in result.notes)
+
+
+def group_norm_then_conv() -> onnx.ModelProto:
+    """conv → GroupNorm as torch exports it (Reshape to rank 3, InstanceNormalization, Reshape
+    back to Shape(conv)) → conv → rank-3 output. ONNX inference does not read the Shape-computed
+    Reshape-13 target: unfolded, everything after the norm has unknown shapes."""
+    rng = np.random.default_rng(0)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1"),
+        onnx.numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "w2"),
+        onnx.numpy_helper.from_array(np.array([1, 2, -1], np.int64), "grouped"),
+        onnx.numpy_helper.from_array(np.array([1, 8, -1], np.int64), "flat"),
+        onnx.numpy_helper.from_array(np.ones(2, np.float32), "scale"),
+        onnx.numpy_helper.from_array(np.zeros(2, np.float32), "bias"),
+    ]
+    make = onnx.helper.make_node
+    nodes = [
+        make("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+        make("Reshape", ["c", "grouped"], ["g"], name="to_groups"),
+        make("InstanceNormalization", ["g", "scale", "bias"], ["n"], name="norm"),
+        make("Shape", ["c"], ["c_shape"], name="shape"),
+        make("Reshape", ["n", "c_shape"], ["back"], name="back"),
+        make("Conv", ["back", "w2"], ["d"], name="conv2"),
+        make("Reshape", ["d", "flat"], ["y"], name="flatten"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "group_norm_then_conv",
+        [_io("x", [1, 3, 16, 16])],
+        [_io("y", [1, 8, 256])],
+        inits,
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+
+
+def test_cut_postprocess_plans_on_the_model_as_check_counts_it():
+    """Unfolded, conv2's MACs are unknown and the tail reached back to conv1 (segments 1)."""
+    model = group_norm_then_conv()
+    _, _, report = cut_postprocess(model, "mlsoc")
+    assert report.segments_before == check_model(model, "mlsoc").mla_segments == 2
+    assert report.plan.tail == ["flatten"] and report.proof.passed

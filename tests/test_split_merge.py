@@ -17,6 +17,7 @@ from surgery.model import load_model
 from surgery.split import SplitError, merge_models, split_model
 from surgery.verify import run_model, verify_models
 from tests.conftest import shared_model
+from tests.test_rules_structure import group_norm_then_conv
 
 runner = CliRunner()
 
@@ -94,6 +95,18 @@ def test_split_merge_round_trip_is_exact_on_fixtures():
     _exact(examples.yolo_head(), _round_trip(examples.yolo_head(), ["conv_26_out", "conv_31_out"]))
     _exact(examples.plain_cnn(), _round_trip(examples.plain_cnn(), ["maxpool_9_out"]))
     _exact(_residual(), _round_trip(_residual(), ["r1", "r2"]))
+
+
+def test_split_keeps_output_shapes_inference_alone_cannot_find_again():
+    """After a torch GroupNorm (Reshape back to Shape(x)), ONNX inference does not find the
+    shapes again; the checker refuses a graph output without one."""
+    model = group_norm_then_conv()
+    tail = split_model(model, ["c"], ["y"])
+    dims = [d.dim_value for d in tail.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [1, 8, 256]
+    feed = {"x": np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    c = run_model(split_model(model, ["x"], ["c"]), feed)["c"]
+    np.testing.assert_array_equal(run_model(tail, {"c": c})["y"], run_model(model, feed)["y"])
 
 
 def test_split_does_not_modify_its_input():
