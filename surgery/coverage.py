@@ -180,7 +180,9 @@ class CoverageReport:
         return frozenset(p.name for p in self._blockers)
 
     def blocker_groups(self) -> list[dict[str, Any]]:
-        """Blockers grouped by their first reason (the one that decided against the MLA)."""
+        """Blockers grouped by their first reason (the one that decided against the MLA); a
+        group's rules most nodes first, ties in the order the nodes list them (a rule that
+        keeps the model whole before one that splits work off to the host)."""
         groups: dict[tuple[str, str], list[NodePlacement]] = {}
         for b in self.blockers:
             first = b.reasons[0] if b.reasons else Reason("unknown", "no reason recorded")
@@ -188,7 +190,8 @@ class CoverageReport:
             groups.setdefault(key, []).append(b)
         out = []
         for (code, message), nodes in groups.items():
-            rule_nodes = dict(sorted(Counter(r for n in nodes for r in n.suggested_rules).items()))
+            counts = Counter(r for n in nodes for r in n.suggested_rules)
+            rule_nodes = dict(sorted(counts.items(), key=lambda item: -item[1]))
             out.append(
                 {
                     "code": code,
@@ -514,13 +517,13 @@ def _attach_suggestions(
     view: GraphView,
     constants: frozenset[str],
 ) -> None:
-    merged: dict[str, set[str]] = {}
+    merged: dict[str, dict[str, None]] = {}  # ordered sets: the suggesters' order is advice
     for suggester in SUGGESTERS:
         for node, rules in suggester(model, target, report, view, constants).items():
-            merged.setdefault(node, set()).update(rules)
+            merged.setdefault(node, {}).update(dict.fromkeys(rules))
     for b in report.blockers:
         if b.name in merged and not pinned_off_the_mla(b):
-            b.suggested_rules.extend(sorted(merged[b.name]))
+            b.suggested_rules.extend(merged[b.name])
 
 
 def pinned_off_the_mla(placement: NodePlacement) -> bool:

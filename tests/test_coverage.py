@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from surgery import examples
 from surgery.check import check_model
 from surgery.coverage import PLACEMENT_METADATA_KEY, analyze_coverage
 from surgery.errors import NodeNotFoundError, TargetError
@@ -423,3 +424,16 @@ def test_quick_gelu_of_another_domain_is_a_custom_op() -> None:
     (node,) = _coverage(_quick_gelu("example.custom")).placements
     assert node.processor == "APU"
     assert node.reasons[0].code == "custom_op"
+
+
+def test_a_rule_that_keeps_the_model_whole_is_suggested_before_one_that_cuts_it():
+    report = check_model(examples.yolo_head(), "mlsoc")
+    both = [b for b in report.blockers if len(b.suggested_rules) > 1]
+    assert both and all(b.suggested_rules == ["reshape-to-4d", "cut-postprocess"] for b in both)
+
+
+def test_a_blocker_group_lists_the_rule_that_frees_most_of_its_nodes_first():
+    groups = check_model(examples.yolov5_head(), "mlsoc").blocker_groups()
+    counts = [list(g["suggested_rule_nodes"].values()) for g in groups]
+    assert all(c == sorted(c, reverse=True) for c in counts)
+    assert groups[0]["suggested_rule_nodes"] == {"cut-postprocess": 3, "reshape-to-4d": 2}

@@ -51,9 +51,12 @@ def suggest_rules(
     view: GraphView,
     constants: frozenset[str],
 ) -> dict[str, list[str]]:
-    """Blocker node name → names of rules with a match that removes that blocker."""
+    """Blocker node name → names of rules with a match that removes that blocker, those that
+    keep the model whole first: cut-postprocess frees a head's blockers by moving its work
+    to the host, which reshape-to-4d keeps on the MLA."""
     ctx = RuleContext(model, target, view, report, constants, focus=report.blocker_names)
     rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(report)]
+    rules.sort(key=lambda rule: rule.changes_outputs)
     suggestions: dict[str, list[str]] = {}
     for rule, matches in rule_matches(ctx, rules):
         for m in matches:
