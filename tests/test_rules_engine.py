@@ -235,6 +235,15 @@ def test_cli_apply_writes_output_and_a_workspace_version(tmp_path, save):
     assert [h.action for h in history] == ["import", "rule:remove-identity"]
 
 
+def test_cli_apply_names_swapped_arguments(tmp_path, save, monkeypatch):
+    src = save(_identity_cnn(), "net.onnx")
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["apply", str(src), "remove-identity"])
+    assert res.exit_code == 2
+    assert "the rule comes first: surgery apply remove-identity" in res.output
+    assert not (tmp_path / ".surgery").exists()
+
+
 def test_cli_fix_exit_code_follows_single_elf(tmp_path, save, cnn_with_topk):
     src = save(cnn_with_topk, "topk.onnx")
     res = runner.invoke(

@@ -345,3 +345,20 @@ def test_cut_postprocess_plans_on_the_model_as_check_counts_it():
     _, _, report = cut_postprocess(model, "mlsoc")
     assert report.segments_before == check_model(model, "mlsoc").mla_segments == 2
     assert report.plan.tail == ["flatten"] and report.proof.passed
+
+
+def test_applied_cut_postprocess_cuts_where_the_api_cuts():
+    """`surgery apply cut-postprocess` planned on the unfolded model and cut at conv1."""
+    model = load_model(group_norm_then_conv())
+    body, _, _ = cut_postprocess(model, "mlsoc")
+    applied = apply_rule(model, "cut-postprocess", "mlsoc")
+    assert [o.name for o in applied.model.graph.output] == [o.name for o in body.graph.output]
+    assert [n.op_type for n in applied.model.graph.node] == [n.op_type for n in body.graph.node]
+    assert applied.matches[0].data["report"].plan.tail == ["flatten"]
+
+
+def test_applied_rule_reports_segments_as_check_counts_them():
+    model = load_model(group_norm_then_conv())
+    result = apply_rule(model, "cut-postprocess", "mlsoc").as_compiled("mlsoc")
+    assert result.summary()["mla_segments_before"] == check_model(model, "mlsoc").mla_segments
+    assert result.summary()["mla_segments_after"] == check_model(result.model).mla_segments == 2

@@ -185,9 +185,8 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         fails verification is an error and nothing is stored."""
         params = _confined_file_params(state, rule, params)
         parent, proto = state.editable(model, version)
-        result = core_apply_rule(
-            proto, rule, target or state.default_target, nodes=nodes, params=params
-        )
+        tgt = target or state.default_target
+        result = core_apply_rule(proto, rule, tgt, nodes=nodes, params=params).as_compiled(tgt)
         new = record_rewrite(state.workspace, parent.name, parent.version, result, params)
         split_notes = [
             _store_split_off(state, new, m.split_off) for m in result.matches if m.split_off

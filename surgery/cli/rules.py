@@ -25,6 +25,7 @@ from surgery.errors import SurgeryError
 from surgery.model import load_model, parse_input_shapes, save_model
 from surgery.rules import all_rules, apply_rule, get_rule
 from surgery.rules.fix import describe_step, fix_model
+from surgery.rules.registry import UnknownRuleError
 from surgery.session import import_or_reuse, record_fix, record_rewrite
 from surgery.workspace import Workspace
 
@@ -150,6 +151,7 @@ def apply_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Apply one rule, verify the result against the original, and save it as a new version."""
+    _refuse_swapped_arguments(rule, model)
     refuse_overwrite(out, model)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     result = apply_rule(
@@ -158,7 +160,7 @@ def apply_command(
         target,
         nodes=[n.strip() for n in nodes.split(",")] if nodes else None,
         params=_parse_params(param or []),
-    )
+    ).as_compiled(target)
     written = save_model(result.model, out) if out else None  # first: a failed write stores nothing
     ws = Workspace(workspace)
     v0 = import_or_reuse(ws, model)
@@ -187,6 +189,15 @@ def apply_command(
     )
     for note in result.notes:
         console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
+
+
+def _refuse_swapped_arguments(rule: str, model: Path) -> None:
+    """`surgery apply MODEL RULE` would read "no such file" for the rule's name."""
+    if Path(rule).is_file() and not model.exists() and str(model) in {r.name for r in all_rules()}:
+        raise UnknownRuleError(
+            f"unknown rule {rule!r}: that is a file, and {str(model)!r} is a rule",
+            hint=f"the rule comes first: surgery apply {model} {rule}",
+        )
 
 
 @app.command("fix")

@@ -10,7 +10,7 @@ flip, are compared stage by stage when their outputs differ (`surgery.rules.sele
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from surgery.coverage import CoverageReport
 from surgery.errors import SurgeryError
+from surgery.fold import coverage_as_compiled
 from surgery.graph import GraphView
 from surgery.model import check_model_fully, load_model, outputs_as_inferred
 from surgery.qdq import REWRITTEN_AS_FLOAT_NOTE, float_model, is_quantized
@@ -102,6 +103,19 @@ class RewriteResult:
     reference: Reference | None = None
     """The child's own outputs on the same inputs: the reference for the next step."""
     notes: list[str] = field(default_factory=list)
+    source: onnx.ModelProto | None = None
+    """The model the rule rewrote, its nodes named as `coverage_before` labels them."""
+
+    def as_compiled(self, target: str | Target) -> RewriteResult:
+        """This result with the coverage before and after as `surgery check` counts it:
+        where shapes wait for folding, that of the folded model (the one a compile sees).
+        The rule engine and fix judge the models as they are; what `apply` reports and
+        records are check's numbers, or a cut of fcos would read "segments 1 → 1"."""
+        before, after = self.coverage_before, self.coverage_after
+        if self.source is not None:
+            before = coverage_as_compiled(self.source, before, target, _labels(before))
+        after = coverage_as_compiled(self.model, after, target, _labels(after))
+        return replace(self, coverage_before=before, coverage_after=after)
 
     def summary(self) -> dict[str, Any]:
         before, after = self.coverage_before, self.coverage_after
@@ -121,6 +135,10 @@ class RewriteResult:
             "macs_unknown_nodes_after": after.macs_unknown_nodes,
             "notes": self.notes,
         }
+
+
+def _labels(report: CoverageReport) -> list[str]:
+    return [p.name for p in report.placements]
 
 
 def parse_params(rule: Rule, params: Mapping[str, Any] | RuleParams | None) -> RuleParams:
@@ -235,6 +253,7 @@ def apply_rule(
         nodes_removed=sorted(before_names - after_names),
         reference=child_reference,
         notes=notes,
+        source=model,
     )
 
 

@@ -294,11 +294,7 @@ def cut_postprocess(
     """
     tgt = resolve_target(target)
     loaded = with_unique_node_names(load_model(model))
-    ctx = RuleContext.build(loaded, tgt)
-    if shapes_wait_for_folding(ctx.coverage):
-        folded = folded_copy(loaded, [n.name for n in loaded.graph.node])
-        if folded is not None:
-            ctx = RuleContext.build(folded, tgt)
+    ctx = planning_context(RuleContext.build(loaded, tgt))
     plan, why = plan_cut(ctx, max_island_fraction, max_tail_fraction)
     if plan is None:
         dynamic = ", ".join(ctx.coverage.dynamic_inputs)
@@ -309,6 +305,16 @@ def cut_postprocess(
         )
         raise CutError(f"no post-processing tail to cut: {why}", hint=hint)
     return _cut(ctx, plan, inputs, seed, original=loaded)
+
+
+def planning_context(ctx: RuleContext) -> RuleContext:
+    """The context a cut is planned in: where shapes wait for folding, that of the folded
+    model, as check counts it (unfolded, the MACs after the shape arithmetic are unknown and
+    the "tail" reaches back into the network); `ctx` itself otherwise."""
+    if not shapes_wait_for_folding(ctx.coverage):
+        return ctx
+    folded = folded_copy(ctx.model, [p.name for p in ctx.coverage.placements])
+    return ctx if folded is None else RuleContext.build(folded, ctx.target)
 
 
 def _cut(
@@ -466,14 +472,16 @@ class CutPostprocess(Rule):
 
     def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
         assert isinstance(params, CutParams)
-        plan, _ = plan_cut(ctx, params.max_island_fraction, params.max_tail_fraction)
+        planned = planning_context(ctx)
+        plan, _ = plan_cut(planned, params.max_island_fraction, params.max_tail_fraction)
         if plan is None:
             return []
         reason = (
             f"{len(plan.tail)} post-processing node(s) move to a separate model; the body "
             f"ends at {len(plan.cut)} 4-D map(s)"
         )
-        return [CutMatch(self.name, plan.tail, reason, plan.blockers, {"plan": plan})]
+        data = {"plan": plan, "planned": planned}
+        return [CutMatch(self.name, plan.tail, reason, plan.blockers, data)]
 
     def apply_all(
         self, graph: gs.Graph, matches: list[Match], params: RuleParams, ctx: RuleContext
@@ -481,17 +489,28 @@ class CutPostprocess(Rule):
         assert isinstance(params, CutParams)
         match = matches[0]
         plan: CutPlan = match.data["plan"]
+        planned: RuleContext = match.data.get("planned", ctx)
         try:
-            _, post, report = _cut(ctx, plan, None, 0)
+            body, post, report = _cut(planned, plan, None, 0, original=ctx.model)
         except CutError as exc:
             raise RuleFailedError(f"rule {self.name!r}: {exc.message}") from None
         if params.post:
             report.post_path = str(save_model(post, Path(params.post)))
         match.split_off = post
         match.data["report"] = report
-        tensors = graph.tensors()
-        graph.outputs = [tensors[t] for t in plan.cut]
+        if planned is ctx:
+            tensors = graph.tensors()
+            graph.outputs = [tensors[t] for t in plan.cut]
+        else:  # planned on the folded model: the body is that model's, as cut_postprocess's
+            _become(graph, graph_edit.import_graph(body))
         return [match]
+
+
+def _become(graph: gs.Graph, other: gs.Graph) -> None:
+    """Make `graph` (the engine's, edited in place) hold `other`'s nodes, inputs and outputs."""
+    graph.nodes = other.nodes
+    graph.inputs = other.inputs
+    graph.outputs = other.outputs
 
 
 # --------------------------------------------------------------------------- place-on-host
