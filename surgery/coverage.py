@@ -282,6 +282,7 @@ def constant_tensors(
     constants.add("")
     foldable = [False] * len(view.nodes)
     op_types, node_inputs, node_outputs = view.op_types, view.node_inputs, view.node_outputs
+    node_reads = view.node_reads
     for idx in order if order is not None else topo_order(view):
         op = op_types[idx]
         if op in NON_FOLDABLE_OPS:
@@ -290,7 +291,7 @@ def constant_tensors(
             ins = [i for i in node_inputs[idx] if i]
             ok = bool(ins) and (ins[0] in constants or shape_known(view, idx, ins[0]))
         else:
-            ok = constants.issuperset(node_inputs[idx])
+            ok = constants.issuperset(node_reads[idx])
         if ok:
             foldable[idx] = True
             constants.update(node_outputs[idx])
@@ -324,8 +325,8 @@ def topo_order(view: GraphView) -> list[int]:
     if view.is_sorted:
         return list(range(n))
     indeg = [0] * n
-    for idx, ins in enumerate(view.node_inputs):
-        for t in ins:
+    for idx, ins in enumerate(view.node_reads):
+        for t in set(ins):  # consumers lists each reader of a tensor once
             if t in producer:
                 indeg[idx] += 1
     ready = [i for i in range(n) if indeg[i] == 0]
@@ -558,12 +559,12 @@ def _segment(
 
     group_of = [-1] * n
     producer_of = view.producer
-    node_inputs = view.node_inputs
+    node_reads = view.node_reads
     for idx in order:
         if placements[idx].foldable:
             continue
         producers = {
-            producer_of[t] for t in node_inputs[idx] if t in producer_of and t not in constants
+            producer_of[t] for t in node_reads[idx] if t in producer_of and t not in constants
         }
         mask = 0
         for p in producers:

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from surgery.errors import NodeNotFoundError, SurgeryError
-from surgery.graph import GraphView
+from surgery.graph import GraphView, node_reads, rename_tensors
 from surgery.model import (
     check_model_fully,
     load_model,
@@ -180,36 +180,6 @@ def full_check(model: onnx.ModelProto, what: str, error: type[SurgeryError] = Ed
 def rename_everywhere(graph: onnx.GraphProto, old: str, new: str) -> None:
     """Rename a tensor in a graph and in nested subgraphs that read it from the outer scope."""
     rename_tensors(graph, {old: new})
-
-
-def rename_tensors(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
-    """Rename several tensors at once (a simultaneous substitution, so chains are safe)."""
-    if not renames:
-        return
-    for node in graph.node:
-        for field in (node.input, node.output):
-            for k, t in enumerate(field):
-                if t in renames:
-                    field[k] = renames[t]
-        for a in node.attribute:
-            for sub in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                outer = {o: n for o, n in renames.items() if not _defines(sub, o)}
-                rename_tensors(sub, outer)
-    for vi in (*graph.input, *graph.output, *graph.value_info):
-        vi.name = renames.get(vi.name, vi.name)
-    for t in graph.initializer:
-        t.name = renames.get(t.name, t.name)
-    for s in graph.sparse_initializer:
-        s.values.name = renames.get(s.values.name, s.values.name)
-
-
-def _defines(graph: onnx.GraphProto, name: str) -> bool:
-    """Whether a subgraph declares `name` itself (then the outer tensor is shadowed there)."""
-    return (
-        any(i.name == name for i in graph.input)
-        or any(t.name == name for t in graph.initializer)
-        or any(name in n.output for n in graph.node)
-    )
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -666,24 +636,6 @@ def prune_dead(model: onnx.ModelProto) -> None:
     inits = [t for t in g.initializer if t.name in needed]
     del g.initializer[:]
     g.initializer.extend(inits)
-
-
-def node_reads(node: onnx.NodeProto) -> list[str]:
-    """A node's inputs plus outer-scope tensors its subgraphs (If/Loop/Scan bodies) read."""
-    reads = [t for t in node.input if t]
-    for a in node.attribute:
-        for sub in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-            reads.extend(_outer_reads(sub))
-    return reads
-
-
-def _outer_reads(graph: onnx.GraphProto) -> list[str]:
-    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    out: list[str] = []
-    for node in graph.node:
-        out.extend(t for t in node_reads(node) if t not in local)
-        local.update(node.output)
-    return out
 
 
 def replace_initializer(

@@ -201,6 +201,68 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
 
 
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+"""Ops whose attributes hold graphs that read the outer graph's tensors by name."""
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held by a node's attributes (If branches, Loop and Scan bodies)."""
+    found: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            found.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            found.extend(a.graphs)
+    return found
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """A node's inputs plus outer-scope tensors its subgraphs (If/Loop/Scan bodies) read."""
+    reads = [t for t in node.input if t]
+    for sub in subgraphs(node):
+        reads.extend(outer_reads(sub))
+    return reads
+
+
+def outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """The tensors of enclosing graphs that `graph` (a body) reads, nested bodies included."""
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    out: list[str] = []
+    for node in graph.node:
+        out.extend(t for t in node_reads(node) if t not in local)
+        local.update(node.output)
+    return out
+
+
+def rename_tensors(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
+    """Rename several tensors at once (a simultaneous substitution, so chains are safe)."""
+    if not renames:
+        return
+    for node in graph.node:
+        for field in (node.input, node.output):
+            for k, t in enumerate(field):
+                if t in renames:
+                    field[k] = renames[t]
+        for sub in subgraphs(node):
+            outer = {o: n for o, n in renames.items() if not _defines(sub, o)}
+            rename_tensors(sub, outer)
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        vi.name = renames.get(vi.name, vi.name)
+    for t in graph.initializer:
+        t.name = renames.get(t.name, t.name)
+    for s in graph.sparse_initializer:
+        s.values.name = renames.get(s.values.name, s.values.name)
+
+
+def _defines(graph: onnx.GraphProto, name: str) -> bool:
+    """Whether a subgraph declares `name` itself (then the outer tensor is shadowed there)."""
+    return (
+        any(i.name == name for i in graph.input)
+        or any(t.name == name for t in graph.initializer)
+        or any(name in n.output for n in graph.node)
+    )
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A stable display name: the node's own name, or `<OpType>_<index>` when it has none."""
     return node.name or f"{node.op_type}_{index}"
@@ -276,8 +338,17 @@ class GraphView:
         node_outputs = [tuple(n.output[:]) for n in nodes]
         self.node_inputs = node_inputs
         self.node_outputs = node_outputs
+        self.node_reads = node_inputs
+        """What each node depends on: its inputs, and for a control-flow node also the outer
+        tensors its bodies read (a Keras LSTM's Loop reads its sequence only from its body).
+        Orders, segments and consumers follow these; `node_inputs` stays positional."""
+        if not SUBGRAPH_OPS.isdisjoint(op_types):
+            self.node_reads = [
+                tuple(node_reads(n)) if op in SUBGRAPH_OPS else ins
+                for n, op, ins in zip(nodes, op_types, node_inputs, strict=True)
+            ]
         self.producer = {out: idx for idx, outs in enumerate(node_outputs) for out in outs if out}
-        self.consumers = _consumers(node_inputs)
+        self.consumers = _consumers(self.node_reads)
 
     def rebind(self, model: onnx.ModelProto) -> None:
         """Point the view at `model`, a copy of the viewed model with the same nodes in the
@@ -324,7 +395,7 @@ class GraphView:
         """Whether every node comes after the producers of its inputs (the stored order is a
         topological order). Validation, coverage and the rules all ask; it is computed once."""
         get = self.producer.get
-        for i, ins in enumerate(self.node_inputs):
+        for i, ins in enumerate(self.node_reads):
             for t in ins:
                 if get(t, -1) >= i:
                     return False

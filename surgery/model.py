@@ -29,7 +29,7 @@ from surgery.errors import (
     UnknownDomainError,
     first_line,
 )
-from surgery.graph import DEFAULT_DOMAINS, GraphView, default_opset
+from surgery.graph import DEFAULT_DOMAINS, SUBGRAPH_OPS, GraphView, default_opset, node_reads
 from surgery.schema_check import check_node_counts
 from surgery.targets import CONTRIB_OPS
 
@@ -350,7 +350,7 @@ def _raise_produced_twice(view: GraphView, label: str) -> None:
 def _raise_dangling(view: GraphView, available: set[str], label: str) -> None:
     """The first node input or graph output that nothing provides, as a typed error."""
     produced = view.producer
-    for idx, ins in enumerate(view.node_inputs):
+    for idx, ins in enumerate(view.node_reads):
         for inp in ins:
             if inp not in produced and inp not in available:
                 raise InvalidGraphError(
@@ -370,8 +370,8 @@ def _check_acyclic(view: GraphView, label: str) -> None:
     producer = view.producer
     indegree = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
-    for idx, ins in enumerate(view.node_inputs):
-        for inp in ins:
+    for idx, ins in enumerate(view.node_reads):
+        for inp in set(ins):
             p = producer.get(inp)
             if p is not None:
                 indegree[idx] += 1
@@ -394,14 +394,19 @@ def _check_acyclic(view: GraphView, label: str) -> None:
 
 
 def toposort_nodes(model: onnx.ModelProto) -> None:
-    """Reorder the top-level graph's nodes topologically (stable for already sorted graphs)."""
+    """Reorder the top-level graph's nodes topologically (stable for already sorted graphs).
+
+    A control-flow node depends on the outer tensors its bodies read as well as on its inputs:
+    a Keras LSTM's Loop reads the sequence only from inside its body, and sorting by inputs
+    alone put the Loop first."""
     g = model.graph
     produced = {out: i for i, node in enumerate(g.node) for out in node.output if out}
     n = len(g.node)
     indegree = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
     for idx, node in enumerate(g.node):
-        for inp in set(node.input):
+        has_body = any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
+        for inp in set(node_reads(node) if has_body else node.input):
             p = produced.get(inp)
             if p is not None and p != idx:
                 indegree[idx] += 1
@@ -568,10 +573,6 @@ def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
         types[name] = info.type
         typed = True
     return typed
-
-
-SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-"""Ops whose attributes hold graphs that read the outer graph's tensors by name."""
 
 
 def _shape_inferred(

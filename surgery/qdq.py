@@ -19,7 +19,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from surgery.graph import VALUE_MOVING_OPS, GraphView
+from surgery.graph import (
+    VALUE_MOVING_OPS,
+    GraphView,
+    node_reads,
+    outer_reads,
+    rename_tensors,
+    subgraphs,
+)
 
 QUANTIZATION_METADATA_KEY = "surgery.quantization"
 """`metadata_props` key of the JSON record the quantizer writes into every QDQ model (target,
@@ -123,7 +130,7 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     for k, node in enumerate(nodes):
         if k in dropped or node.op_type == _DEQUANTIZE:
             continue
-        for name in node.input:
+        for name in node_reads(node):
             q = producer.get(name)
             if q is not None and _narrows(nodes[q]):
                 dropped.discard(q)
@@ -150,6 +157,8 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
                 node.input[i] = resolve(name)
         for i, name in enumerate(node.output):
             node.output[i] = rename.get(name, name)
+        for body in subgraphs(node):  # a Loop body reads a Q/DQ'd tensor of the outer graph
+            rename_tensors(body, {t: resolve(t) for t in outer_reads(body) if resolve(t) != t})
     kept_copies = [onnx.NodeProto() for _ in kept]
     for dst, src in zip(kept_copies, kept, strict=True):
         dst.CopyFrom(src)

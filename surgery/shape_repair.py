@@ -28,8 +28,8 @@ from onnx import helper, numpy_helper
 from surgery.constant_values import evaluate_constants, ir_version_for_parts
 from surgery.coverage import constant_tensors
 from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
-from surgery.graph import GraphView
-from surgery.model import DEFAULT_DOMAINS, SUBGRAPH_OPS
+from surgery.graph import SUBGRAPH_OPS, GraphView
+from surgery.model import DEFAULT_DOMAINS
 
 __all__ = ["repair_shapes"]
 

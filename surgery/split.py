@@ -18,9 +18,9 @@ import onnx
 from onnx import numpy_helper
 
 from surgery.coverage import PLACEMENT_METADATA_KEY
-from surgery.edit import finish, node_reads, rename_tensors
+from surgery.edit import finish
 from surgery.errors import SurgeryError
-from surgery.graph import GraphView
+from surgery.graph import GraphView, node_reads, rename_tensors
 from surgery.model import convert_opset, load_model, toposort_nodes
 
 IoMap = Sequence[tuple[str, str]] | Mapping[str, str]

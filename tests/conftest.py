@@ -34,6 +34,28 @@ def npy_calibration_folder(folder: Path, shape: tuple[int, ...], count: int = 6)
     return calib
 
 
+def loop_body_adding(tensor: str, shape: list[int]) -> onnx.GraphProto:
+    """A Loop body whose state `v` becomes `v + tensor`, `tensor` being read from the outer
+    graph (not a Loop input), as a Keras LSTM's Loop reads its sequence."""
+    helper, float_type = onnx.helper, onnx.TensorProto.FLOAT
+    return helper.make_graph(
+        [
+            helper.make_node("Identity", ["c"], ["co"]),
+            helper.make_node("Add", ["v", tensor], ["vo"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("it", onnx.TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v", float_type, shape),
+        ],
+        [
+            helper.make_tensor_value_info("co", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("vo", float_type, shape),
+        ],
+    )
+
+
 def shared_model(name: str) -> Path:
     """Path of a real model in ../shared/models, skipping the test cleanly when absent."""
     path = SHARED_MODELS / f"{name}.onnx"

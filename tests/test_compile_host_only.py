@@ -13,6 +13,8 @@ from compiler.compile import compile_model
 from compiler.lower.errors import CompileError
 from compiler.runtime.pipeline import run_archive
 from surgery.check import check_model
+from tests.conftest import loop_body_adding
+from tests.lower_support import input_frames, quantize_on, run_and_compare
 
 
 def _top3() -> onnx.ModelProto:
@@ -124,3 +126,52 @@ def test_a_host_stage_keeps_the_producers_of_what_its_branches_read(tmp_path, ta
     for x, expected in (([1, -2, 3, 4], [-1, 0, -3, -4]), ([-1, -2, 0, 1], [0, 0, 0, 1])):
         outputs, _ = run_archive(archive, {"x": np.array([x], np.float32)})
         assert outputs["y"].tolist() == [expected]
+
+
+def _loop_between_convs() -> onnx.ModelProto:
+    """conv1 → relu → `seq`; a Loop whose body adds `seq` (read from the outer graph, not an
+    input) to its state `x`; then add(loop, seq) → conv2. The Loop depends on conv1's side
+    only through its body, as a Keras LSTM's Loop reads its sequence."""
+    shape = [1, 3, 8, 8]
+
+    def info(name: str, dims: list[int]) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+    body = loop_body_adding("seq", shape)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["seq"], name="relu"),
+        helper.make_node("Loop", ["M", "", "x"], ["l"], name="loop", body=body),
+        helper.make_node("Add", ["l", "seq"], ["a"], name="add"),
+        helper.make_node("Conv", ["a", "w"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    rng = np.random.default_rng(0)
+    initializers = [
+        numpy_helper.from_array(np.array(2, np.int64), "M"),
+        numpy_helper.from_array(rng.standard_normal((3, 3, 3, 3)).astype(np.float32), "w"),
+    ]
+    graph = helper.make_graph(
+        nodes, "loop_between_convs", [info("x", shape)], [info("y", shape)], initializers
+    )
+    graph.value_info.append(info("l", shape))  # onnx infers no shape for a Loop's state
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_check_splits_the_mla_work_around_a_loop_that_reads_it_from_its_body() -> None:
+    """One segment {conv1, relu, add, conv2} would both feed the Loop and wait for it."""
+    report = check_model(_loop_between_convs(), "mlsoc")
+    assert [s.nodes for s in report.segments] == [["conv1", "relu"], ["add", "conv2"]]
+
+
+def test_check_of_the_quantized_loop_model_counts_the_same_segments() -> None:
+    """The float view removes the Q/DQ pair of `seq`: the Loop body must read the float name."""
+    qdq = quantize_on(_loop_between_convs(), "mlsoc")
+    assert check_model(qdq, "mlsoc").mla_segments == 2
+
+
+def test_a_loop_reading_mla_tensors_from_its_body_compiles_and_runs_bit_exact(tmp_path) -> None:
+    qdq = quantize_on(_loop_between_convs(), "mlsoc")
+    result = compile_model(qdq, tmp_path, model_name="loop")
+    assert len(result.segments) == 2
+    comparison = run_and_compare(result, qdq, {"x": input_frames(qdq, 1)["x"]})
+    assert len(comparison.mla_stages) == 2 and comparison.bit_exact

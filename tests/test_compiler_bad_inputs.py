@@ -20,6 +20,7 @@ from compiler.quantize import quantize_model
 from server.cli import app
 from surgery.errors import SurgeryError
 from surgery.targets.profile import profile_dir
+from tests.conftest import loop_body_adding
 
 runner = CliRunner()
 SHAPE = [1, 3, 8, 8]
@@ -265,23 +266,33 @@ def test_onnx_runtime_refusing_the_quantized_model_says_so_once(tmp_path: Path) 
     assert info.value.message.count("ONNX Runtime") == 1
 
 
+def _loop_reading_an_outer_tensor(tmp_path: Path) -> Path:
+    """conv → Relu → `seq`, then a Loop whose body adds `seq` to its state: `seq` is read only
+    inside the body, as a Keras LSTM's Loop reads its sequence."""
+    body = loop_body_adding("seq", SHAPE)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c1"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["seq"], name="relu"),
+        helper.make_node("Loop", ["M", "", "x"], ["y"], name="loop", body=body),
+    ]
+    rng = np.random.default_rng(0)
+    initializers = [
+        numpy_helper.from_array(np.array(2, np.int64), "M"),
+        numpy_helper.from_array(rng.standard_normal((3, 3, 3, 3)).astype(np.float32), "w"),
+    ]
+    return _save(tmp_path / "loop_outer.onnx", nodes, [_x()], [_y()], initializers)
+
+
+def test_quantize_keeps_a_loop_after_the_outer_tensor_its_body_reads(tmp_path: Path, calib):
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(_loop_reading_an_outer_tensor(tmp_path)), "--calib", str(calib)]
+    result = runner.invoke(app, [*args, "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+
+
 def test_quantize_keeps_an_initializer_only_a_loop_body_reads(tmp_path: Path, calib) -> None:
-    body = helper.make_graph(
-        [
-            helper.make_node("Identity", ["c"], ["co"]),
-            helper.make_node("Add", ["v", "one"], ["vo"]),
-        ],
-        "body",
-        [
-            helper.make_tensor_value_info("it", TensorProto.INT64, []),
-            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("v", TensorProto.FLOAT, SHAPE),
-        ],
-        [
-            helper.make_tensor_value_info("co", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("vo", TensorProto.FLOAT, SHAPE),
-        ],
-    )
+    body = loop_body_adding("one", SHAPE)
     loop = helper.make_node("Loop", ["M", "", "x"], ["y"], name="loop", body=body)
     initializers = [
         numpy_helper.from_array(np.array(3, np.int64), "M"),

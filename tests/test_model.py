@@ -27,7 +27,7 @@ from surgery.model import (
     save_model,
 )
 from surgery.summary import summarize
-from tests.conftest import shared_model
+from tests.conftest import loop_body_adding, shared_model
 
 
 def _relu_model(shape=(1, 3, 8, 8)) -> onnx.ModelProto:
@@ -348,3 +348,21 @@ def test_check_refuses_a_static_model_whose_reshape_cannot_take_its_input():
     assert check_model(_traced_head_reshape(8), "mlsoc").nodes_total == 3
     with pytest.raises(ShapeError, match=r"gets \[10, 1, 4\] \(40 values\) and makes \[8, 2, 2\]"):
         check_model(load_model(_traced_head_reshape(10)), "mlsoc")
+
+
+def test_toposort_puts_a_loop_after_the_tensor_its_body_reads():
+    body = loop_body_adding("s", [2])
+    nodes = [
+        helper.make_node("Loop", ["M", "", "x"], ["y"], name="loop", body=body),
+        helper.make_node("Relu", ["x"], ["s"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(2, np.int64), "M")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model_mod.toposort_nodes(model)
+    assert [n.name for n in model.graph.node] == ["relu", "loop"]

@@ -172,6 +172,7 @@ def partition_model(
     assignment = _assign(steps, coverage, resolve_target(target), notes)
     units = _order_units(steps, assignment, constants)
     stages = _make_stages(units, steps, assignment, constants, graph.output_names)
+    _check_stage_order(stages, graph.input_names)
     return Partition(
         model=model,
         graph=graph,
@@ -185,6 +186,21 @@ def partition_model(
         folded=folded,
         notes=notes,
     )
+
+
+def _check_stage_order(stages: list[Stage], input_names: list[str]) -> None:
+    """Every stage reads only pipeline inputs and what earlier stages wrote: an archive that
+    breaks this would fail at run time with a missing tensor, so compiling it is refused."""
+    available = set(input_names)
+    for stage in stages:
+        missing = [t for t in stage.inputs if t not in available]
+        if missing:
+            raise CompileError(
+                f"stage {stage.name} reads {missing[0]!r} before any stage writes it "
+                "(a partition bug: the stages are out of dependency order)",
+                hint="report it with the model; `surgery check` lists the segments it expects",
+            )
+        available.update(stage.outputs)
 
 
 def _fold_constant_steps(

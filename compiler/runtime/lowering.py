@@ -58,6 +58,7 @@ from compiler.runtime.ops.movement import lower_requantize
 from compiler.runtime.ops.normalization import FP16_LOWERINGS
 from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
 from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
+from surgery.graph import node_reads
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
@@ -97,9 +98,8 @@ class QdqGraph:
             for name in node.output:
                 if name:
                     self.producer[name] = node
-            for name in dict.fromkeys(node.input):
-                if name:
-                    self.consumers.setdefault(name, []).append(node)
+            for name in dict.fromkeys(node_reads(node)):  # a body's outer reads count
+                self.consumers.setdefault(name, []).append(node)
 
     def _fold_constants(self, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
         """Evaluate Constant nodes and QuantizeLinear of constants (float weights + Q)."""
@@ -197,7 +197,7 @@ def _topological_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     nodes = list(graph.node)
     producers = {name: i for i, node in enumerate(nodes) for name in node.output if name}
     waiting = [
-        {producers[name] for name in node.input if name in producers and producers[name] != i}
+        {producers[name] for name in node_reads(node) if name in producers and producers[name] != i}
         for i, node in enumerate(nodes)
     ]
     dependents: dict[int, list[int]] = {}

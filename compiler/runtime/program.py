@@ -24,7 +24,7 @@ from compiler.runtime.float_ops import FLOAT_OP_OVERRIDES
 from compiler.runtime.host_session import single_node_session
 from compiler.runtime.ops.base import Kernel
 from compiler.runtime.qparams import NotLowerable, QuantParams
-from surgery.edit import node_reads
+from surgery.graph import node_reads
 
 StepKind = Literal["integer", "quantize", "dequantize", "float"]
 Values = dict[str, np.ndarray]
