@@ -225,12 +225,18 @@ def node_reads(node: onnx.NodeProto) -> list[str]:
 
 
 def outer_reads(graph: onnx.GraphProto) -> list[str]:
-    """The tensors of enclosing graphs that `graph` (a body) reads, nested bodies included."""
+    """The tensors of enclosing graphs that `graph` (a body) reads, nested bodies included.
+
+    Read in whole-graph comprehensions (a body's own tensors are unique names in a sorted
+    graph): silero's If branches hold 1,400 nodes, and `check` reads them on every load."""
+    nodes = graph.node
     local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    out: list[str] = []
-    for node in graph.node:
-        out.extend(t for t in node_reads(node) if t not in local)
-        local.update(node.output)
+    local.update(o for n in nodes for o in n.output)
+    local.add("")
+    out = [t for n in nodes for t in n.input if t not in local]
+    for n in nodes:
+        if n.op_type in SUBGRAPH_OPS:
+            out.extend(t for sub in subgraphs(n) for t in outer_reads(sub) if t not in local)
     return out
 
 
