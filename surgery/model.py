@@ -29,7 +29,13 @@ from surgery.errors import (
     UnknownDomainError,
     first_line,
 )
-from surgery.graph import DEFAULT_DOMAINS, SUBGRAPH_OPS, GraphView, default_opset, node_reads
+from surgery.graph import (
+    DEFAULT_DOMAINS,
+    SUBGRAPH_OPS,
+    GraphView,
+    default_opset,
+    topological_order,
+)
 from surgery.schema_check import check_node_counts
 from surgery.targets import CONTRIB_OPS
 
@@ -396,34 +402,13 @@ def _check_acyclic(view: GraphView, label: str) -> None:
 def toposort_nodes(model: onnx.ModelProto) -> None:
     """Reorder the top-level graph's nodes topologically (stable for already sorted graphs).
 
-    A control-flow node depends on the outer tensors its bodies read as well as on its inputs:
-    a Keras LSTM's Loop reads the sequence only from inside its body, and sorting by inputs
-    alone put the Loop first."""
+    A control-flow node depends on the outer tensors its bodies read as well as on its inputs
+    (`topological_order`): a Keras LSTM's Loop reads the sequence only from inside its body,
+    and sorting by inputs alone put the Loop first."""
     g = model.graph
-    produced = {out: i for i, node in enumerate(g.node) for out in node.output if out}
     n = len(g.node)
-    indegree = [0] * n
-    users: list[list[int]] = [[] for _ in range(n)]
-    for idx, node in enumerate(g.node):
-        has_body = any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
-        for inp in set(node_reads(node) if has_body else node.input):
-            p = produced.get(inp)
-            if p is not None and p != idx:
-                indegree[idx] += 1
-                users[p].append(idx)
-    import heapq
-
-    ready = [i for i in range(n) if indegree[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != n:
+    order = topological_order(g.node)
+    if order is None:
         raise InvalidGraphError("the graph has a cycle")
     if order != list(range(n)):
         nodes = [onnx.NodeProto() for _ in range(n)]

@@ -158,7 +158,7 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
         for i, name in enumerate(node.output):
             node.output[i] = rename.get(name, name)
         for body in subgraphs(node):  # a Loop body reads a Q/DQ'd tensor of the outer graph
-            rename_tensors(body, {t: resolve(t) for t in outer_reads(body) if resolve(t) != t})
+            rename_tensors(body, {t: r for t in outer_reads(body) if (r := resolve(t)) != t})
     kept_copies = [onnx.NodeProto() for _ in kept]
     for dst, src in zip(kept_copies, kept, strict=True):
         dst.CopyFrom(src)

@@ -27,7 +27,6 @@ nodes or graph outputs need, and other nodes run in float (onnx.reference).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,7 +57,7 @@ from compiler.runtime.ops.movement import lower_requantize
 from compiler.runtime.ops.normalization import FP16_LOWERINGS
 from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
 from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
-from surgery.graph import node_reads
+from surgery.graph import node_reads, topological_order
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
@@ -195,28 +194,10 @@ class QdqGraph:
 def _topological_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Nodes in dependency order, keeping the file order among independent nodes."""
     nodes = list(graph.node)
-    producers = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    waiting = [
-        {producers[name] for name in node_reads(node) if name in producers and producers[name] != i}
-        for i, node in enumerate(nodes)
-    ]
-    dependents: dict[int, list[int]] = {}
-    for i, needs in enumerate(waiting):
-        for j in needs:
-            dependents.setdefault(j, []).append(i)
-    ready = [i for i, needs in enumerate(waiting) if not needs]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for k in dependents.get(i, []):
-            waiting[k].discard(i)
-            if not waiting[k]:
-                heapq.heappush(ready, k)
-    if len(order) != len(nodes):
+    order = topological_order(nodes)
+    if order is None:
         raise QdqModelError("the graph has a cycle")
-    return order
+    return [nodes[i] for i in order]
 
 
 @dataclass(frozen=True, eq=False)

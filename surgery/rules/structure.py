@@ -489,7 +489,7 @@ class CutPostprocess(Rule):
         assert isinstance(params, CutParams)
         match = matches[0]
         plan: CutPlan = match.data["plan"]
-        planned: RuleContext = match.data.get("planned", ctx)
+        planned: RuleContext = match.data["planned"]
         try:
             body, post, report = _cut(planned, plan, None, 0, original=ctx.model)
         except CutError as exc:
