@@ -27,6 +27,7 @@ from compiler.lower.tessellate import TensorTessellateParameters
 from surgery.check import DEFAULT_TARGET, check_model
 from surgery.model import read_model, validate_graph
 from surgery.qdq import quantized_for
+from surgery.qoperator import qdq_form
 from surgery.targets import Target, available_targets, resolve_target
 
 
@@ -115,8 +116,10 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path.resolve())  # run --compare-reference finds it from any folder
         default_name = path.name.removesuffix(".onnx")
+    model, converted = qdq_form(model)  # a QOperator model compiles with its own scales
     check_tensor_io(model, model_path)
     profile, notes = _resolve_target(model, target)
+    notes = [*converted, *notes]
     notes += _check_quantized(model, model_path, profile)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(

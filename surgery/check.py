@@ -15,6 +15,7 @@ from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
 from surgery.model import load_model, model_label, open_model, refuse_impossible_reshapes
 from surgery.qdq import float_model, float_view, is_qdq, quantized_for
+from surgery.qoperator import is_qoperator, qoperator_to_qdq
 from surgery.shape_repair import repair_shapes
 from surgery.targets import Target, resolve_target
 
@@ -119,8 +120,11 @@ def _open(
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> tuple[onnx.ModelProto, GraphView, Target, onnx.ModelProto | None]:
     """The model to analyse (a copy: check's own), its view, the target, and the QDQ model
-    when the input is one (the analysis is then of its float view)."""
+    when the input is one, or a QOperator model rewritten as one (the analysis is then of its
+    float view)."""
     loaded, view = open_model(model, input_shapes)
+    if is_qoperator(view):  # QLinearConv & co. read as the QDQ model they are
+        loaded, view = open_model(qoperator_to_qdq(loaded).model)
     qdq = None
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)

@@ -22,6 +22,7 @@ from surgery.errors import InvalidGraphError, NodeNotFoundError, TargetError
 from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
 from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
+from surgery.qoperator import QOPERATOR_LEFT_REASON, QOPERATOR_OPS, qoperator_form
 from surgery.schema_check import raise_malformed_attributes
 from surgery.targets import (
     PROCESSORS,
@@ -448,6 +449,9 @@ class NodePlacer:
         pin = (pins.get(name) or pins.get(op_type)) if pins else None
         if is_dynamic_quantization_op(domain, op_type):
             reason = Reason("dynamic_quantization", DYNAMIC_QUANTIZATION_REASON)
+            processor, reasons, precisions = "APU", [reason], ()
+        elif op_type in QOPERATOR_OPS and qoperator_form(domain, op_type):
+            reason = Reason("qoperator_quantization", QOPERATOR_LEFT_REASON)
             processor, reasons, precisions = "APU", [reason], ()
         elif not placeable_domain(domain, op_type):
             reason = Reason(

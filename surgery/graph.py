@@ -296,6 +296,25 @@ def _defines(graph: onnx.GraphProto, name: str) -> bool:
     )
 
 
+class FreshNames:
+    """Names no tensor or node of a graph uses yet (`base`, else `base_2`, `base_3`, ...);
+    every name handed out is taken from then on."""
+
+    def __init__(self, graph: onnx.GraphProto | None = None, taken: Iterable[str] = ()) -> None:
+        self.taken = set(taken)
+        if graph is not None:
+            self.taken |= {t.name for t in graph.initializer} | {i.name for i in graph.input}
+            self.taken |= {o for n in graph.node for o in n.output} | {n.name for n in graph.node}
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A stable display name: the node's own name, or `<OpType>_<index>` when it has none."""
     return node.name or f"{node.op_type}_{index}"

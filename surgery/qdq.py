@@ -172,8 +172,8 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 REWRITTEN_AS_FLOAT_NOTE = (
-    "the model is quantized: the rules rewrote the float model it quantizes (Q/DQ pairs and "
-    "ONNX Runtime's dynamic quantization removed, weights dequantized), so the result is a "
+    "the model is quantized: the rules rewrote the float model it quantizes (Q/DQ pairs, "
+    "QLinear ops and ONNX Runtime's dynamic quantization removed, weights dequantized), so the result is a "
     "float model and its quantization is gone; quantize it again with `surgery quantize` "
     "before compiling"
 )
@@ -181,11 +181,18 @@ REWRITTEN_AS_FLOAT_NOTE = (
 
 
 def is_quantized(view: GraphView) -> bool:
-    """Whether the model is quantized, statically (QDQ) or by ONNX Runtime's dynamic
-    quantization: the models `fix` and `apply` rewrite as their `float_model`."""
-    return is_qdq(view) or any(
-        is_dynamic_quantization_op(domain, op)
-        for domain, op in zip(view.domains, view.op_types, strict=True)
+    """Whether the model is quantized, statically (QDQ or ONNX Runtime's QOperator format) or
+    by ONNX Runtime's dynamic quantization: the models `fix` and `apply` rewrite as their
+    `float_model`."""
+    from surgery.qoperator import is_qoperator  # qoperator → model → targets read this module
+
+    return (
+        is_qdq(view)
+        or is_qoperator(view)
+        or any(
+            is_dynamic_quantization_op(domain, op)
+            for domain, op in zip(view.domains, view.op_types, strict=True)
+        )
     )
 
 
@@ -193,14 +200,17 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     """The float model a quantized model quantizes, for rewriting: its float view with every
     DequantizeLinear of a constant (a weight, or a Constant → Q → DQ as ONNX Runtime's quantizer
     writes a GELU's 1 and 0.5) evaluated into a float initializer, ONNX Runtime's dynamic
-    quantization undone (`surgery.dynamic_quantization`), and without the quantizer's record
+    quantization undone (`surgery.dynamic_quantization`), its QOperator ops read as QDQ first
+    (`surgery.qoperator`), and without the quantizer's record
     (the model is no longer quantized). Rules see an operand as constant only when it is an
     initializer, and onnx-graphsurgeon's folding never folds a Dequantize."""
     # Imported here: fold, coverage and the rule engine read this module.
     from surgery.coverage import constant_tensors
     from surgery.dynamic_quantization import undo_dynamic_quantization
     from surgery.fold import evaluate_nodes
+    from surgery.qoperator import qdq_form
 
+    qdq_model, _ = qdq_form(qdq_model)
     model = float_view(_with_removed_activations_restored(qdq_model))
     view = GraphView(model)
     outputs = {o.name for o in model.graph.output}

@@ -38,10 +38,9 @@ from onnx import helper
 
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
-from compiler.quantize.names import FreshNames
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
 from surgery.errors import first_line
-from surgery.graph import behind_views
+from surgery.graph import FreshNames, behind_views
 
 __all__ = [
     "AnalysisResult",

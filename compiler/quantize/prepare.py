@@ -39,10 +39,9 @@ import onnx
 from onnx import numpy_helper
 
 from compiler.quantize.errors import QuantizationError
-from compiler.quantize.names import FreshNames
 from surgery.edit import node_reads
 from surgery.fold import constants_to_initializers, fold_shapes_and_constants
-from surgery.graph import GraphView, default_opset, node_label
+from surgery.graph import FreshNames, GraphView, default_opset, node_label
 from surgery.model import (
     convert_opset,
     infer_model_shapes,

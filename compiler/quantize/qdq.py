@@ -25,7 +25,6 @@ from onnx import helper, numpy_helper
 
 from compiler.defines import QuantizationScheme
 from compiler.quantize.errors import QuantizationError
-from compiler.quantize.names import FreshNames
 from compiler.quantize.plan import ActivationSpec, ParamSpec, QuantPlan
 from compiler.quantize.prepare import remove_unused_initializers
 from compiler.quantize.qparams import (
@@ -36,6 +35,7 @@ from compiler.quantize.qparams import (
     storage_dtype,
     weight_scales,
 )
+from surgery.graph import FreshNames
 from surgery.model import toposort_nodes
 
 __all__ = ["BuildResult", "build_qdq"]

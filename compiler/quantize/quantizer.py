@@ -44,6 +44,7 @@ from surgery.errors import first_line
 from surgery.graph import GraphView
 from surgery.model import PROTOBUF_LIMIT, model_nbytes
 from surgery.qdq import QUANTIZATION_METADATA_KEY
+from surgery.qoperator import QOPERATOR_OPS
 from surgery.targets import Target, resolve_target
 
 __all__ = [
@@ -60,8 +61,8 @@ METADATA_KEY = QUANTIZATION_METADATA_KEY
 FLOAT_SOURCES = (onnx.ModelProto, str, os.PathLike)
 """What `quantize_model` takes as the float model (onnx.checker reads each)."""
 
-_QDQ_OPS = frozenset(
-    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
+_QDQ_OPS = (
+    frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}) | QOPERATOR_OPS
 )
 
 
@@ -186,8 +187,9 @@ def _reject_quantized(model: Any) -> None:
             raise QuantizationError(
                 f"the model is already quantized (it contains {', '.join(found)})",
                 hint=(
-                    "quantize the float model it was made from; a QDQ model made by "
-                    "`surgery quantize` compiles as it is with `surgery compile`"
+                    "quantize the float model it was made from, or compile this one as it is "
+                    "with `surgery compile` (QDQ and ONNX Runtime QOperator models keep their "
+                    "scales); `surgery fix` rewrites it as its float model"
                 ),
             )
 

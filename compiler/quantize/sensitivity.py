@@ -43,9 +43,9 @@ from compiler.quantize.analysis import (
 from compiler.quantize.calibrate import Progress, reference_session, with_outputs
 from compiler.quantize.errors import QuantizationError
 from compiler.quantize.holdout import piece_powers, scored_pieces, worst_piece
-from compiler.quantize.names import FreshNames
 from compiler.quantize.plan import FUSED_ACTIVATIONS
 from compiler.quantize.samples import CalibrationData, SamplePasses, as_feed, input_signature
+from surgery.graph import FreshNames
 
 __all__ = ["OutputSensitivity", "UnitSensitivity", "output_sensitivity"]
 

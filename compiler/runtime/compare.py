@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from compiler.runtime.reference import IntegerExecutor
+from surgery.qoperator import qdq_form
 
 
 def reference_outputs(
@@ -30,9 +31,10 @@ def _reference_run(
     *,
     keep_intermediates: bool,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Outputs and (optionally) every intermediate tensor, frames stacked on axis 0."""
+    """Outputs and (optionally) every intermediate tensor, frames stacked on axis 0. A
+    QOperator model is read as the QDQ model compile lowered (`qdq_form`)."""
     executor = IntegerExecutor(
-        qdq_model,
+        qdq_form(qdq_model)[0],
         manifest.get("requantization_mode", "sima"),
         keep_intermediates=keep_intermediates,
     )

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from surgery.graph import GraphView
+from surgery.graph import FreshNames, GraphView
 from surgery.rules import rank4_layout as L
 from surgery.rules.graph_edit import constant
 from surgery.rules.rank4_layout import Layout, Shape
@@ -126,21 +126,6 @@ class LiftError(ValueError):
         self.node = node
 
 
-class _Names:
-    """Fresh tensor and node names, checked against everything already in the graph."""
-
-    def __init__(self, graph: gs.Graph) -> None:
-        self.taken = set(graph.tensors()) | {n.name for n in graph.nodes}
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
-
-
 class Lifter:
     """Rewrites one region; `run()` leaves the graph with the region replaced by 4-D ops."""
 
@@ -165,7 +150,7 @@ class Lifter:
         self._shapes: dict[str, Shape] = {}
         self._fresh_vars: set[str] = set()
         self._bound: dict[str, gs.Tensor] = {}
-        self._names = _Names(graph)
+        self._names = FreshNames(taken=[*graph.tensors(), *(n.name for n in graph.nodes)])
         # The rewritten ops keep the names of the nodes they replace (readable history).
         tensors = set(graph.tensors())
         self._names.taken -= {n.name for n in self.region if n.name not in tensors}
@@ -306,15 +291,15 @@ class Lifter:
         **attrs: Any,
     ) -> list[gs.Variable]:
         outputs = [self._var(f"{name}_out", shape, dtype) for shape in shapes]
-        node = gs.Node(op, self._names.fresh(name), attrs, list(inputs), outputs)
+        node = gs.Node(op, self._names(name), attrs, list(inputs), outputs)
         self.created.append(node)
         return outputs
 
     def constant(self, base: str, value: np.ndarray) -> gs.Constant:
-        return constant(self._names.fresh(base), value)
+        return constant(self._names(base), value)
 
     def _var(self, base: str, shape: Shape, dtype: Any) -> gs.Variable:
-        var = gs.Variable(self._names.fresh(base), dtype=dtype, shape=list(shape))
+        var = gs.Variable(self._names(base), dtype=dtype, shape=list(shape))
         self._shapes[var.name] = tuple(shape)
         self._fresh_vars.add(var.name)
         return var
@@ -339,7 +324,7 @@ class Lifter:
                 attrs = {"perm": list(arg)}
                 inputs = [current]
             out = last if final and last is not None else self._var(base, shape, _dtype(src))
-            node = gs.Node(kind, self._names.fresh(base), attrs, inputs, [out])
+            node = gs.Node(kind, self._names(base), attrs, inputs, [out])
             self.created.append(node)
             current = out
         return current
@@ -402,7 +387,7 @@ class Lifter:
             self._fresh_vars.discard(var.name)
             self._bound[var.name] = original
             return
-        name = self._names.fresh(original.name)
+        name = self._names(original.name)
         self.created.append(gs.Node("Identity", name, {}, [source], [original]))
 
 
