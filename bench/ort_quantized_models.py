@@ -1,5 +1,6 @@
-"""Quantize the shared models with ONNX Runtime's own `quantize_static` (QDQ), as a user brings
-a model quantized elsewhere: the corpus for `fix` on already-quantized models.
+"""Quantize the shared models with ONNX Runtime's own `quantize_static` (QDQ, or with
+`--format qoperator` its QOperator format: QLinearConv, QGemm, ...), as a user brings a model
+quantized elsewhere: the corpus for `fix` and `compile` on already-quantized models.
 
 Each model of ../shared/models gets its input shapes fixed (INDEX.tsv's run_inputs) and is
 quantized per channel to int8 QDQ on two seeded random inputs (`surgery.verify.make_inputs`:
@@ -14,6 +15,13 @@ activation ranges stand for, and `float_model` must put them back). Writes the m
     python bench/ort_quantized_models.py --out /tmp/ort_qdq_models
     python bench/pipeline_sweep.py --models /tmp/ort_qdq_models --target mlsoc rk3588 \\
         --out bench/results/pipeline_sweep_ort_qdq.json
+
+A QOperator model also gets the SQNR of its QDQ form (`surgery.qoperator.qdq_form`, what check
+and compile read), which should match the QOperator model's own:
+
+    python bench/ort_quantized_models.py --format qoperator --out /tmp/ort_qoperator_models
+    python bench/pipeline_sweep.py --models /tmp/ort_qoperator_models --target mlsoc rk3588 \\
+        --out bench/results/pipeline_sweep_ort_qoperator.json
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantiz
 
 from surgery.model import set_input_shapes
 from surgery.qdq import float_model
+from surgery.qoperator import qdq_form
 from surgery.verify import make_inputs, verify_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +54,10 @@ class SeededInputs(CalibrationDataReader):
         return next(self._feeds, None)
 
 
-def quantize(source: Path, shapes: dict[str, list[int]], target: Path) -> str | None:
-    """`source` quantized to QDQ at `target`; the reason when ONNX Runtime cannot."""
+def quantize(
+    source: Path, shapes: dict[str, list[int]], target: Path, quant_format: QuantFormat
+) -> str | None:
+    """`source` quantized (QDQ or QOperator) at `target`; the reason when ONNX Runtime cannot."""
     model = onnx.load(source)
     if shapes:
         set_input_shapes(model, shapes)
@@ -55,7 +66,7 @@ def quantize(source: Path, shapes: dict[str, list[int]], target: Path) -> str | 
         onnx.save(model, static)
         try:
             quantize_static(
-                static, target, SeededInputs(model), quant_format=QuantFormat.QDQ, per_channel=True
+                static, target, SeededInputs(model), quant_format=quant_format, per_channel=True
             )
         except Exception as exc:  # noqa: BLE001 - ORT's quantizer raises many types; report it
             return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -70,29 +81,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for the QDQ models.")
     parser.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    parser.add_argument(
+        "--format", choices=["qdq", "qoperator"], default="qdq", help="ONNX Runtime's format."
+    )
     args = parser.parse_args()
+    quant_format = QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = run_inputs(args.models / "INDEX.tsv")
     rows = []
     for path in sorted(args.models.glob("*.onnx")):
-        name = f"{path.stem}_ort_qdq.onnx"
+        name = f"{path.stem}_ort_{args.format}.onnx"
         given = shapes.get(path.name, {})
-        failed = quantize(path, given, args.out / name)
+        failed = quantize(path, given, args.out / name, quant_format)
         if failed:
             print(f"{path.name:30s} skipped: {failed}")
             continue
-        qdq = onnx.load(args.out / name)
+        quantized = onnx.load(args.out / name)
+        candidates = [(args.format, quantized)]
+        if args.format == "qoperator":
+            candidates.append(("as qdq", qdq_form(quantized)[0]))
+        candidates.append(("float_model", float_model(quantized)))
         sqnr = {
             label: verify_models(path, candidate, input_shapes=given or None, seed=2).worst[
                 "min_sqnr_db"
             ]
-            for label, candidate in (("qdq", qdq), ("float_model", float_model(qdq)))
+            for label, candidate in candidates
         }
         spec = " ".join(f"{n}{list(d)}" for n, d in given.items())
-        rows.append({"file": name, "run_inputs": spec, "what": f"{path.name}, ORT quantize_static"})
+        what = f"{path.name}, ORT quantize_static ({args.format})"
+        rows.append({"file": name, "run_inputs": spec, "what": what})
+        measured = ", ".join(f"{label} {_db(value)}" for label, value in sqnr.items())
         print(
             f"{name:40s} {(args.out / name).stat().st_size / 1e6:7.1f} MB   SQNR vs the original: "
-            f"QDQ {_db(sqnr['qdq'])}, float_model {_db(sqnr['float_model'])}"
+            f"{measured}"
         )
     with (args.out / "INDEX.tsv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "run_inputs", "what"], delimiter="\t")

@@ -12,6 +12,9 @@ Input shapes come from the folder's INDEX.tsv `run_inputs` column when it has on
 
     python bench/pipeline_sweep.py [--models DIR] [--target mlsoc ...] [--timeout 300]
 
+`--as-quantized` takes already quantized models (QDQ, ONNX Runtime's QOperator format) as they
+are: check → compile → run with the model's own scales, no fix and no quantize.
+
 A sweep takes minutes to hours and imports some modules only when a stage first needs them:
 while the tree is being edited, run it from a snapshot (`git archive HEAD | tar -x -C DIR`,
 then `PYTHONPATH=DIR`) so every row is measured on one version of the code.
@@ -74,7 +77,9 @@ def _on_alarm(signum: int, frame: object) -> None:
     raise _Timeout
 
 
-def sweep_one(path: Path, target: str, shapes: dict[str, list[int]] | None) -> SweepRow:
+def sweep_one(
+    path: Path, target: str, shapes: dict[str, list[int]] | None, as_quantized: bool = False
+) -> SweepRow:
     row = SweepRow(path.stem, target)
     stage = "load"
 
@@ -88,12 +93,16 @@ def sweep_one(path: Path, target: str, shapes: dict[str, list[int]] | None) -> S
     try:
         model = timed("load", lambda: load_model(path, input_shapes=shapes or None))
         row.segments_before = timed("check", lambda: check_model(model, target)).mla_segments
-        fixed_result = timed("fix", lambda: fix_model(model, target))
-        fixed = fixed_result.model
-        row.fix_steps = [s["rule"] for s in fixed_result.steps]
-        row.segments_after = check_model(fixed, target, suggest=False).mla_segments
-        samples = [make_inputs(fixed, seed=seed) for seed in range(2)]
-        qdq = timed("quantize", lambda: quantize_model(fixed, samples, target=target).model)
+        if as_quantized:
+            fixed = qdq = model
+            row.segments_after = row.segments_before
+        else:
+            fixed_result = timed("fix", lambda: fix_model(model, target))
+            fixed = fixed_result.model
+            row.fix_steps = [s["rule"] for s in fixed_result.steps]
+            row.segments_after = check_model(fixed, target, suggest=False).mla_segments
+            samples = [make_inputs(fixed, seed=seed) for seed in range(2)]
+            qdq = timed("quantize", lambda: quantize_model(fixed, samples, target=target).model)
         with tempfile.TemporaryDirectory() as folder:
             result = timed("compile", lambda: compile_model(qdq, folder, model_name=path.stem))
             row.elf_files = len(result.elf_files)
@@ -118,6 +127,11 @@ def main() -> None:
     parser.add_argument("--target", nargs="+", default=["mlsoc"])
     parser.add_argument("--timeout", type=int, default=300, help="Seconds per model and target.")
     parser.add_argument(
+        "--as-quantized",
+        action="store_true",
+        help="Compile already quantized models as they are (no fix, no quantize).",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "pipeline_sweep.json"
     )
     args = parser.parse_args()
@@ -131,7 +145,7 @@ def main() -> None:
         for target in args.target:
             signal.alarm(args.timeout)
             try:
-                row = sweep_one(path, target, shapes.get(path.name))
+                row = sweep_one(path, target, shapes.get(path.name), args.as_quantized)
             finally:
                 signal.alarm(0)
             rows.append(row)

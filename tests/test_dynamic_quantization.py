@@ -203,8 +203,10 @@ def test_a_quantized_embedding_becomes_a_gather_of_the_float_table(tmp_path):
 def test_a_fused_dynamic_matmul_becomes_a_matmul_and_its_bias():
     """com.microsoft.DynamicQuantizeMatMul, which ORT's optimiser fuses the pattern into."""
     rng = np.random.default_rng(4)
+    # |w| <= 64: ONNX Runtime's AVX2 uint8 x int8 kernel adds product pairs in int16, which
+    # saturates past that (on CPUs without VNNI), and the test compares with its result
     inits = [
-        numpy_helper.from_array(rng.integers(-127, 128, (16, 8)).astype(np.int8), "w_q"),
+        numpy_helper.from_array(rng.integers(-64, 65, (16, 8)).astype(np.int8), "w_q"),
         numpy_helper.from_array(np.full(8, 0.01, np.float32), "w_scale"),
         numpy_helper.from_array(np.zeros(8, np.int8), "w_zero"),
         numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "bias"),
