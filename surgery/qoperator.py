@@ -27,6 +27,7 @@ from surgery.graph import (
     FreshNames,
     GraphView,
     default_opset,
+    node_reads,
     tensor_value,
 )
 
@@ -201,7 +202,13 @@ class _Rewriter:
         graph = self.model.graph
         del graph.node[:]
         graph.node.extend(self.nodes)
-        graph.initializer.extend(self.initializers)
+        # The zero points and scales given way to scalar copies go: an unread initializer
+        # that is not a graph input fails to load in ONNX Runtime at IR version 3.
+        read = {name for node in self.nodes for name in node_reads(node)}
+        read |= {v.name for v in (*graph.input, *graph.output)}
+        kept = [t for t in (*graph.initializer, *self.initializers) if t.name in read]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
 
     def result(self) -> QOperatorConversion:
         model = self.model

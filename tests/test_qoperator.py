@@ -279,6 +279,26 @@ def test_a_per_channel_model_of_opset_12_is_converted_to_opset_13() -> None:
     assert np.max(np.abs(got - expected)) <= Y_SCALE * 1.001
 
 
+def test_an_ir3_model_with_vector_scales_loads_after_the_rewrite() -> None:
+    """The 1-element scale and zero point give way to scalars and go: at IR version 3 ONNX
+    Runtime refuses an initializer nothing reads (ORT's quantizer keeps a model's IR)."""
+    model = _single_op_model(
+        _contrib("QLinearSigmoid", ["xq", "xv", "xzv", "ys", "yz"]), SHAPE, SHAPE
+    )
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([X_SCALE], np.float32), "xv"),
+            numpy_helper.from_array(np.array([3], np.int8), "xzv"),
+        ]
+    )
+    model.ir_version, model.opset_import[0].version = 3, 11
+    converted = qoperator_to_qdq(model).model
+    assert not {"xv", "xzv"} & {t.name for t in converted.graph.initializer}
+    feed = {"x": _image(tuple(SHAPE))}
+    (expected,), (got,) = _run(model, feed), _run(converted, feed)
+    assert np.max(np.abs(got - expected)) <= Y_SCALE * 1.001
+
+
 def test_data_movement_on_a_quantized_tensor_is_wrapped_exactly() -> None:
     """MaxPool and Reshape on the int8 tensor become DQ → op → Q at its own scale."""
     pool = helper.make_node(
