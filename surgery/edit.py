@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from surgery.errors import NodeNotFoundError, SurgeryError
-from surgery.graph import GraphView, node_reads, rename_tensors
+from surgery.graph import GraphView, drop_unread_initializers, node_reads, rename_tensors
 from surgery.model import (
     check_model_fully,
     load_model,
@@ -633,9 +633,7 @@ def prune_dead(model: onnx.ModelProto) -> None:
     nodes = [n for n, alive in zip(g.node, keep, strict=True) if alive]
     del g.node[:]
     g.node.extend(nodes)
-    inits = [t for t in g.initializer if t.name in needed]
-    del g.initializer[:]
-    g.initializer.extend(inits)
+    drop_unread_initializers(g)
 
 
 def replace_initializer(

@@ -225,6 +225,24 @@ def node_reads(node: onnx.NodeProto) -> list[str]:
     return reads
 
 
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Delete the initializers no node reads and no graph output is, with the graph inputs
+    that list them (legacy IR lists every initializer as an input). ONNX Runtime refuses an
+    unread initializer that is not an input at IR version 3."""
+    read = {name for node in graph.node for name in node_reads(node)}
+    read |= {o.name for o in graph.output}
+    dropped = {t.name for t in graph.initializer if t.name not in read}
+    if not dropped:
+        return
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    inputs = [i for i in graph.input if i.name not in dropped]
+    if len(inputs) != len(graph.input):
+        del graph.input[:]
+        graph.input.extend(inputs)
+
+
 def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int] | None:
     """Node indices in dependency order (`node_reads`), keeping the given order among
     independent nodes (an already sorted list is returned as it is); None on a cycle."""

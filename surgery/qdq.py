@@ -22,6 +22,7 @@ from onnx import numpy_helper
 from surgery.graph import (
     VALUE_MOVING_OPS,
     GraphView,
+    drop_unread_initializers,
     node_reads,
     outer_reads,
     rename_tensors,
@@ -226,6 +227,7 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     values = evaluate_nodes(model, [view.nodes[j] for j in within], names) if wanted else None
     if values:
         _replace_by_initializers(model, values)
+    drop_unread_initializers(model.graph)  # the activations' scales and zero points
     undo_dynamic_quantization(model)
     props = [p for p in model.metadata_props if p.key != QUANTIZATION_METADATA_KEY]
     del model.metadata_props[:]

@@ -27,7 +27,7 @@ from surgery.graph import (
     FreshNames,
     GraphView,
     default_opset,
-    node_reads,
+    drop_unread_initializers,
     tensor_value,
 )
 
@@ -202,13 +202,8 @@ class _Rewriter:
         graph = self.model.graph
         del graph.node[:]
         graph.node.extend(self.nodes)
-        # The zero points and scales given way to scalar copies go: an unread initializer
-        # that is not a graph input fails to load in ONNX Runtime at IR version 3.
-        read = {name for node in self.nodes for name in node_reads(node)}
-        read |= {v.name for v in (*graph.input, *graph.output)}
-        kept = [t for t in (*graph.initializer, *self.initializers) if t.name in read]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+        graph.initializer.extend(self.initializers)
+        drop_unread_initializers(graph)  # the scales and zero points given way to scalars
 
     def result(self) -> QOperatorConversion:
         model = self.model

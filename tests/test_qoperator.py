@@ -297,6 +297,8 @@ def test_an_ir3_model_with_vector_scales_loads_after_the_rewrite() -> None:
     feed = {"x": _image(tuple(SHAPE))}
     (expected,), (got,) = _run(model, feed), _run(converted, feed)
     assert np.max(np.abs(got - expected)) <= Y_SCALE * 1.001
+    (real,) = _run(float_model(model), feed)  # its activation Q/DQ gone, and their scales
+    np.testing.assert_allclose(real, 1 / (1 + np.exp(-feed["x"])), atol=1e-6)
 
 
 def test_data_movement_on_a_quantized_tensor_is_wrapped_exactly() -> None:
