@@ -104,7 +104,9 @@ def sweep_one(
             samples = [make_inputs(fixed, seed=seed) for seed in range(2)]
             qdq = timed("quantize", lambda: quantize_model(fixed, samples, target=target).model)
         with tempfile.TemporaryDirectory() as folder:
-            result = timed("compile", lambda: compile_model(qdq, folder, model_name=path.stem))
+            result = timed(
+                "compile", lambda: compile_model(qdq, folder, target=target, model_name=path.stem)
+            )
             row.elf_files = len(result.elf_files)
             archive = read_archive(result.archive)
         feed = make_inputs(fixed, seed=9)

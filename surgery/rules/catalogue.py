@@ -13,6 +13,7 @@ MODULES = (
     "cleanup_norm",
     "cleanup_attention",
     "expand_functions",
+    "expand_contrib",
     "replace_activation",
     "replace_arith",
     "replace_branches",

@@ -1,0 +1,332 @@
+"""expand-ort-fused-ops: ONNX Runtime's fused contrib ops written back as the standard ops they fuse.
+
+A model saved from an ONNX Runtime session (`SessionOptions.optimized_model_filepath`) or by
+Optimum's `ORTOptimizer` carries ORT's fusions as com.microsoft ops: `FusedConv` (Conv +
+activation, + a residual input), `FusedGemm`, `FusedMatMul` (transposes and a scale),
+`Gelu`/`BiasGelu`/`FastGelu`, `SkipLayerNormalization` (residual Add + LayerNorm),
+`SkipSimplifiedLayerNormalization`/`SimplifiedLayerNormalization` (RMSNorm). (ORT's CUDA-only
+fusions such as `BiasAdd` are not expanded: its CPU build cannot run them to verify.)
+No NPU compiler reads them: ORT's optimised MobileNetV2 (35 FusedConv) maps to no MLA segment.
+Each op is the short standard graph it was fused from, built here as a function body from the
+node's attributes and inlined (`inline_function`), so the MLA runs it and the other rules
+(4-D lifting, GELU forms) see the ops they know. ONNX Runtime runs both forms: verification
+compares them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from surgery.graph import FLOAT_TYPES, attribute_values
+from surgery.rules.base import Match, RuleContext, RuleParams
+from surgery.rules.expand_functions import ExpandFunctionOps
+from surgery.rules.registry import register
+
+_CONTRIB = "com.microsoft"
+
+
+class _Unexpandable(Exception):
+    """A fused op whose attributes or operands have no standard form here (the message)."""
+
+
+class _Body:
+    """A function body under construction: formal inputs `x0, x1, ...` (the node's inputs by
+    position), outputs `y0, y1, ...`, and the ops between them."""
+
+    def __init__(self, ctx: RuleContext, idx: int) -> None:
+        self.ctx, self.idx = ctx, idx
+        self.view = ctx.view
+        self.inputs = list(ctx.view.node_inputs[idx])
+        self.outputs = list(ctx.view.node_outputs[idx])
+        self.attrs = attribute_values(ctx.view.nodes[idx])
+        self.nodes: list[onnx.NodeProto] = []
+        # The first typed operand (a fused op's output type is unknown to ONNX's inference,
+        # so the next fused op's input may be untyped; its weights are typed): float if none.
+        known = [self.view.tensor(t).elem_type for t in self.inputs if t]
+        elem_type = next((t for t in known if t), onnx.TensorProto.FLOAT)
+        if elem_type not in FLOAT_TYPES:
+            raise _Unexpandable("its operands are not float tensors")
+        self.dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+
+    def given(self, k: int) -> bool:
+        return k < len(self.inputs) and bool(self.inputs[k])
+
+    def wanted(self, k: int) -> bool:
+        """Whether output `k` exists and something reads it (or it is a graph output)."""
+        if k >= len(self.outputs) or not self.outputs[k]:
+            return False
+        name = self.outputs[k]
+        return bool(self.view.consumers.get(name)) or name in self.view.graph_outputs
+
+    def x(self, k: int) -> str:
+        return f"x{k}"
+
+    def op(self, op_type: str, inputs: Sequence[str], out: str | None = None, **attrs) -> str:
+        out = out or f"t{len(self.nodes)}"
+        self.nodes.append(
+            helper.make_node(
+                op_type, list(inputs), [out], name=f"{op_type}_{len(self.nodes)}", **attrs
+            )
+        )
+        return out
+
+    def const(self, value: float | Sequence[float], dtype: np.dtype | None = None) -> str:
+        array = np.asarray(value, dtype or self.dtype)
+        out = f"t{len(self.nodes)}"
+        self.nodes.append(
+            helper.make_node(
+                "Constant",
+                [],
+                [out],
+                name=f"Constant_{len(self.nodes)}",
+                value=numpy_helper.from_array(array, out),
+            )
+        )
+        return out
+
+    def mean_over_last_axis(self, x: str) -> str:
+        if self.ctx.opset >= 18:
+            axes = self.const([-1], np.int64)
+            return self.op("ReduceMean", [x, axes], keepdims=1)
+        return self.op("ReduceMean", [x], axes=[-1], keepdims=1)
+
+    def function(self) -> onnx.FunctionProto:
+        return helper.make_function(
+            "surgery.expanded",
+            self.view.op_types[self.idx],
+            [f"x{k}" for k in range(len(self.inputs))],
+            [f"y{k}" for k in range(len(self.outputs))],
+            self.nodes,
+            [helper.make_opsetid("", self.ctx.opset)],
+        )
+
+
+def _activation(body: _Body, x: str, out: str, kind: str, params: Sequence[float]) -> None:
+    """`kind` (FusedConv / FusedGemm's activation attribute) applied to `x`, into `out`."""
+    if kind in ("", None):
+        body.op("Identity", [x], out)
+    elif kind in ("Relu", "Sigmoid", "Tanh"):
+        body.op(kind, [x], out)
+    elif kind == "LeakyRelu":
+        body.op("LeakyRelu", [x], out, alpha=float(params[0]) if params else 0.01)
+    elif kind == "HardSigmoid":
+        alpha, beta = (list(params) + [0.2, 0.5][len(params) :])[:2]
+        body.op("HardSigmoid", [x], out, alpha=float(alpha), beta=float(beta))
+    elif kind == "Clip" and len(params) >= 2:
+        if body.ctx.opset >= 11:
+            body.op("Clip", [x, body.const(params[0]), body.const(params[1])], out)
+        else:
+            body.op("Clip", [x], out, min=float(params[0]), max=float(params[1]))
+    else:
+        raise _Unexpandable(f"activation {kind!r} has no standard form here")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def _fused_conv(body: _Body) -> None:
+    """act(Conv(X, W, B) + Z)."""
+    conv_attrs = {
+        k: v
+        for k, v in body.attrs.items()
+        if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    }
+    inputs = [body.x(0), body.x(1), *([body.x(2)] if body.given(2) else [])]
+    y = body.op("Conv", inputs, **conv_attrs)
+    if body.given(3):
+        y = body.op("Add", [y, body.x(3)])
+    params = body.attrs.get("activation_params") or []
+    _activation(body, y, "y0", _text(body.attrs.get("activation")), params)
+
+
+def _fused_gemm(body: _Body) -> None:
+    """act(alpha·A'·B' + beta·C)."""
+    gemm_attrs = {k: v for k, v in body.attrs.items() if k in ("alpha", "beta", "transA", "transB")}
+    inputs = [body.x(0), body.x(1), *([body.x(2)] if body.given(2) else [])]
+    y = body.op("Gemm", inputs, **gemm_attrs)
+    params = [
+        body.attrs[k]
+        for k in ("activation_alpha", "activation_beta", "activation_gamma")
+        if body.attrs.get(k) is not None
+    ]
+    _activation(body, y, "y0", _text(body.attrs.get("activation")), params)
+
+
+def _fused_matmul(body: _Body) -> None:
+    """alpha · MatMul(A or its last two axes swapped, B likewise)."""
+    if body.attrs.get("transBatchA") or body.attrs.get("transBatchB"):
+        raise _Unexpandable("transBatchA/transBatchB (batch-axis transposes) are not expanded")
+    operands = []
+    for k, flag in ((0, "transA"), (1, "transB")):
+        operand = body.x(k)
+        if body.attrs.get(flag):
+            shape = body.view.tensor(body.inputs[k]).shape
+            if shape is None or len(shape) < 2:
+                raise _Unexpandable(f"{flag} on an operand of unknown rank")
+            rank = len(shape)
+            perm = [*range(rank - 2), rank - 1, rank - 2]
+            operand = body.op("Transpose", [operand], perm=perm)
+        operands.append(operand)
+    alpha = float(body.attrs.get("alpha", 1.0))
+    if alpha == 1.0:
+        body.op("MatMul", operands, "y0")
+    else:
+        body.op("Mul", [body.op("MatMul", operands), body.const(alpha)], "y0")
+
+
+def _erf_gelu(body: _Body, x: str, out: str) -> None:
+    """0.5·x·(1 + erf(x/√2)): the form exporters write below opset 20."""
+    erf = body.op("Erf", [body.op("Div", [x, body.const(math.sqrt(2.0))])])
+    body.op(
+        "Mul", [body.op("Mul", [x, body.op("Add", [erf, body.const(1.0)])]), body.const(0.5)], out
+    )
+
+
+def _gelu(body: _Body) -> None:
+    _erf_gelu(body, body.x(0), "y0")
+
+
+def _bias_gelu(body: _Body) -> None:
+    _erf_gelu(body, body.op("Add", [body.x(0), body.x(1)]), "y0")
+
+
+def _fast_gelu(body: _Body) -> None:
+    """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), x = X + bias."""
+    x = body.op("Add", [body.x(0), body.x(1)]) if body.given(1) else body.x(0)
+    cube = body.op("Mul", [body.op("Mul", [x, x]), x])
+    inner = body.op("Add", [x, body.op("Mul", [cube, body.const(0.044715)])])
+    tanh = body.op("Tanh", [body.op("Mul", [inner, body.const(math.sqrt(2.0 / math.pi))])])
+    half = body.op("Mul", [x, body.const(0.5)])
+    body.op("Mul", [half, body.op("Add", [tanh, body.const(1.0)])], "y0")
+
+
+def _skip_sum(body: _Body, bias_at: int) -> str:
+    """input + skip (+ bias): what SkipLayerNormalization normalises, and its output 3."""
+    total = body.op("Add", [body.x(0), body.x(1)])
+    if body.given(bias_at):
+        total = body.op("Add", [total, body.x(bias_at)])
+    if body.wanted(3):
+        body.op("Identity", [total], "y3")
+    return total
+
+
+def _refuse_statistics(body: _Body) -> None:
+    if body.wanted(1) or body.wanted(2):
+        raise _Unexpandable("its mean / inv_std_var outputs are read")
+
+
+def _skip_layer_norm(body: _Body) -> None:
+    """LayerNormalization(input + skip + bias, gamma, beta) over the last axis."""
+    _refuse_statistics(body)
+    total = _skip_sum(body, 4)
+    epsilon = float(body.attrs.get("epsilon", 1e-12))
+    beta = [body.x(3)] if body.given(3) else []
+    if body.ctx.opset >= 17:
+        body.op("LayerNormalization", [total, body.x(2), *beta], "y0", axis=-1, epsilon=epsilon)
+        return
+    centred = body.op("Sub", [total, body.mean_over_last_axis(total)])
+    variance = body.mean_over_last_axis(body.op("Mul", [centred, centred]))
+    std = body.op("Sqrt", [body.op("Add", [variance, body.const(epsilon)])])
+    scaled = body.op("Mul", [body.op("Div", [centred, std]), body.x(2)])
+    if beta:
+        body.op("Add", [scaled, beta[0]], "y0")
+    else:
+        body.op("Identity", [scaled], "y0")
+
+
+def _rms_norm(body: _Body, x: str, scale: str, epsilon: float) -> None:
+    """x / √(mean(x²) + ε) · scale over the last axis."""
+    mean_square = body.mean_over_last_axis(body.op("Mul", [x, x]))
+    rms = body.op("Sqrt", [body.op("Add", [mean_square, body.const(epsilon)])])
+    body.op("Mul", [body.op("Div", [x, rms]), scale], "y0")
+
+
+def _skip_simplified_layer_norm(body: _Body) -> None:
+    _refuse_statistics(body)
+    total = _skip_sum(body, 3)
+    _rms_norm(body, total, body.x(2), float(body.attrs.get("epsilon", 1e-12)))
+
+
+def _simplified_layer_norm(body: _Body) -> None:
+    if body.wanted(1):
+        raise _Unexpandable("its inv_std_var output is read")
+    shape = body.view.tensor(body.inputs[0]).shape
+    axis = int(body.attrs.get("axis", -1))
+    if axis != -1 and (shape is None or axis != len(shape) - 1):
+        raise _Unexpandable(f"axis {axis} is not the last axis")
+    _rms_norm(body, body.x(0), body.x(1), float(body.attrs.get("epsilon", 1e-5)))
+
+
+_EXPANSIONS: dict[tuple[str, str], Callable[[_Body], None]] = {
+    (_CONTRIB, "FusedConv"): _fused_conv,
+    (_CONTRIB, "FusedGemm"): _fused_gemm,
+    (_CONTRIB, "FusedMatMul"): _fused_matmul,
+    (_CONTRIB, "Gelu"): _gelu,
+    (_CONTRIB, "BiasGelu"): _bias_gelu,
+    (_CONTRIB, "FastGelu"): _fast_gelu,
+    (_CONTRIB, "SkipLayerNormalization"): _skip_layer_norm,
+    (_CONTRIB, "SkipSimplifiedLayerNormalization"): _skip_simplified_layer_norm,
+    ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,  # ORT registers it in ONNX's
+}
+"""The fused ops expanded, by (domain, op type)."""
+
+EXPANDED_OPS = frozenset(op for _, op in _EXPANSIONS)
+
+
+def expansion(ctx: RuleContext, idx: int) -> onnx.FunctionProto:
+    """The standard-op body of fused node `idx`; `_Unexpandable` says why there is none."""
+    domain = ctx.view.domains[idx]
+    key = ("" if domain in ("", "ai.onnx") else domain, ctx.view.op_types[idx])
+    body = _Body(ctx, idx)
+    _EXPANSIONS[key](body)
+    return body.function()
+
+
+@register
+class ExpandOrtFusedOps(ExpandFunctionOps):
+    """Replace ONNX Runtime's fused contrib ops by the standard ops they fuse.
+
+    FusedConv → Conv (+ Add of its residual input) + its activation (Relu, Clip, Sigmoid,
+    Tanh, LeakyRelu, HardSigmoid); FusedGemm → Gemm + activation; FusedMatMul → MatMul with
+    its transposes and scale; com.microsoft Gelu / BiasGelu → the erf GELU, FastGelu → the
+    tanh GELU (after its bias); SkipLayerNormalization → Add(s) + LayerNormalization (its
+    ReduceMean form below opset 17); SkipSimplifiedLayerNormalization and
+    SimplifiedLayerNormalization → the RMSNorm of their input. These are
+    what an ONNX Runtime session saves as its optimised model; the MLA runs none of them as
+    fused, and all of the standard forms. An op whose statistics outputs are read, or with
+    batch-axis transposes, stays. The bodies are inlined and folded as expand-function-ops
+    inlines ONNX's own.
+    """
+
+    name = "expand-ort-fused-ops"
+    summary = (
+        "ONNX Runtime's fused contrib ops (FusedConv, FusedGemm, FusedMatMul, Gelu, FastGelu, "
+        "SkipLayerNormalization, …) → the standard ops they fuse."
+    )
+    category = "cleanup"
+    example = "surgery apply expand-ort-fused-ops model_ort_optimized.onnx -o expanded.onnx"
+
+    def find(self, ctx: RuleContext, params: RuleParams) -> list[Match]:
+        view = ctx.view
+        found = []
+        if EXPANDED_OPS.isdisjoint(view.op_types):
+            return found
+        for idx, op in enumerate(view.op_types):
+            domain = "" if view.domains[idx] in ("", "ai.onnx") else view.domains[idx]
+            if (domain, op) not in _EXPANSIONS:
+                continue
+            try:
+                body = expansion(ctx, idx)
+            except _Unexpandable:
+                continue
+            name = view.names[idx]
+            ops = sorted({n.op_type for n in body.node} - {"Constant", "Identity"})
+            note = f"{op} {name} → {', '.join(ops)}"
+            found.append(self.match([name], note, [name], body=body.SerializeToString()))
+        return found
