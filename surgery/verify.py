@@ -294,19 +294,29 @@ def _gather_bound(model: onnx.ModelProto, name: str) -> tuple[int, str] | None:
     stack, seen = [name], {name}
     while stack:
         for node, idx in consumers.get(stack.pop(), []):
-            if node.op_type == "Gather" and idx == 1:
-                rows = _gathered_dim(model, node)
+            table = _TABLE_INDEXED.get((node.op_type, idx))
+            if table is not None and table < len(node.input) and node.input[table]:
+                rows = _gathered_dim(model, node, table)
                 if rows and (best is None or rows < best[0]):
-                    best = (rows, node.input[0])
+                    best = (rows, node.input[table])
             elif node.op_type in _INDEX_PASS_THROUGH and idx == 0 and node.output[0] not in seen:
                 seen.add(node.output[0])
                 stack.append(node.output[0])
     return best
 
 
-def _gathered_dim(model: onnx.ModelProto, gather: onnx.NodeProto) -> int | None:
+_TABLE_INDEXED = {
+    ("Gather", 1): 0,
+    ("EmbedLayerNormalization", 0): 2,  # ONNX Runtime's fused BERT embedding: input_ids
+    ("EmbedLayerNormalization", 1): 4,  # segment_ids
+    ("EmbedLayerNormalization", 8): 3,  # position_ids
+}
+"""(op type, input index) of an index tensor → the input index of the table it indexes."""
+
+
+def _gathered_dim(model: onnx.ModelProto, gather: onnx.NodeProto, table: int = 0) -> int | None:
     axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
-    dims = _tensor_dims(model, gather.input[0])
+    dims = _tensor_dims(model, gather.input[table])
     if not dims or not -len(dims) <= axis < len(dims):
         return None
     return dims[axis] or None

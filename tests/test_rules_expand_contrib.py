@@ -277,3 +277,166 @@ def test_an_ort_optimised_transformer_block_reaches_one_segment(
     result = fix_model(optimised)
     assert RULE in [s["rule"] for s in result.steps]
     assert result.coverage_after.mla_segments == 1
+
+
+BATCH, SEQ, HIDDEN, HEADS, VOCAB = 2, 6, 16, 2, 30
+
+
+def _attention_model(mask: str | None) -> onnx.ModelProto:
+    """Attention (ORT's BERT fusion) on x [B, S, H], with no mask, a raw [B, S] mask or 1-D
+    end positions."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, SEQ, HIDDEN])]
+    attention_inputs = ["x", "w", "b"]
+    if mask == "raw":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, [BATCH, SEQ]))
+        attention_inputs.append("mask")
+    elif mask == "ends":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, [BATCH]))
+        attention_inputs.append("mask")
+    node = helper.make_node(
+        "Attention", attention_inputs, ["y"], name="attention", domain=CONTRIB, num_heads=HEADS
+    )
+    return _model(
+        [node],
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, SEQ, HIDDEN])],
+        [_value("w", (HIDDEN, 3 * HIDDEN)), _value("b", (3 * HIDDEN,), 1)],
+    )
+
+
+@pytest.mark.parametrize("mask", [None, "raw", "ends"])
+def test_attention_becomes_matmuls_and_softmax(mask) -> None:
+    model = _attention_model(mask)
+    feed = _feed((BATCH, SEQ, HIDDEN))
+    if mask == "raw":
+        feed["mask"] = np.array([[1] * SEQ, [1] * 4 + [0] * 2], np.int32)
+    elif mask == "ends":
+        feed["mask"] = np.array([SEQ, 3], np.int32)
+    expanded = _expanded_matches(model, feed)
+    assert {"MatMul", "Softmax"} <= {n.op_type for n in expanded.graph.node}
+
+
+def test_attention_with_past_state_is_left() -> None:
+    model = _attention_model(None)
+    model.graph.input.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, None))
+    model.graph.node[0].input.extend(["", "past"])
+    assert find_matches(model, RULE, "mlsoc") == []
+
+
+def test_embed_layer_norm_and_its_mask_index_feed_attention() -> None:
+    """EmbedLayerNormalization's mask_index (ones per row) is Attention's 1-D mask."""
+    embed = helper.make_node(
+        "EmbedLayerNormalization",
+        ["ids", "segments", "word", "position", "segment", "gamma", "beta", "mask"],
+        ["embedded", "mask_index"],
+        name="embed",
+        domain=CONTRIB,
+        epsilon=1e-5,
+    )
+    attention = helper.make_node(
+        "Attention",
+        ["embedded", "w", "b", "mask_index"],
+        ["y"],
+        name="attention",
+        domain=CONTRIB,
+        num_heads=HEADS,
+    )
+    int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT32, [BATCH, SEQ])  # noqa: E731
+    model = _model(
+        [embed, attention],
+        [int_input("ids"), int_input("segments"), int_input("mask")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, SEQ, HIDDEN])],
+        [
+            _value("word", (VOCAB, HIDDEN), 2),
+            _value("position", (SEQ, HIDDEN), 3),
+            _value("segment", (2, HIDDEN), 4),
+            _value("gamma", (HIDDEN,), 5),
+            _value("beta", (HIDDEN,), 6),
+            _value("w", (HIDDEN, 3 * HIDDEN)),
+            _value("b", (3 * HIDDEN,), 1),
+        ],
+    )
+    rng = np.random.default_rng(7)
+    feed = {
+        "ids": rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32),
+        "segments": rng.integers(0, 2, (BATCH, SEQ)).astype(np.int32),
+        "mask": np.array([[1] * SEQ, [1] * 4 + [0] * 2], np.int32),
+    }
+    expanded = _expanded_matches(model, feed)
+    assert {"Gather", "LayerNormalization", "Softmax"} <= {n.op_type for n in expanded.graph.node}
+
+
+def _fused_bert_layer() -> onnx.ModelProto:
+    """EmbedLayerNormalization → Attention → SkipLayerNormalization → FastGelu FFN →
+    SkipLayerNormalization: one BERT layer as ONNX Runtime's transformer optimizer fuses it."""
+    nodes = [
+        helper.make_node(
+            "EmbedLayerNormalization",
+            ["ids", "segments", "word", "position", "segment", "gamma", "beta", "mask"],
+            ["e", "mask_index"],
+            name="embed",
+            domain=CONTRIB,
+            epsilon=1e-5,
+        ),
+        helper.make_node(
+            "Attention",
+            ["e", "w", "b", "mask_index"],
+            ["a"],
+            name="attention",
+            domain=CONTRIB,
+            num_heads=HEADS,
+        ),
+        helper.make_node("MatMul", ["a", "wo"], ["ao"], name="proj"),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["ao", "e", "g1", "b1", "bo"],
+            ["n1"],
+            name="norm1",
+            domain=CONTRIB,
+            epsilon=1e-5,
+        ),
+        helper.make_node("MatMul", ["n1", "w1"], ["h"], name="ffn1"),
+        helper.make_node("FastGelu", ["h", "bh"], ["hg"], name="gelu", domain=CONTRIB),
+        helper.make_node("MatMul", ["hg", "w2"], ["f"], name="ffn2"),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["f", "n1", "g2", "b2", "bf"],
+            ["y"],
+            name="norm2",
+            domain=CONTRIB,
+            epsilon=1e-5,
+        ),
+    ]
+    shapes = {
+        "word": (VOCAB, HIDDEN),
+        "position": (SEQ, HIDDEN),
+        "segment": (2, HIDDEN),
+        "w": (HIDDEN, 3 * HIDDEN),
+        "b": (3 * HIDDEN,),
+        "wo": (HIDDEN, HIDDEN),
+        "w1": (HIDDEN, 4 * HIDDEN),
+        "bh": (4 * HIDDEN,),
+        "w2": (4 * HIDDEN, HIDDEN),
+    }
+    for name in ("gamma", "beta", "g1", "b1", "bo", "g2", "b2", "bf"):
+        shapes[name] = (HIDDEN,)
+    inits = [_value(name, shape, seed) for seed, (name, shape) in enumerate(shapes.items())]
+    ints = [
+        helper.make_tensor_value_info(name, TensorProto.INT32, [BATCH, SEQ])
+        for name in ("ids", "segments", "mask")
+    ]
+    return _model(
+        nodes,
+        ints,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, SEQ, HIDDEN])],
+        inits,
+    )
+
+
+def test_a_bert_layer_of_ort_transformer_fusions_reaches_one_segment() -> None:
+    model = _fused_bert_layer()
+    assert check_model(model).mla_segments == 0
+    result = fix_model(model)
+    assert result.steps[0]["rule"] == RULE
+    assert result.coverage_after.mla_segments == 1
+    assert not _contrib_ops(result.model)

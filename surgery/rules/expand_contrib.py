@@ -4,7 +4,8 @@ A model saved from an ONNX Runtime session (`SessionOptions.optimized_model_file
 Optimum's `ORTOptimizer` carries ORT's fusions as com.microsoft ops: `FusedConv` (Conv +
 activation, + a residual input), `FusedGemm`, `FusedMatMul` (transposes and a scale),
 `Gelu`/`BiasGelu`/`FastGelu`, `SkipLayerNormalization` (residual Add + LayerNorm),
-`SkipSimplifiedLayerNormalization`/`SimplifiedLayerNormalization` (RMSNorm). (ORT's CUDA-only
+`SkipSimplifiedLayerNormalization`/`SimplifiedLayerNormalization` (RMSNorm), and the
+transformer optimizer's `Attention` and `EmbedLayerNormalization` (BERT). (ORT's CUDA-only
 fusions such as `BiasAdd` are not expanded: its CPU build cannot run them to verify.)
 No NPU compiler reads them: ORT's optimised MobileNetV2 (35 FusedConv) maps to no MLA segment.
 Each op is the short standard graph it was fused from, built here as a function body from the
@@ -47,10 +48,12 @@ class _Body:
         self.nodes: list[onnx.NodeProto] = []
         # The first typed operand (a fused op's output type is unknown to ONNX's inference,
         # so the next fused op's input may be untyped; its weights are typed): float if none.
-        known = [self.view.tensor(t).elem_type for t in self.inputs if t]
-        elem_type = next((t for t in known if t), onnx.TensorProto.FLOAT)
-        if elem_type not in FLOAT_TYPES:
+        known = [t for t in (self.view.tensor(name).elem_type for name in self.inputs if name) if t]
+        floats = [t for t in known if t in FLOAT_TYPES]
+        if known and not floats:
             raise _Unexpandable("its operands are not float tensors")
+        elem_type = floats[0] if floats else onnx.TensorProto.FLOAT
+        self.float_type = elem_type
         self.dtype = helper.tensor_dtype_to_np_dtype(elem_type)
 
     def given(self, k: int) -> bool:
@@ -74,6 +77,40 @@ class _Body:
             )
         )
         return out
+
+    def ops(self, op_type: str, inputs: Sequence[str], count: int, **attrs) -> list[str]:
+        """An op with `count` outputs."""
+        outs = [f"t{len(self.nodes)}_{k}" for k in range(count)]
+        self.nodes.append(
+            helper.make_node(
+                op_type, list(inputs), outs, name=f"{op_type}_{len(self.nodes)}", **attrs
+            )
+        )
+        return outs
+
+    def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
+        if self.ctx.opset >= 13:
+            return self.op("Unsqueeze", [x, self.const(list(axes), np.int64)])
+        return self.op("Unsqueeze", [x], axes=list(axes))
+
+    def rank(self, k: int) -> int | None:
+        shape = self.view.tensor(self.inputs[k]).shape if self.given(k) else None
+        return None if shape is None else len(shape)
+
+    def layer_norm(self, x: str, gamma: str, beta: str | None, epsilon: float, out: str) -> None:
+        """LayerNormalization over the last axis (its ReduceMean form below opset 17)."""
+        if self.ctx.opset >= 17:
+            inputs = [x, gamma, *([beta] if beta else [])]
+            self.op("LayerNormalization", inputs, out, axis=-1, epsilon=epsilon)
+            return
+        centred = self.op("Sub", [x, self.mean_over_last_axis(x)])
+        variance = self.mean_over_last_axis(self.op("Mul", [centred, centred]))
+        std = self.op("Sqrt", [self.op("Add", [variance, self.const(epsilon)])])
+        scaled = self.op("Mul", [self.op("Div", [centred, std]), gamma])
+        if beta:
+            self.op("Add", [scaled, beta], out)
+        else:
+            self.op("Identity", [scaled], out)
 
     def const(self, value: float | Sequence[float], dtype: np.dtype | None = None) -> str:
         array = np.asarray(value, dtype or self.dtype)
@@ -226,18 +263,8 @@ def _skip_layer_norm(body: _Body) -> None:
     _refuse_statistics(body)
     total = _skip_sum(body, 4)
     epsilon = float(body.attrs.get("epsilon", 1e-12))
-    beta = [body.x(3)] if body.given(3) else []
-    if body.ctx.opset >= 17:
-        body.op("LayerNormalization", [total, body.x(2), *beta], "y0", axis=-1, epsilon=epsilon)
-        return
-    centred = body.op("Sub", [total, body.mean_over_last_axis(total)])
-    variance = body.mean_over_last_axis(body.op("Mul", [centred, centred]))
-    std = body.op("Sqrt", [body.op("Add", [variance, body.const(epsilon)])])
-    scaled = body.op("Mul", [body.op("Div", [centred, std]), body.x(2)])
-    if beta:
-        body.op("Add", [scaled, beta[0]], "y0")
-    else:
-        body.op("Identity", [scaled], "y0")
+    beta = body.x(3) if body.given(3) else None
+    body.layer_norm(total, body.x(2), beta, epsilon, "y0")
 
 
 def _rms_norm(body: _Body, x: str, scale: str, epsilon: float) -> None:
@@ -263,6 +290,100 @@ def _simplified_layer_norm(body: _Body) -> None:
     _rms_norm(body, body.x(0), body.x(1), float(body.attrs.get("epsilon", 1e-5)))
 
 
+def _attention(body: _Body) -> None:
+    """Self-attention of ORT's BERT fusion: one input projected to Q, K, V by one weight,
+    `num_heads` heads, softmax(Q·Kᵀ·scale + mask)·V, heads merged. The mask is a raw
+    [batch, sequence] 0/1 mask or 1-D end positions (what EmbedLayerNormalization's mask_index
+    gives); mask_filter_value is added where it is 0."""
+    if any(body.given(k) for k in (4, 5, 6)) or body.wanted(1):
+        raise _Unexpandable("past state or an attention bias")
+    if body.attrs.get("unidirectional") or body.attrs.get("do_rotary"):
+        raise _Unexpandable("causal or rotary attention")
+    weights = body.view.tensor(body.inputs[1]).shape
+    heads = int(body.attrs.get("num_heads", 0))
+    sizes = body.attrs.get("qkv_hidden_sizes")
+    if weights is None or len(weights) != 2 or not isinstance(weights[1], int) or not heads:
+        raise _Unexpandable("weights of unknown shape")
+    hidden = weights[1] // 3
+    if (sizes and len(set(sizes)) != 1) or weights[1] % 3 or hidden % heads:
+        raise _Unexpandable("Q, K and V of different widths")
+    head = hidden // heads
+    qkv = body.op("MatMul", [body.x(0), body.x(1)])
+    if body.given(2):
+        qkv = body.op("Add", [qkv, body.x(2)])
+    if body.ctx.opset >= 13:
+        parts = body.ops("Split", [qkv, body.const([hidden] * 3, np.int64)], 3, axis=-1)
+    else:
+        parts = body.ops("Split", [qkv], 3, axis=-1, split=[hidden] * 3)
+    split_heads = body.const([0, 0, heads, head], np.int64)
+    q, k, v = (
+        body.op("Transpose", [body.op("Reshape", [t, split_heads])], perm=perm)
+        for t, perm in zip(parts, ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]), strict=True)
+    )
+    scale = float(body.attrs.get("scale") or 1.0 / math.sqrt(head))
+    scores = body.op("Mul", [body.op("MatMul", [q, k]), body.const(scale)])
+    if body.given(3):
+        keep = _attention_keep_mask(body)
+        masked = body.op("Sub", [body.const(1.0), keep])
+        filler = float(body.attrs.get("mask_filter_value") or -10000.0)
+        additive = body.op("Mul", [masked, body.const(filler)])
+        scores = body.op("Add", [scores, body.unsqueeze(additive, [1, 2])])
+    probabilities = body.op("Softmax", [scores], axis=-1)
+    context = body.op("Transpose", [body.op("MatMul", [probabilities, v])], perm=[0, 2, 1, 3])
+    body.op("Reshape", [context, body.const([0, 0, hidden], np.int64)], "y0")
+
+
+def _attention_keep_mask(body: _Body) -> str:
+    """[batch, sequence] floats, 1 where a key is attended: the raw mask, or positions before
+    each row's end position."""
+    rank = body.rank(3)
+    source = body.view.producer.get(body.inputs[3])
+    if (
+        rank is None
+        and source is not None
+        and body.view.op_types[source] == "EmbedLayerNormalization"
+    ):
+        rank = 1  # its mask_index, [batch]: ONNX's inference does not type contrib outputs
+    if rank == 2:
+        return body.op("Cast", [body.x(3)], to=body.float_type)
+    if rank != 1:
+        raise _Unexpandable(f"a mask_index of rank {rank} (only [batch] or [batch, seq])")
+    length = body.op("Gather", [body.op("Shape", [body.x(0)]), body.const(1, np.int64)], axis=0)
+    positions = body.op("Range", [body.const(0, np.int64), length, body.const(1, np.int64)])
+    ends = body.unsqueeze(body.op("Cast", [body.x(3)], to=onnx.TensorProto.INT64), [1])
+    before_end = body.op("Less", [body.unsqueeze(positions, [0]), ends])
+    return body.op("Cast", [before_end], to=body.float_type)
+
+
+def _embed_layer_norm(body: _Body) -> None:
+    """LayerNorm(word[ids] + position[0..S) (or position_ids) + segment[segment_ids]); its
+    mask_index output is each row's count of mask ones."""
+    if body.attrs.get("mask_index_type") not in (None, 1):
+        raise _Unexpandable("a mask_index_type other than 1")
+    total = body.op("Gather", [body.x(2), body.x(0)], axis=0)
+    if body.given(8):
+        positions = body.x(8)
+    else:
+        length = body.op("Gather", [body.op("Shape", [body.x(0)]), body.const(1, np.int64)], axis=0)
+        positions = body.op("Range", [body.const(0, np.int64), length, body.const(1, np.int64)])
+    total = body.op("Add", [total, body.op("Gather", [body.x(3), positions], axis=0)])
+    if body.given(1) and body.given(4):
+        total = body.op("Add", [total, body.op("Gather", [body.x(4), body.x(1)], axis=0)])
+    epsilon = float(body.attrs.get("epsilon", 1e-12))
+    body.layer_norm(total, body.x(5), body.x(6), epsilon, "y0")
+    if body.wanted(1):
+        if not body.given(7):
+            raise _Unexpandable("its mask_index output is read but it has no mask")
+        mask = body.op("Cast", [body.x(7)], to=onnx.TensorProto.INT32)
+        if body.ctx.opset >= 13:
+            axes = body.const([1], np.int64)
+            body.op("ReduceSum", [mask, axes], "y1", keepdims=0)
+        else:
+            body.op("ReduceSum", [mask], "y1", axes=[1], keepdims=0)
+    if body.wanted(2):
+        body.op("Identity", [total], "y2")
+
+
 _EXPANSIONS: dict[tuple[str, str], Callable[[_Body], None]] = {
     (_CONTRIB, "FusedConv"): _fused_conv,
     (_CONTRIB, "FusedGemm"): _fused_gemm,
@@ -272,6 +393,8 @@ _EXPANSIONS: dict[tuple[str, str], Callable[[_Body], None]] = {
     (_CONTRIB, "FastGelu"): _fast_gelu,
     (_CONTRIB, "SkipLayerNormalization"): _skip_layer_norm,
     (_CONTRIB, "SkipSimplifiedLayerNormalization"): _skip_simplified_layer_norm,
+    (_CONTRIB, "Attention"): _attention,
+    (_CONTRIB, "EmbedLayerNormalization"): _embed_layer_norm,
     ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,  # ORT registers it in ONNX's
 }
 """The fused ops expanded, by (domain, op type)."""
@@ -297,17 +420,22 @@ class ExpandOrtFusedOps(ExpandFunctionOps):
     its transposes and scale; com.microsoft Gelu / BiasGelu → the erf GELU, FastGelu → the
     tanh GELU (after its bias); SkipLayerNormalization → Add(s) + LayerNormalization (its
     ReduceMean form below opset 17); SkipSimplifiedLayerNormalization and
-    SimplifiedLayerNormalization → the RMSNorm of their input. These are
+    SimplifiedLayerNormalization → the RMSNorm of their input; Attention (ORT's BERT
+    self-attention: one QKV weight, a raw [batch, seq] mask or 1-D end positions) → MatMuls,
+    head reshapes and a Softmax; EmbedLayerNormalization → Gathers, Adds and the LayerNorm,
+    its mask_index the count of mask ones per row. These are
     what an ONNX Runtime session saves as its optimised model; the MLA runs none of them as
-    fused, and all of the standard forms. An op whose statistics outputs are read, or with
-    batch-axis transposes, stays. The bodies are inlined and folded as expand-function-ops
+    fused, and all of the standard forms. An op whose statistics outputs are read, with
+    batch-axis transposes, or (Attention) with past state, an attention bias, a causal or
+    rotary form, stays. The bodies are inlined and folded as expand-function-ops
     inlines ONNX's own.
     """
 
     name = "expand-ort-fused-ops"
     summary = (
         "ONNX Runtime's fused contrib ops (FusedConv, FusedGemm, FusedMatMul, Gelu, FastGelu, "
-        "SkipLayerNormalization, …) → the standard ops they fuse."
+        "SkipLayerNormalization, Attention, EmbedLayerNormalization, …) → the standard ops "
+        "they fuse."
     )
     category = "cleanup"
     example = "surgery apply expand-ort-fused-ops model_ort_optimized.onnx -o expanded.onnx"
