@@ -53,6 +53,17 @@ NON_FOLDABLE_OPS = frozenset(
 """Ops never evaluated at compile time: random, or control flow whose branches may differ."""
 
 
+ORT_LAYOUT_DOMAINS = frozenset({"com.microsoft.nchwc", "com.ms.internal.nhwc"})
+"""Domains of ONNX Runtime's layout-transformed ops (NCHWc blocked convolutions, internal
+NHWC kernels) in a model saved at ORT_ENABLE_ALL."""
+
+ORT_LAYOUT_REASON = (
+    "an op of ONNX Runtime's CPU layout (saved at ORT_ENABLE_ALL): its blocked NCHWc tensors "
+    "and reordered weights belong to the CPU that saved the model and have no standard form; "
+    "save the model from ONNX Runtime at ORT_ENABLE_EXTENDED (or use the original model)"
+)
+
+
 @dataclass(slots=True)
 class NodePlacement:
     """Where one node runs and why. Not frozen: a frozen dataclass sets every field through
@@ -452,6 +463,9 @@ class NodePlacer:
             processor, reasons, precisions = "APU", [reason], ()
         elif op_type in QOPERATOR_OPS and qoperator_form(domain, op_type):
             reason = Reason("qoperator_quantization", QOPERATOR_LEFT_REASON)
+            processor, reasons, precisions = "APU", [reason], ()
+        elif domain in ORT_LAYOUT_DOMAINS:
+            reason = Reason("ort_layout", ORT_LAYOUT_REASON)
             processor, reasons, precisions = "APU", [reason], ()
         elif not placeable_domain(domain, op_type):
             reason = Reason(

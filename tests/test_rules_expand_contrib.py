@@ -440,3 +440,30 @@ def test_a_bert_layer_of_ort_transformer_fusions_reaches_one_segment() -> None:
     assert result.steps[0]["rule"] == RULE
     assert result.coverage_after.mla_segments == 1
     assert not _contrib_ops(result.model)
+
+
+def test_ort_nchwc_layout_ops_are_blockers_that_say_how_to_save_the_model() -> None:
+    """ORT_ENABLE_ALL (the default level) saves CPU-specific NCHWc ops with reordered weights:
+    no standard form to expand, so check says to save the model at ORT_ENABLE_EXTENDED."""
+    nchwc = "com.microsoft.nchwc"
+    nodes = [
+        helper.make_node("ReorderInput", ["x"], ["xb"], name="reorder_in", domain=nchwc),
+        helper.make_node(
+            "Conv", ["xb", "w"], ["cb"], name="conv", domain=nchwc, kernel_shape=[1, 1]
+        ),
+        helper.make_node(
+            "ReorderOutput", ["cb"], ["y"], name="reorder_out", domain=nchwc, channels=8
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nchwc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [_value("w", (8, 8, 1, 1))],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(nchwc, 1)]
+    report = check_model(load_model(helper.make_model(graph, opset_imports=opsets)))
+    assert report.mla_segments == 0
+    assert {b.reasons[0].code for b in report.blockers} == {"ort_layout"}
+    assert "ORT_ENABLE_EXTENDED" in report.blockers[0].reasons[0].message

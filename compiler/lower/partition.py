@@ -170,6 +170,7 @@ def partition_model(
     steps, folded = _fold_constant_steps(program.steps, constants, set(graph.output_names))
     notes: list[str] = []
     assignment = _assign(steps, coverage, resolve_target(target), notes)
+    _note_float_islands(steps, assignment, coverage, notes)
     units = _order_units(steps, assignment, constants)
     stages = _make_stages(units, steps, assignment, constants, graph.output_names)
     _check_stage_order(stages, graph.input_names)
@@ -294,6 +295,32 @@ def _assign(
             unit = next((u for u in candidates if u is not None and u.processor == "MLA"), None)
         units[index] = unit or _Unit("CVU", "onnx")
     return _split_segments(steps, [u for u in units if u is not None], producer, notes)
+
+
+def _note_float_islands(
+    steps: list[Step], assignment: list[_Unit], coverage: CoverageReport, notes: list[str]
+) -> None:
+    """Say once, in check's terms, when ops the QDQ model leaves in float (no Q/DQ of their
+    own, e.g. BatchNormalization from ONNX Runtime's quantizer without pre-processing) split
+    the MLA part into more programs than `surgery check` counts on the float model."""
+    placement = {p.name: p.processor for p in coverage.placements}
+    moved = [
+        step.name
+        for step, unit in zip(steps, assignment, strict=True)
+        if unit.processor != "MLA"
+        and placement.get(step.name) == "MLA"
+        and not isinstance(step, QuantizeStep | DequantizeStep)
+    ]
+    programs = len({u.segment for u in assignment if u.segment is not None})
+    if moved and programs > coverage.mla_segments:
+        notes.insert(
+            0,
+            f"{len(moved)} op(s) the target runs on the MLA stay float in this QDQ model (no "
+            f"Q/DQ of their own: {', '.join(moved[:4])}{' …' if len(moved) > 4 else ''}); they "
+            f"run on the host and split the MLA part into {programs} programs, where `surgery "
+            f"check` counts {coverage.mla_segments} for the float model; quantize the float "
+            "model again (`surgery fix MODEL` gives it, then `surgery quantize`) to get those",
+        )
 
 
 def _host_for(op_type: str, target: Target) -> Processor:
