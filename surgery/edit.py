@@ -633,7 +633,7 @@ def prune_dead(model: onnx.ModelProto) -> None:
     nodes = [n for n, alive in zip(g.node, keep, strict=True) if alive]
     del g.node[:]
     g.node.extend(nodes)
-    drop_unread_initializers(g)
+    drop_unread_initializers(g, needed)
 
 
 def replace_initializer(

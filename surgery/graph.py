@@ -225,12 +225,13 @@ def node_reads(node: onnx.NodeProto) -> list[str]:
     return reads
 
 
-def drop_unread_initializers(graph: onnx.GraphProto) -> None:
-    """Delete the initializers no node reads and no graph output is, with the graph inputs
-    that list them (legacy IR lists every initializer as an input). ONNX Runtime refuses an
-    unread initializer that is not an input at IR version 3."""
-    read = {name for node in graph.node for name in node_reads(node)}
-    read |= {o.name for o in graph.output}
+def drop_unread_initializers(graph: onnx.GraphProto, read: set[str] | None = None) -> None:
+    """Delete the initializers no node reads and no graph output is (`read`, when the caller
+    knows it), with the graph inputs that list them (legacy IR lists every initializer as an
+    input). ONNX Runtime refuses an unread initializer that is not an input at IR version 3."""
+    if read is None:
+        read = {name for node in graph.node for name in node_reads(node)}
+        read |= {o.name for o in graph.output}
     dropped = {t.name for t in graph.initializer if t.name not in read}
     if not dropped:
         return
