@@ -48,6 +48,7 @@ from compiler.runtime.ops import (
     FUSES_BIAS,
     INDEX_OUTPUTS,
     LOWERINGS,
+    RANKED_OPS,
     Lowered,
     OpContext,
     lowerable_domain,
@@ -92,6 +93,7 @@ class QdqGraph:
         }
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self._ranks: dict[str, int] | None = None
         self.nodes = self._fold_constants(_topological_order(graph))
         for node in self.nodes:
             for name in node.output:
@@ -101,11 +103,20 @@ class QdqGraph:
                 self.consumers.setdefault(name, []).append(node)
 
     def _fold_constants(self, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-        """Evaluate Constant nodes and QuantizeLinear of constants (float weights + Q)."""
+        """Evaluate Constant nodes, ConstantOfShape of a constant shape (weights a trimmed
+        export fills at load time) and QuantizeLinear of constants (float weights + Q)."""
         kept = []
         for node in nodes:
             if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
                 (value,) = ReferenceEvaluator(node).run(None, {})
+                self.constants[node.output[0]] = np.asarray(value)
+            elif (
+                node.op_type == "ConstantOfShape"
+                and node.domain in _DEFAULT_DOMAINS
+                and node.input[0] in self.constants
+            ):
+                shape = self.constants[node.input[0]]
+                (value,) = ReferenceEvaluator(node).run(None, {node.input[0]: shape})
                 self.constants[node.output[0]] = np.asarray(value)
             elif node.op_type == QUANTIZE and node.input[0] in self.constants:
                 try:
@@ -175,6 +186,21 @@ class QdqGraph:
         if len(consumers) == 1 and name not in self.output_names:
             return consumers[0]
         return None
+
+    def rank(self, name: str) -> int | None:
+        """The rank of tensor `name` by ONNX shape inference, run once on first use (only the
+        ops of `RANKED_OPS` ask), or None when it cannot tell."""
+        if self._ranks is None:
+            self._ranks = {name: value.ndim for name, value in self.constants.items()}
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model).graph
+            except Exception:  # noqa: BLE001 - the rank is then unknown, and the op says so
+                inferred = self.model.graph
+            for info in (*inferred.input, *inferred.value_info, *inferred.output):
+                tensor_type = info.type.tensor_type
+                if info.type.HasField("tensor_type") and tensor_type.HasField("shape"):
+                    self._ranks.setdefault(info.name, len(tensor_type.shape.dim))
+        return self._ranks.get(name)
 
     def operand(self, name: str) -> Operand:
         """What an op input is: an integer tensor seen through DQ, a plain constant, or absent."""
@@ -467,6 +493,7 @@ def match_node(graph: QdqGraph, node: onnx.NodeProto, mode: RequantizationMode) 
         activation=activation,
         bias=bias,
         gate=gate[0] if gate is not None else None,
+        ranks=tuple(graph.rank(n) for n in node.input) if node.op_type in RANKED_OPS else (),
     )
     lowered: Lowered = lowering(ctx)
     step = IntegerStep(

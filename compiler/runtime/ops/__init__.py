@@ -45,9 +45,24 @@ lowerable_domain = placeable_domain
 
 
 FUSES_ACTIVATION = frozenset(
-    {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div"}
+    {
+        "Conv",
+        "ConvTranspose",
+        "BatchNormalization",
+        "MatMul",
+        "Gemm",
+        "Add",
+        "Sub",
+        "Sum",
+        "Mul",
+        "Div",
+    }
 )
 """Ops with an output stage that can clamp: Relu/Clip between them and the QuantizeLinear fuse."""
+
+RANKED_OPS = frozenset({"BatchNormalization"})
+"""Ops whose lowering needs its inputs' ranks (`OpContext.ranks`): the kernel's weight has one
+axis per input axis."""
 
 INDEX_OUTPUTS = frozenset({"ArgMax"})
 """Ops whose output is integer indices, not a quantized value: no QuantizeLinear follows them."""
@@ -61,6 +76,7 @@ __all__ = [
     "FUSES_ACTIVATION",
     "FUSES_BIAS",
     "INDEX_OUTPUTS",
+    "RANKED_OPS",
     "LOWERINGS",
     "Lowered",
     "OpContext",

@@ -54,6 +54,8 @@ class OpContext:
     activation: tuple[float, float] | None = None
     bias: Operand = None
     gate: onnx.NodeProto | None = None
+    ranks: tuple[int | None, ...] = ()
+    """Input ranks, for the ops that need them to build a kernel (`RANKED_OPS`)."""
     _attributes: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:

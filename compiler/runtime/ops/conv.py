@@ -17,7 +17,7 @@ import numpy as np
 from compiler.intmath import int_matmul
 from compiler.runtime.ops.base import Lowered, OpContext, OutputStage, align_bias
 from compiler.runtime.ops.geometry import pad_spatial, resolve_pads, spatial_attributes, windows
-from compiler.runtime.qparams import NotLowerable, QuantOperand
+from compiler.runtime.qparams import ConstOperand, NotLowerable, QuantOperand
 
 
 def weight_scales(weight: QuantOperand, channels: int, axis: int) -> np.ndarray:
@@ -244,4 +244,45 @@ def lower_conv_transpose(ctx: OpContext) -> Lowered:
     return Lowered(kernel, (x.name,))
 
 
-LOWERINGS = {"Conv": lower_conv, "ConvTranspose": lower_conv_transpose}
+def lower_batch_normalization(ctx: OpContext) -> Lowered:
+    """A BatchNormalization the QDQ model keeps (ONNX Runtime's quantizer without pre-processing
+    does): per channel y = a·x + b, a = γ/√(σ² + ε), b = β − μ·a, as a depthwise 1×1 Conv. Its
+    int8 weight ±127 with per-channel scale |a|/127 is a exactly; b is re-encoded at the
+    accumulator's scale s_x·|a|/127 like any float bias (`align_bias`)."""
+    if ctx.attr("training_mode", 0):
+        raise NotLowerable("a training-mode BatchNormalization")
+    rank = ctx.ranks[0] if ctx.ranks else None
+    if rank is None or rank < 3:
+        raise NotLowerable("BatchNormalization of an input without known spatial axes")
+    x, x_scale, x_zero_point = ctx.activation_input(0)
+    stats = [ctx.constant(k) for k in range(1, 5)]
+    if any(v is None for v in stats):
+        raise NotLowerable("BatchNormalization needs constant scale, bias, mean and variance")
+    gamma, beta, mean, variance = (np.asarray(v, np.float64).ravel() for v in stats)
+    a = gamma / np.sqrt(variance + float(ctx.attr("epsilon", 1e-5)))
+    b = beta - mean * a
+    channels, spatial = a.size, rank - 2
+    weight_scale = np.where(a != 0, np.abs(a) / 127.0, 1.0)
+    accumulator_scale = x_scale * weight_scale
+    output = ctx.output(0)
+    bias = align_bias(ConstOperand("batch_norm_bias", b), accumulator_scale)
+    real = (accumulator_scale / output.scalar_scale()).reshape(-1, *[1] * spatial)
+    kernel = ConvKernel(
+        weight=(np.sign(a) * 127).astype(np.int64).reshape(channels, 1, *[1] * spatial),
+        bias=np.broadcast_to(np.asarray(bias, dtype=np.int64), (channels,)).copy(),
+        input_zero_point=x_zero_point,
+        strides=(1,) * spatial,
+        dilations=(1,) * spatial,
+        pads=None,
+        auto_pad="NOTSET",
+        group=channels,
+        stage=OutputStage.build(real, output, ctx.mode, ctx.activation),
+    )
+    return Lowered(kernel, (x.name,))
+
+
+LOWERINGS = {
+    "Conv": lower_conv,
+    "ConvTranspose": lower_conv_transpose,
+    "BatchNormalization": lower_batch_normalization,
+}

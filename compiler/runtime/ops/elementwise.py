@@ -38,9 +38,9 @@ from compiler.intmath import (
     quantize_multiplier,
     rescale_operand,
 )
-from compiler.runtime.ops.base import Lowered, OpContext, OutputStage
+from compiler.runtime.ops.base import Lowered, OpContext, OutputStage, Rescale
 from compiler.runtime.ops.movement import lower_requantize
-from compiler.runtime.qparams import QuantParams
+from compiler.runtime.qparams import ConstOperand, NotLowerable, QuantParams
 
 LEFT_SHIFT_8BIT = 20
 LEFT_SHIFT_16BIT = 15
@@ -95,6 +95,8 @@ def _common_scale_kernel(
 
 
 def lower_add(ctx: OpContext) -> Lowered:
+    if ctx.op_type == "Sum" and len(ctx.node.input) != 2:
+        raise NotLowerable(f"Sum of {len(ctx.node.input)} inputs (two lower as an Add)")
     a, b = ctx.quant(0), ctx.quant(1)
     kernel = _common_scale_kernel(a.params, b.params, ctx.output(0), ctx, ctx.activation)
     return Lowered(kernel, (a.name, b.name))
@@ -152,7 +154,28 @@ class MulKernel:
         return self.stage(product)
 
 
+def _scaled_by_constant(ctx: OpContext, data: int, factor: int) -> Lowered | None:
+    """x · c or x / c where c (input `factor`) is a positive float scalar the QDQ model left
+    unquantized (ONNX Runtime's quantizer keeps a hard-swish's / 6 in float): a rescale of x
+    by s_x · c / s_y (or s_x / (c · s_y)), with the fused activation's clamp. None otherwise."""
+    operand = ctx.input(factor)
+    if not isinstance(operand, ConstOperand) or np.size(operand.value) != 1:
+        return None
+    value = float(np.asarray(operand.value, np.float64).ravel()[0])
+    if not (np.isfinite(value) and value > 0):
+        return None
+    x, x_scale, x_zero_point = ctx.activation_input(data)
+    output = ctx.output(0)
+    real = x_scale * (value if ctx.op_type == "Mul" else 1.0 / value) / output.scalar_scale()
+    stage = OutputStage.build(real, output, ctx.mode, ctx.activation)
+    return Lowered(Rescale(x_zero_point, stage), (x.name,))
+
+
 def lower_mul(ctx: OpContext) -> Lowered:
+    for data, factor in ((0, 1), (1, 0)):
+        scaled = _scaled_by_constant(ctx, data, factor)
+        if scaled is not None:
+            return scaled
     a, a_scale, a_zero_point = ctx.activation_input(0)
     b, b_scale, b_zero_point = ctx.activation_input(1)
     output = ctx.output(0)
@@ -183,6 +206,9 @@ class DivKernel:
 
 
 def lower_div(ctx: OpContext) -> Lowered:
+    scaled = _scaled_by_constant(ctx, 0, 1)
+    if scaled is not None:
+        return scaled
     a, a_scale, a_zero_point = ctx.activation_input(0)
     b, b_scale, b_zero_point = ctx.activation_input(1)
     output = ctx.output(0)
@@ -194,6 +220,7 @@ def lower_div(ctx: OpContext) -> Lowered:
 LOWERINGS = {
     "Add": lower_add,
     "Sub": lower_add,
+    "Sum": lower_add,
     "Mul": lower_mul,
     "Div": lower_div,
     "Max": lower_extremum,
