@@ -7,12 +7,13 @@ import pytest
 from onnx import helper
 
 from compiler.compile import compile_model
-from compiler.lower.partition import float_view, partition_model, stage_graph, tensor_types
+from compiler.lower.partition import partition_model, stage_graph, tensor_types
 from compiler.runtime.pipeline import run_archive
 from surgery import examples
 from surgery.check import check_model
 from surgery.coverage import analyze_coverage
 from surgery.model import load_model
+from surgery.qdq import float_view
 from tests.lower_support import input_frames, load_example, reference_outputs
 from tests.test_reference_support import float_model, ort_quantize, random_feeds
 

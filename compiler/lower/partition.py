@@ -45,11 +45,12 @@ from compiler.runtime.program import (
     Step,
 )
 from compiler.runtime.qparams import QuantParams
-from surgery.coverage import CoverageReport, analyze_coverage
+from surgery.check import check_model
+from surgery.coverage import CoverageReport
 from surgery.edit import node_reads
 from surgery.errors import first_line
 from surgery.model import infer_shapes_through_contrib_ops
-from surgery.qdq import float_view, quantization_record
+from surgery.qdq import quantization_record
 from surgery.targets import Target, resolve_target
 
 Processor = Literal["MLA", "CVU", "APU"]
@@ -165,7 +166,9 @@ def partition_model(
         program = build_program(graph, mode)
     except UnknownOpError as error:  # a compile of the model fails on it: say so in its terms
         raise CompileError(error.message, hint=error.hint) from None
-    coverage = analyze_coverage(float_view(model), target, suggest=False)
+    # check's own analysis (float view, shapes folded as check folds them), so the segments
+    # compiled are the ones `surgery check` reports.
+    coverage = check_model(model, target, suggest=False)
     constants = dict(graph.constants)
     steps, folded = _fold_constant_steps(program.steps, constants, set(graph.output_names))
     notes: list[str] = []
