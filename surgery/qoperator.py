@@ -108,7 +108,7 @@ QOPERATOR_LEFT_REASON = (
 def qdq_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """`model` as QDQ (itself unless it has QOperator ops) and a note on what was rewritten:
     what check, compile and the reference executor take."""
-    if not is_qoperator(GraphView(model)):
+    if not any(qoperator_form(n.domain, n.op_type) for n in model.graph.node):
         return model, []
     conversion = qoperator_to_qdq(model)
     note = conversion.note()
@@ -353,14 +353,25 @@ class _Rewriter:
             scale, zero = self.per_tensor(scale, zero)
             axis = None
         key = (value, scale, zero, axis)
-        if key in self.dequantized:
-            return self.dequantized[key]
+        if key not in self.dequantized:
+            self.dequantized[key] = self.dequantize_node(value, scale, zero, axis, added, node)
+        return self.dequantized[key]
+
+    def dequantize_node(
+        self,
+        value: str,
+        scale: str,
+        zero: str,
+        axis: int | None,
+        added: list[onnx.NodeProto],
+        node: onnx.NodeProto,
+    ) -> str:
+        """A DequantizeLinear of `value` appended to `added`; its output's name."""
         out = self.fresh(f"{value}_dequantized")
         inputs = [value, scale, *([zero] if zero else [])]
         extra = {"axis": axis} if axis is not None else {}
         label = self.fresh(f"{node.name or node.output[0]}_{value}_dequantize")
         added.append(helper.make_node("DequantizeLinear", inputs, [out], name=label, **extra))
-        self.dequantized[key] = out
         return out
 
     def dequantize_bias(
@@ -380,30 +391,12 @@ class _Rewriter:
         )
         if node.op_type == "QGemm":
             scale = scale * float(attrs.get("alpha", 1.0))
-        bias_value = self.values[bias]
-        if scale.size == 1:
-            name = self.add_initializer(f"{bias}_scale", np.float32(scale[0]))
-            return self.dequantize_constant(bias, name, None, added, node)
-        axis = bias_value.ndim - 1
-        name = self.add_initializer(f"{bias}_scale", scale.astype(np.float32))
-        self.per_axis = True
-        return self.dequantize_constant(bias, name, axis, added, node)
-
-    def dequantize_constant(
-        self,
-        value: str,
-        scale: str,
-        axis: int | None,
-        added: list[onnx.NodeProto],
-        node: onnx.NodeProto,
-    ) -> str:
-        out = self.fresh(f"{value}_dequantized")
-        extra = {"axis": axis} if axis is not None else {}
-        label = self.fresh(f"{node.name or node.output[0]}_{value}_dequantize")
-        added.append(
-            helper.make_node("DequantizeLinear", [value, scale], [out], name=label, **extra)
-        )
-        return out
+        per_channel = scale.size > 1
+        self.per_axis |= per_channel
+        axis = self.values[bias].ndim - 1 if per_channel else None
+        value = scale.astype(np.float32) if per_channel else np.float32(scale[0])
+        name = self.add_initializer(f"{bias}_scale", value)
+        return self.dequantize_node(bias, name, "", axis, added, node)
 
     def _output_quantization(
         self,

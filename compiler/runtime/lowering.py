@@ -59,6 +59,7 @@ from compiler.runtime.ops.normalization import FP16_LOWERINGS
 from compiler.runtime.program import DequantizeStep, FloatStep, IntegerStep, QuantizeStep, Step
 from compiler.runtime.qparams import ConstOperand, NotLowerable, Operand, QuantOperand, QuantParams
 from surgery.graph import node_reads, topological_order
+from surgery.model import infer_shapes_through_contrib_ops
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
@@ -193,7 +194,7 @@ class QdqGraph:
         if self._ranks is None:
             self._ranks = {name: value.ndim for name, value in self.constants.items()}
             try:
-                inferred = onnx.shape_inference.infer_shapes(self.model).graph
+                inferred = infer_shapes_through_contrib_ops(self.model).graph
             except Exception:  # noqa: BLE001 - the rank is then unknown, and the op says so
                 inferred = self.model.graph
             for info in (*inferred.input, *inferred.value_info, *inferred.output):

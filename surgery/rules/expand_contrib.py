@@ -126,11 +126,23 @@ class _Body:
         )
         return out
 
+    def reduce(
+        self, op_type: str, x: str, axes: Sequence[int], keepdims: int, out: str | None = None
+    ) -> str:
+        """ReduceMean / ReduceSum over `axes`, which became an input (ReduceSum at opset 13,
+        the others at 18)."""
+        as_input = self.ctx.opset >= (13 if op_type == "ReduceSum" else 18)
+        if as_input:
+            return self.op(op_type, [x, self.const(list(axes), np.int64)], out, keepdims=keepdims)
+        return self.op(op_type, [x], out, axes=list(axes), keepdims=keepdims)
+
     def mean_over_last_axis(self, x: str) -> str:
-        if self.ctx.opset >= 18:
-            axes = self.const([-1], np.int64)
-            return self.op("ReduceMean", [x, axes], keepdims=1)
-        return self.op("ReduceMean", [x], axes=[-1], keepdims=1)
+        return self.reduce("ReduceMean", x, [-1], keepdims=1)
+
+    def positions(self) -> str:
+        """0, 1, …, S - 1 for the sequence axis (1) of input 0."""
+        length = self.op("Gather", [self.op("Shape", [self.x(0)]), self.const(1, np.int64)], axis=0)
+        return self.op("Range", [self.const(0, np.int64), length, self.const(1, np.int64)])
 
     def function(self) -> onnx.FunctionProto:
         return helper.make_function(
@@ -163,10 +175,6 @@ def _activation(body: _Body, x: str, out: str, kind: str, params: Sequence[float
         raise _Unexpandable(f"activation {kind!r} has no standard form here")
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")
-
-
 def _fused_conv(body: _Body) -> None:
     """act(Conv(X, W, B) + Z)."""
     conv_attrs = {
@@ -179,7 +187,7 @@ def _fused_conv(body: _Body) -> None:
     if body.given(3):
         y = body.op("Add", [y, body.x(3)])
     params = body.attrs.get("activation_params") or []
-    _activation(body, y, "y0", _text(body.attrs.get("activation")), params)
+    _activation(body, y, "y0", body.attrs.get("activation") or "", params)
 
 
 def _fused_gemm(body: _Body) -> None:
@@ -192,7 +200,7 @@ def _fused_gemm(body: _Body) -> None:
         for k in ("activation_alpha", "activation_beta", "activation_gamma")
         if body.attrs.get(k) is not None
     ]
-    _activation(body, y, "y0", _text(body.attrs.get("activation")), params)
+    _activation(body, y, "y0", body.attrs.get("activation") or "", params)
 
 
 def _fused_matmul(body: _Body) -> None:
@@ -348,8 +356,7 @@ def _attention_keep_mask(body: _Body) -> str:
         return body.op("Cast", [body.x(3)], to=body.float_type)
     if rank != 1:
         raise _Unexpandable(f"a mask_index of rank {rank} (only [batch] or [batch, seq])")
-    length = body.op("Gather", [body.op("Shape", [body.x(0)]), body.const(1, np.int64)], axis=0)
-    positions = body.op("Range", [body.const(0, np.int64), length, body.const(1, np.int64)])
+    positions = body.positions()
     ends = body.unsqueeze(body.op("Cast", [body.x(3)], to=onnx.TensorProto.INT64), [1])
     before_end = body.op("Less", [body.unsqueeze(positions, [0]), ends])
     return body.op("Cast", [before_end], to=body.float_type)
@@ -361,11 +368,7 @@ def _embed_layer_norm(body: _Body) -> None:
     if body.attrs.get("mask_index_type") not in (None, 1):
         raise _Unexpandable("a mask_index_type other than 1")
     total = body.op("Gather", [body.x(2), body.x(0)], axis=0)
-    if body.given(8):
-        positions = body.x(8)
-    else:
-        length = body.op("Gather", [body.op("Shape", [body.x(0)]), body.const(1, np.int64)], axis=0)
-        positions = body.op("Range", [body.const(0, np.int64), length, body.const(1, np.int64)])
+    positions = body.x(8) if body.given(8) else body.positions()
     total = body.op("Add", [total, body.op("Gather", [body.x(3), positions], axis=0)])
     if body.given(1) and body.given(4):
         total = body.op("Add", [total, body.op("Gather", [body.x(4), body.x(1)], axis=0)])
@@ -375,11 +378,7 @@ def _embed_layer_norm(body: _Body) -> None:
         if not body.given(7):
             raise _Unexpandable("its mask_index output is read but it has no mask")
         mask = body.op("Cast", [body.x(7)], to=onnx.TensorProto.INT32)
-        if body.ctx.opset >= 13:
-            axes = body.const([1], np.int64)
-            body.op("ReduceSum", [mask, axes], "y1", keepdims=0)
-        else:
-            body.op("ReduceSum", [mask], "y1", axes=[1], keepdims=0)
+        body.reduce("ReduceSum", mask, [1], keepdims=0, out="y1")
     if body.wanted(2):
         body.op("Identity", [total], "y2")
 
