@@ -318,6 +318,54 @@ def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monke
     assert constant.attribute[0].t.raw_data == original.graph.node[3].attribute[0].t.raw_data
 
 
+def _constant_node_weights_model() -> onnx.ModelProto:
+    """`_large_weight_model` as Paddle and Caffe2 export it: every weight a Constant node, and
+    a small shape Constant that the inferencer must read (the Reshape's target)."""
+    rng = np.random.default_rng(1)
+    conv_w = rng.normal(size=(16, 8, 3, 3)).astype(np.float32)  # 4.6 KB
+    fc_w = rng.normal(size=(16, 100)).astype(np.float32)  # 6.4 KB
+    nodes = [
+        helper.make_node("Constant", [], ["conv_w"], value=numpy_helper.from_array(conv_w)),
+        helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node(
+            "Constant", [], ["flat"], value=numpy_helper.from_array(np.array([1, 16], np.int64))
+        ),
+        helper.make_node("Reshape", ["p", "flat"], ["f"]),
+        helper.make_node("Constant", [], ["fc_w"], value=numpy_helper.from_array(fc_w)),
+        helper.make_node("MatMul", ["f", "fc_w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "constant_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_inferencer_sees_no_constant_node_weight_and_the_model_keeps_every_one(monkeypatch):
+    original = _constant_node_weights_model()
+    before = original.SerializeToString()
+    seen: list[int] = []
+    infer = onnx.shape_inference.infer_shapes
+
+    def spy(model, *args, **kwargs):
+        seen.append(model.ByteSize())
+        return infer(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    loaded = load_model(original)
+    assert seen and max(seen) < 2048  # neither weight's bytes were serialised for it
+    assert GraphView(loaded).tensor("f").shape == (1, 16)  # the shape Constant was read
+    assert [d.dim_value for d in loaded.graph.output[0].type.tensor_type.shape.dim] == [1, 100]
+    kept = [n.attribute[0].t.raw_data for n in loaded.graph.node if n.op_type == "Constant"]
+    assert kept == [
+        n.attribute[0].t.raw_data for n in original.graph.node if n.op_type == "Constant"
+    ]
+    assert original.SerializeToString() == before
+
+
 def _traced_head_reshape(width: int | str = "w") -> onnx.ModelProto:
     """x [1, 4, W] → Transpose → Reshape to a constant [8, 2, 2] → Relu: a head reshape whose
     sequence length (W = 8) an export traced as a constant, as torch's TorchScript exporter
