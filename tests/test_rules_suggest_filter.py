@@ -23,6 +23,7 @@ from surgery.model import open_model
 from surgery.rules.base import RuleContext
 from surgery.rules.registry import all_rules
 from surgery.rules.suggest import rule_matches
+from surgery.targets import resolve_target
 from tests.conftest import RUN_INPUTS, SHARED_MODELS
 
 EXAMPLES = examples.EXAMPLES
@@ -103,3 +104,52 @@ def test_a_rule_that_refuses_without_parameters_is_no_warning(caplog):
     with caplog.at_level("WARNING", logger="surgery.rules.suggest"):
         report = check_model(model, "mlsoc")
     assert report.blockers and not caplog.records
+
+
+def test_profiles_with_one_mla_rank_for_every_op_say_so():
+    assert resolve_target("mlsoc").uniform_mla_ranks == {4}
+    assert resolve_target("modalix").uniform_mla_ranks == {4}
+    assert resolve_target("rk3588").uniform_mla_ranks is None  # its Gemm and Flatten skip it
+
+
+def _rank_keeping_rules_asked(model: onnx.ModelProto, monkeypatch) -> list[str]:
+    """Names of the `keeps_ranks` rules whose `find` check's suggestion pass calls."""
+    asked: list[str] = []
+    for cls in all_rules():
+        if cls.keeps_ranks:
+            original = cls.find
+
+            def spy(self, ctx, params, _original=original):
+                asked.append(self.name)
+                return _original(self, ctx, params)
+
+            monkeypatch.setattr(cls, "find", spy)
+    check_model(model, "mlsoc")
+    return asked
+
+
+def test_rank_keeping_rules_are_not_asked_when_every_blocker_has_an_off_rank_tensor(
+    monkeypatch,
+):
+    """The YOLO head's blockers carry rank-5 tensors: Split as Slices would be rank 5 too."""
+    assert "Split" in {b.op_type for b in check_model(examples.yolo_head(), "mlsoc").blockers}
+    assert _rank_keeping_rules_asked(examples.yolo_head(), monkeypatch) == []
+
+
+def test_rank_keeping_rules_are_asked_for_a_4d_blocker(monkeypatch):
+    """A 4-D Neg is blocked by its op alone: neg-to-mul frees it, and check says so."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("Neg", ["c"], ["n"], name="neg"),
+            helper.make_node("Conv", ["n", "w"], ["y"], name="conv2"),
+        ],
+        "neg_4d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 2, 1, 1], [1.0, 0.0, 0.0, 1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert "neg-to-mul" in _rank_keeping_rules_asked(model, monkeypatch)
+    neg = next(b for b in check_model(model, "mlsoc").blockers if b.name == "neg")
+    assert "neg-to-mul" in neg.suggested_rules

@@ -162,6 +162,13 @@ class Rule:
     """Op types such that the rule's matches list blockers only when some blocker has one of
     them (it frees only such nodes, or only matches around such a blocker). `surgery check`
     then skips the rule on models without one; None (the default) always asks the rule."""
+    keeps_ranks: ClassVar[bool] = False
+    """True when every node the rewrite puts in place of a node reads or writes one of that
+    node's data tensors (or one of the same shape): an elementwise or activation rewrite, a
+    Split as Slices. On a target whose MLA takes one set of ranks for every op
+    (`Target.uniform_mla_ranks`), such a rule cannot free a blocker with a data tensor of
+    another rank, so `surgery check` does not ask it when every blocker has one (a YOLO
+    head's rank-5 tensors, a transformer's rank-3 tokens)."""
 
     def may_free(self, coverage: CoverageReport) -> bool:
         """False only when `find` cannot list any of the report's blockers (a cheap pre-check

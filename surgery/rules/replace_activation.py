@@ -234,6 +234,7 @@ class NormaliseActivations(OpsetGraphRule):
     """
 
     name = "normalise-activations"
+    keeps_ranks = True
     suggest_for = frozenset({"Add", "Clip", "Div", "Mul", "HardSigmoid", "Sigmoid", "Max", "Min"})
     summary = "Spelled-out HardSwish/HardSigmoid/Swish/Relu6 patterns → the single activation op."
     category = "replace"

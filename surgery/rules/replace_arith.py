@@ -36,6 +36,7 @@ class SubDivToAddMul(GraphRule):
     """
 
     name = "sub-div-to-add-mul"
+    keeps_ranks = True
     suggest_for = frozenset({"Sub", "Div"})
     summary = "Sub/Div by a constant → Add/Mul by its negation/reciprocal."
     category = "replace"
@@ -89,6 +90,7 @@ class NegToMul(GraphRule):
     """
 
     name = "neg-to-mul"
+    keeps_ranks = True
     suggest_for = frozenset({"Neg"})
     summary = "Neg(x) → Mul(x, −1)."
     category = "replace"

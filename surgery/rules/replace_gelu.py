@@ -167,6 +167,7 @@ class ErfGeluToGelu(_GeluRule):
     """
 
     name = "erf-gelu-to-gelu"
+    keeps_ranks = True
     summary = "x·0.5·(1+erf(x/√2)) (any exported variant) → Gelu (opset ≥ 20)."
     category = "replace"
     example = "surgery apply erf-gelu-to-gelu vit_tiny_patch16_224.onnx -w ws"
@@ -208,6 +209,7 @@ class GeluToTanh(_GeluRule):
     """
 
     name = "gelu-to-tanh"
+    keeps_ranks = True
     summary = "Exact GELU (erf form or Gelu none) → tanh approximation (max error 4.8e-4)."
     category = "replace"
     exactness = "approximate"
@@ -267,6 +269,7 @@ class GeluToQuickGelu(_GeluRule):
     """
 
     name = "gelu-to-quickgelu"
+    keeps_ranks = True
     summary = "GELU → x·sigmoid(1.702x) (QuickGELU; max error 0.0203)."
     category = "replace"
     exactness = "approximate"

@@ -46,6 +46,7 @@ class SplitToSlices(GraphRule):
     """
 
     name = "split-to-slices"
+    keeps_ranks = True
     suggest_for = frozenset({"Split"})
     summary = "Split → one Slice per used output (sizes from the inferred shapes)."
     category = "replace"

@@ -56,6 +56,8 @@ def suggest_rules(
     to the host, which reshape-to-4d keeps on the MLA."""
     ctx = RuleContext(model, target, view, report, constants, focus=report.blocker_names)
     rules = [rule for rule in (cls() for cls in all_rules()) if rule.may_free(report)]
+    if any(rule.keeps_ranks for rule in rules) and _all_blocked_by_rank(report, target, ctx):
+        rules = [rule for rule in rules if not rule.keeps_ranks]
     rules.sort(key=lambda rule: rule.changes_outputs)
     suggestions: dict[str, list[str]] = {}
     for rule, matches in rule_matches(ctx, rules):
@@ -65,6 +67,23 @@ def suggest_rules(
                 if rule.name not in names:
                     names.append(rule.name)
     return suggestions
+
+
+def _all_blocked_by_rank(report: CoverageReport, target: Target, ctx: RuleContext) -> bool:
+    """Whether every blocker has a data tensor (a computed input or an output) of a rank the
+    target's MLA takes for no op, or of unknown rank: no `keeps_ranks` rule can free one."""
+    ranks = target.uniform_mla_ranks
+    if ranks is None:
+        return False
+    view, constants = ctx.view, ctx.constants
+    tensor = view.tensor
+
+    def off_rank(idx: int) -> bool:
+        data = [t for t in view.node_inputs[idx] if t and t not in constants]
+        data += [t for t in view.node_outputs[idx] if t]
+        return any(tensor(t).rank not in ranks for t in data)  # an unknown rank is None
+
+    return all(off_rank(b.index) for b in report.blockers)
 
 
 def enable() -> None:

@@ -167,6 +167,23 @@ class Target:
         self._mla_ops = frozenset(
             op for op, rules in self._rules.items() if any(r.processor == "MLA" for r in rules)
         )
+        self.uniform_mla_ranks = self._uniform_mla_ranks()
+        """The ranks the MLA takes for the data tensors of every op, when every MLA placement
+        checks the same ones (mlsoc: 4-D only); None when some op differs (rk3588's Gemm and
+        Flatten skip the check). A node with a data tensor of another rank then cannot run on
+        the MLA as whatever op it is rewritten to over that tensor."""
+
+    def _uniform_mla_ranks(self) -> frozenset[int] | None:
+        found: set[tuple[int, ...]] = set()
+        for rules in self._rules.values():
+            for rule in rules:
+                if rule.processor != "MLA":
+                    continue
+                ranks = [c.params for c in rule.constraints if c.check == "rank"]
+                if len(ranks) != 1 or ranks[0].get("tensors", "data") != "data":
+                    return None
+                found.add(tuple(sorted(ranks[0]["ranks"])))
+        return frozenset(found.pop()) if len(found) == 1 else None
 
     def _resolve(self, spec: OpSpec) -> tuple[Rule, ...]:
         rules: list[Rule] = []
