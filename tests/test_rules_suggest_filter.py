@@ -1,5 +1,6 @@
-"""Rule suggestions skip rules by `Rule.may_free`, and anchors far from every blocker by
-`RuleContext.near_focus`: neither skip may drop or add a suggestion.
+"""Rule suggestions skip rules by `Rule.may_free`, rules that keep ranks when every blocker has
+an off-rank tensor (`Rule.keeps_ranks`), and anchors far from every blocker by
+`RuleContext.near_focus`: no skip may drop or add a suggestion.
 
 Each rule's `suggest_for` (or `may_free` override) claims that its matches list blockers only
 when the model has a blocker it names. These tests run every rule on the example and real
