@@ -299,8 +299,8 @@ def _large_weight_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monkeypatch):
-    original = _large_weight_model()
+def _inferencer_input_sizes(monkeypatch) -> list[int]:
+    """The serialized size of every model onnx's shape inferencer is given from now on."""
     seen: list[int] = []
     infer = onnx.shape_inference.infer_shapes
 
@@ -309,6 +309,12 @@ def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monke
         return infer(model, *args, **kwargs)
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    return seen
+
+
+def test_the_inferencer_sees_no_large_weight_and_the_model_keeps_every_one(monkeypatch):
+    original = _large_weight_model()
+    seen = _inferencer_input_sizes(monkeypatch)
     loaded = load_model(original)
     assert seen and max(seen) < 2048  # neither weight's bytes were serialised for it
     assert [d.dim_value for d in loaded.graph.output[0].type.tensor_type.shape.dim] == [1, 100]
@@ -347,14 +353,7 @@ def _constant_node_weights_model() -> onnx.ModelProto:
 def test_the_inferencer_sees_no_constant_node_weight_and_the_model_keeps_every_one(monkeypatch):
     original = _constant_node_weights_model()
     before = original.SerializeToString()
-    seen: list[int] = []
-    infer = onnx.shape_inference.infer_shapes
-
-    def spy(model, *args, **kwargs):
-        seen.append(model.ByteSize())
-        return infer(model, *args, **kwargs)
-
-    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    seen = _inferencer_input_sizes(monkeypatch)
     loaded = load_model(original)
     assert seen and max(seen) < 2048  # neither weight's bytes were serialised for it
     assert GraphView(loaded).tensor("f").shape == (1, 16)  # the shape Constant was read

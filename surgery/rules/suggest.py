@@ -13,7 +13,7 @@ from surgery.graph import GraphView
 from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
 from surgery.schema_check import raise_malformed_attributes
-from surgery.targets import Target
+from surgery.targets import NodeContext, Target
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,16 @@ def suggest_rules(
 
 
 def _all_blocked_by_rank(report: CoverageReport, target: Target, ctx: RuleContext) -> bool:
-    """Whether every blocker has a data tensor (a computed input or an output) of a rank the
-    target's MLA takes for no op, or of unknown rank: no `keeps_ranks` rule can free one."""
+    """Whether every blocker has a data tensor (the tensors the rank check reads: computed
+    inputs and outputs) of a rank the target's MLA takes for no op, or of unknown rank: no
+    `keeps_ranks` rule can free one."""
     ranks = target.uniform_mla_ranks
     if ranks is None:
         return False
-    view, constants = ctx.view, ctx.constants
-    tensor = view.tensor
 
     def off_rank(idx: int) -> bool:
-        data = [t for t in view.node_inputs[idx] if t and t not in constants]
-        data += [t for t in view.node_outputs[idx] if t]
-        return any(tensor(t).rank not in ranks for t in data)  # an unknown rank is None
+        node = NodeContext(ctx.view, idx, ctx.constants)
+        return any(t.rank not in ranks for t in (*node.data_inputs(), *node.outputs()))
 
     return all(off_rank(b.index) for b in report.blockers)
 
