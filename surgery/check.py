@@ -16,7 +16,7 @@ from surgery.graph import GraphView
 from surgery.model import load_model, model_label, open_model, refuse_impossible_reshapes
 from surgery.qdq import float_model, float_view, is_qdq, quantized_for
 from surgery.qoperator import is_qoperator, qoperator_to_qdq
-from surgery.shape_repair import repair_shapes
+from surgery.shape_repair import can_repair_shapes, repair_shapes
 from surgery.targets import Target, resolve_target
 
 DEFAULT_TARGET = "mlsoc"
@@ -80,9 +80,9 @@ def _analyse(
 
     Where shapes wait for folding, the shapes are repaired in place (`repair_shapes`: the
     model is check's own copy) and the model analysed as the fold would leave it; where only
-    the fold can tell, the model is opened again and folded in place, and analysed folded. If
-    nothing folds after all, the fold has changed the model, and it is opened again for the
-    analysis as given.
+    the fold can tell, the model is folded in place (opened again first if a repair was
+    started), and analysed folded. If nothing folds after all, the fold has changed the
+    model, and it is opened again for the analysis as given.
 
     Returns the report, the QDQ model when the input was one (its suggestions come from its
     float model, so none are computed here) and the target."""
@@ -93,14 +93,15 @@ def _analyse(
     constants = constant_tensors(view)
     label = model_label(model)
     if waits_for_folding(loaded, view, tgt, constants, op_target):
-        repaired = repair_shapes(loaded, view, constants)
-        if repaired is not None:
-            refuse_impossible_reshapes(view, label)
-            report = analyze_coverage(
-                loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=repaired
-            )
-            return report, qdq, tgt
-        loaded, view, tgt, _ = _open(model, target, input_shapes)
+        if can_repair_shapes(loaded, view):
+            repaired = repair_shapes(loaded, view, constants)
+            if repaired is not None:
+                refuse_impossible_reshapes(view, label)
+                report = analyze_coverage(
+                    loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=repaired
+                )
+                return report, qdq, tgt
+            loaded, view, tgt, _ = _open(model, target, input_shapes)  # half repaired
         folded = folded_coverage(loaded, view, tgt, op_target=op_target, suggest=suggest)
         if folded is not None:
             refuse_impossible_reshapes(GraphView(loaded), label)

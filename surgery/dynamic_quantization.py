@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from surgery.edit import prune_dead
+from surgery.graph import remove_at
 from surgery.model import DEFAULT_DOMAINS, toposort_nodes
 
 _FLOAT = onnx.TensorProto.FLOAT
@@ -34,14 +35,16 @@ class _Graph:
     afterwards and goes with `prune_dead`."""
 
     graph: onnx.GraphProto
-    initializers: dict[str, np.ndarray] = field(init=False)
+    initializers: dict[str, onnx.TensorProto] = field(init=False)
     producer: dict[str, int] = field(init=False)
     readers: dict[str, list[int]] = field(init=False)
     removed: set[int] = field(default_factory=set)
     added: list[onnx.NodeProto] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.initializers = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        # Decoded on demand (`weight`): most models have no dynamic quantization to undo, and
+        # this runs on every quantized model's float view.
+        self.initializers = {t.name: t for t in self.graph.initializer}
         self.producer, self.readers = {}, {}
         for k, node in enumerate(self.graph.node):
             for name in node.output:
@@ -67,7 +70,8 @@ class _Graph:
         return readers[0] if len(readers) == 1 and tensor not in self.outputs else None
 
     def weight(self, name: str) -> np.ndarray | None:
-        return self.initializers.get(name) if name else None
+        tensor = self.initializers.get(name) if name else None
+        return None if tensor is None else numpy_helper.to_array(tensor)
 
     def add_dequantized(
         self,
@@ -80,7 +84,7 @@ class _Graph:
         """A float initializer `(w - zero) * scale` for weight `name`, the scale and zero point
         one for all or one per channel (`channels`: the shape they broadcast as), its axes
         permuted by `axes` if given; its name."""
-        weight = self.initializers[name]
+        weight = numpy_helper.to_array(self.initializers[name])
         zero = np.zeros((), weight.dtype) if zero is None else zero
         value = (weight.astype(np.float32) - _channels(zero, channels)) * _channels(scale, channels)
         if axes is not None:
@@ -98,22 +102,24 @@ def _channels(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def undo_dynamic_quantization(model: onnx.ModelProto) -> int:
     """Rewrite `model` in place as the float model its dynamic quantization quantizes; the
     number of float ops added. Patterns other than the ones ORT writes stay as they are."""
+    undos = [
+        (k, undo)
+        for k, node in enumerate(model.graph.node)
+        if (
+            undo := _UNDOS.get(
+                ("" if node.domain in DEFAULT_DOMAINS else node.domain, node.op_type)
+            )
+        )
+    ]
+    if not undos:
+        return 0
     g = _Graph(model.graph)
-    for k, node in enumerate(model.graph.node):
-        default = node.domain in DEFAULT_DOMAINS
-        if default and node.op_type in ("MatMulInteger", "ConvInteger"):
-            _undo_integer_op(g, k)
-        elif default and node.op_type == "DequantizeLinear":
-            _undo_gathered_table(g, k)
-        elif node.domain == _CONTRIB and node.op_type == "DynamicQuantizeMatMul":
-            _undo_dynamic_matmul(g, k)
-        elif node.domain == _CONTRIB and node.op_type == "DynamicQuantizeLSTM":
-            _undo_dynamic_lstm(g, k)
+    for k, undo in undos:
+        undo(g, k)
     if not g.added:
         return 0
-    kept = [n for k, n in enumerate(model.graph.node) if k not in g.removed]
-    del model.graph.node[:]
-    model.graph.node.extend([*kept, *g.added])
+    remove_at(model.graph.node, sorted(g.removed))
+    model.graph.node.extend(g.added)
     toposort_nodes(model)
     prune_dead(model)
     return len(g.added)
@@ -244,3 +250,13 @@ def _undo_dynamic_lstm(g: _Graph, k: int) -> None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     g.added.append(helper.make_node("LSTM", inputs, list(node.output), name=node.name, **attrs))
     g.removed.add(k)
+
+
+_UNDOS = {
+    ("", "MatMulInteger"): _undo_integer_op,
+    ("", "ConvInteger"): _undo_integer_op,
+    ("", "DequantizeLinear"): _undo_gathered_table,
+    (_CONTRIB, "DynamicQuantizeMatMul"): _undo_dynamic_matmul,
+    (_CONTRIB, "DynamicQuantizeLSTM"): _undo_dynamic_lstm,
+}
+"""The undo for each op (domain, op type) a dynamic quantization pattern starts from."""

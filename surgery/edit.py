@@ -28,7 +28,13 @@ from onnx import numpy_helper
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from surgery.errors import NodeNotFoundError, SurgeryError
-from surgery.graph import GraphView, drop_unread_initializers, node_reads, rename_tensors
+from surgery.graph import (
+    GraphView,
+    drop_unread_initializers,
+    node_reads,
+    remove_at,
+    rename_tensors,
+)
 from surgery.model import (
     check_model_fully,
     load_model,
@@ -630,9 +636,7 @@ def prune_dead(model: onnx.ModelProto) -> None:
         if any(o in needed for o in node.output):
             keep[k] = True
             needed.update(node_reads(node))
-    nodes = [n for n, alive in zip(g.node, keep, strict=True) if alive]
-    del g.node[:]
-    g.node.extend(nodes)
+    remove_at(g.node, [k for k, alive in enumerate(keep) if not alive])
     drop_unread_initializers(g, needed)
 
 

@@ -24,7 +24,7 @@ from surgery.coverage import (
     shape_slice,
 )
 from surgery.errors import SurgeryError
-from surgery.graph import GraphView
+from surgery.graph import GraphView, remove_at
 from surgery.model import infer_model_shapes
 from surgery.targets import Target
 from surgery.verify import quiet_session_options
@@ -96,29 +96,8 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
         g.initializer.extend(tensors)
         for tensor, name in zip(g.initializer[start:], names, strict=True):
             tensor.name = name
-        _remove_nodes(g, moved)
+        remove_at(g.node, moved)
     return len(moved)
-
-
-_REMOVE_ONE_BY_ONE = 1 << 22
-"""Up to this many (removed × graph nodes), `_remove_nodes` removes nodes one at a time."""
-
-
-def _remove_nodes(g: onnx.GraphProto, indices: list[int]) -> None:
-    """Remove the nodes at `indices` (ascending) from `g`, keeping the others in order.
-
-    One at a time from the end, each removal moves pointers only, where rebuilding the list
-    copies every kept node (the protobuf runtime copies a message it appends); on very large
-    graphs the pointer moves add up quadratically, and the list is rebuilt instead."""
-    nodes = g.node
-    if len(indices) * len(nodes) <= _REMOVE_ONE_BY_ONE:
-        for idx in reversed(indices):
-            del nodes[idx]
-        return
-    drop = set(indices)
-    keep = [n for i, n in enumerate(nodes) if i not in drop]
-    del nodes[:]
-    nodes.extend(keep)
 
 
 FOLD_ROUNDS = 8
@@ -162,8 +141,9 @@ def _bypass_weight_identities(model: onnx.ModelProto) -> int:
     if not identities or any(a.type in _GRAPH_ATTRIBUTES for n in g.node for a in n.attribute):
         return 0  # a subgraph may read an Identity's output by name
     alias = {g.node[idx].output[0]: g.node[idx].input[0] for idx in identities}
-    _remove_nodes(
-        g, [idx for idx, n in enumerate(g.node) if n.op_type == "Identity" and n.output[0] in alias]
+    remove_at(
+        g.node,
+        [idx for idx, n in enumerate(g.node) if n.op_type == "Identity" and n.output[0] in alias],
     )
     for node in g.node:
         for k, name in enumerate(node.input):
@@ -227,7 +207,7 @@ def _static_shapes_to_initializers(model: onnx.ModelProto) -> int:
         value = np.array(shape[shape_slice(node, len(shape))], np.int64)
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
         folded.append(idx)
-    _remove_nodes(g, folded)
+    remove_at(g.node, folded)
     return len(folded)
 
 
@@ -264,7 +244,7 @@ def _fold_constant_subgraphs(model: onnx.ModelProto) -> int:
         if name not in kept_outputs:
             g.initializer.append(numpy_helper.from_array(value, name))
     removed = [i for i in folded if i not in keep]
-    _remove_nodes(g, removed)
+    remove_at(g.node, removed)
     return len(removed)
 
 

@@ -11,6 +11,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
+from typing import Any
 
 import numpy as np
 import onnx
@@ -233,15 +234,48 @@ def drop_unread_initializers(graph: onnx.GraphProto, read: set[str] | None = Non
         read = {name for node in graph.node for name in node_reads(node)}
         read |= {o.name for o in graph.output}
     dropped = {t.name for t in graph.initializer if t.name not in read}
-    if not dropped:
+    if dropped:
+        remove_where(graph.initializer, lambda t: t.name in dropped)
+        remove_where(graph.input, lambda i: i.name in dropped)
+
+
+def remove_where(field: Any, dropped: Callable[[Any], bool]) -> int:
+    """Remove the elements of a repeated protobuf field for which `dropped` is true, in place
+    and in order (`remove_at`); how many went."""
+    indices = [k for k, element in enumerate(field) if dropped(element)]
+    remove_at(field, indices)
+    return len(indices)
+
+
+REMOVE_IN_PLACE_MOVES = 1 << 22
+"""Up to this many (runs removed × field length) pointer moves, `remove_at` deletes in place."""
+
+
+def remove_at(field: Any, indices: Sequence[int]) -> None:
+    """Remove the elements at `indices` (ascending) of a repeated protobuf field, keeping the
+    others in order.
+
+    Each run of consecutive indices goes with one slice deletion from the end, which moves
+    pointers only. Rebuilding the field (`del field[:]` then `extend(kept)`) copies every kept
+    message, weights and all: filtering a 35 MB model's initializers cost 2 ms that way and
+    0.02 ms so. Where the pointer moves would add up quadratically (tens of thousands of
+    scattered removals), the field is rebuilt instead."""
+    if not indices:
         return
-    kept = [t for t in graph.initializer if t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    inputs = [i for i in graph.input if i.name not in dropped]
-    if len(inputs) != len(graph.input):
-        del graph.input[:]
-        graph.input.extend(inputs)
+    runs: list[tuple[int, int]] = []
+    for k in indices:
+        if runs and runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    if len(runs) * len(field) > REMOVE_IN_PLACE_MOVES:
+        drop = set(indices)
+        kept = [element for k, element in enumerate(field) if k not in drop]
+        del field[:]
+        field.extend(kept)
+        return
+    for first, end in reversed(runs):
+        del field[first:end]
 
 
 def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int] | None:

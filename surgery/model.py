@@ -655,7 +655,7 @@ def _copy_without_constant_weights(model: onnx.ModelProto, constants: list[int])
 
 
 def _nbytes(t: onnx.TensorProto) -> int:
-    """Bytes of a float tensor's data from its dims (4 a value, an upper bound for 16-bit
+    """Bytes of a weight's data from its dims (4 a value, an upper bound for 8- and 16-bit
     types), without reading the data."""
     return math.prod(t.dims) * 4
 
@@ -700,14 +700,18 @@ def _empty_like(t: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def _is_large_weight(t: onnx.TensorProto) -> bool:
-    """A float tensor stored as raw bytes whose size cannot matter to shape inference."""
-    return (
-        t.data_type in _FLOAT_WEIGHT_TYPES and _nbytes(t) > _STRIP_BYTES and t.HasField("raw_data")
-    )
+    """A weight stored as raw bytes whose values cannot matter to shape inference."""
+    return t.data_type in _WEIGHT_TYPES and _nbytes(t) > _STRIP_BYTES and t.HasField("raw_data")
 
 
-_FLOAT_WEIGHT_TYPES = frozenset({1, 10, 11, 16})
-"""float32, float16, float64, bfloat16: the element types of weights."""
+_T = onnx.TensorProto
+_WEIGHT_TYPES = frozenset(
+    {_T.FLOAT, _T.FLOAT16, _T.DOUBLE, _T.BFLOAT16, _T.INT8, _T.UINT8, _T.INT16, _T.UINT16}
+    | {_T.INT4, _T.UINT4}
+)
+"""The element types of weights, float and quantized: data propagation reads only int64 and
+int32 tensors (shapes, axes, indices), and a large float tensor is no Resize scale. An
+int8-quantized model's weights were serialised for every inference (8 ms on a 13 MB CRNN)."""
 
 
 def raise_ir_version(model: onnx.ModelProto) -> None:

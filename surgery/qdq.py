@@ -25,6 +25,7 @@ from surgery.graph import (
     drop_unread_initializers,
     node_reads,
     outer_reads,
+    remove_where,
     rename_tensors,
     subgraphs,
 )
@@ -395,9 +396,7 @@ def _replace_by_initializers(model: onnx.ModelProto, values: dict[str, Any]) -> 
     from surgery.edit import prune_dead
 
     graph = model.graph
-    kept = [n for n in graph.node if not (n.output and n.output[0] in values)]
-    del graph.node[:]
-    graph.node.extend(kept)
+    remove_where(graph.node, lambda n: bool(n.output) and n.output[0] in values)
     graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
     prune_dead(model)
 

@@ -42,13 +42,10 @@ def repair_shapes(
     """Make every shape of `model` static as folding would, in place (`model` is the caller's
     own, `view` its view, which then reads computed constants as folded); the new
     `constant_tensors(view)`, or None when only the fold can tell (then `model` and `view` may
-    be half repaired: the caller reopens the model)."""
-    if model.functions or not DEFAULT_DOMAINS.issuperset(view.domains):
+    be half repaired: the caller reopens the model). Where `can_repair_shapes` says no, it
+    is None at once and nothing has changed."""
+    if not can_repair_shapes(model, view):
         return None
-    if not SUBGRAPH_OPS.isdisjoint(view.op_types) or "Size" in view.op_types:
-        return None  # outer-scope names; a Size of a static tensor is not what folding folds
-    if not view.is_sorted:
-        return None  # the view forgets readers below: only the stored order stays an order
     values = ComputedValues(view)
     unresolved = None
     for _ in range(FOLD_ROUNDS):  # as many rounds as folding makes
@@ -68,6 +65,15 @@ def repair_shapes(
             return None
         constants = constant_tensors(view)
     return None
+
+
+def can_repair_shapes(model: onnx.ModelProto, view: GraphView) -> bool:
+    """Whether `repair_shapes` may repair the model: not where only the fold can tell."""
+    if model.functions or not DEFAULT_DOMAINS.issuperset(view.domains):
+        return False
+    if not SUBGRAPH_OPS.isdisjoint(view.op_types) or "Size" in view.op_types:
+        return False  # outer-scope names; a Size of a static tensor is not what folding folds
+    return view.is_sorted  # the view forgets readers: only the stored order stays an order
 
 
 def _forget_shape_readers(view: GraphView, known: set[str], foldable: list[bool]) -> None:

@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import surgery.check
 from surgery import examples
 from surgery.check import check_model
 from surgery.coverage import (
@@ -127,3 +128,19 @@ def test_check_leaves_the_callers_model_alone():
     before = model.SerializeToString()
     check_model(model, "mlsoc")
     assert model.SerializeToString() == before
+
+
+def test_check_reads_the_model_once_where_only_the_fold_can_tell(monkeypatch):
+    """A custom op rules the shape repair out before it starts: the fold takes the model as
+    it was opened, without reading and inferring it a second time."""
+    opened = []
+    open_model = surgery.check.open_model
+
+    def counting_open(*args, **kwargs):
+        opened.append(args[0])
+        return open_model(*args, **kwargs)
+
+    monkeypatch.setattr(surgery.check, "open_model", counting_open)
+    report = check_model(custom_op_after_flatten(), "mlsoc")
+    assert len(opened) == 1
+    assert not shapes_wait_for_folding(report)  # the folded model's analysis

@@ -365,6 +365,30 @@ def test_the_inferencer_sees_no_constant_node_weight_and_the_model_keeps_every_o
     assert original.SerializeToString() == before
 
 
+def test_the_inferencer_sees_no_quantized_weight_and_the_model_keeps_it(monkeypatch):
+    weight = np.random.default_rng(2).integers(-128, 128, size=(64, 100), dtype=np.int8)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w"]),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(weight, "w_q"),  # 6.4 KB
+            numpy_helper.from_array(np.array(0.02, np.float32), "w_scale"),
+        ],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    seen = _inferencer_input_sizes(monkeypatch)
+    loaded = load_model(original)
+    assert seen and max(seen) < 2048  # the int8 weight's bytes were not serialised for it
+    assert [d.dim_value for d in loaded.graph.output[0].type.tensor_type.shape.dim] == [1, 100]
+    assert numpy_helper.to_array(loaded.graph.initializer[0]).tobytes() == weight.tobytes()
+
+
 def _traced_head_reshape(width: int | str = "w") -> onnx.ModelProto:
     """x [1, 4, W] → Transpose → Reshape to a constant [8, 2, 2] → Relu: a head reshape whose
     sequence length (W = 8) an export traced as a constant, as torch's TorchScript exporter

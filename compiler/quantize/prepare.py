@@ -41,7 +41,14 @@ from onnx import numpy_helper
 from compiler.quantize.errors import QuantizationError
 from surgery.edit import node_reads
 from surgery.fold import constants_to_initializers, fold_shapes_and_constants
-from surgery.graph import FreshNames, GraphView, default_opset, node_label
+from surgery.graph import (
+    FreshNames,
+    GraphView,
+    default_opset,
+    node_label,
+    remove_at,
+    remove_where,
+)
 from surgery.model import (
     convert_opset,
     infer_model_shapes,
@@ -172,10 +179,7 @@ def _label_nodes(model: onnx.ModelProto) -> list[str]:
 def _initializers_not_inputs(model: onnx.ModelProto) -> None:
     """Drop graph inputs that name an initializer (allowed from IR version 4 on)."""
     weights = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in weights]
-    if len(inputs) < len(model.graph.input):
-        del model.graph.input[:]
-        model.graph.input.extend(inputs)
+    if remove_where(model.graph.input, lambda i: i.name in weights):
         model.ir_version = max(model.ir_version, 4)
 
 
@@ -236,9 +240,7 @@ def _unflatten_softmax(model: onnx.ModelProto) -> int:
         node.attribute.append(onnx.helper.make_attribute("axis", axis))
         drop.update((flat, users[0]))
     if drop:
-        kept = [n for i, n in enumerate(g.node) if i not in drop]
-        del g.node[:]
-        g.node.extend(kept)
+        remove_at(g.node, sorted(drop))
         _drop_dead_shapes(model)
     return len(drop) // 2
 
@@ -257,10 +259,7 @@ def _drop_dead_shapes(model: onnx.ModelProto) -> None:
     """Remove Shape nodes nobody reads any more (the converter's Reshape targets)."""
     g = model.graph
     used = {i for n in g.node for i in node_reads(n)} | {o.name for o in g.output}
-    kept = [n for n in g.node if n.op_type != "Shape" or n.output[0] in used]
-    if len(kept) != len(g.node):
-        del g.node[:]
-        g.node.extend(kept)
+    remove_where(g.node, lambda n: n.op_type == "Shape" and n.output[0] not in used)
 
 
 # --------------------------------------------------------------------------- constants
@@ -272,10 +271,7 @@ def remove_unused_initializers(model: onnx.ModelProto) -> None:
     g = model.graph
     used = {i for n in g.node for i in node_reads(n)} | {o.name for o in g.output}
     declared_inputs = {i.name for i in g.input}
-    keep = [t for t in g.initializer if t.name in used or t.name in declared_inputs]
-    if len(keep) != len(g.initializer):
-        del g.initializer[:]
-        g.initializer.extend(keep)
+    remove_where(g.initializer, lambda t: t.name not in used and t.name not in declared_inputs)
 
 
 # --------------------------------------------------------------------------- per-channel affine folding
@@ -484,10 +480,7 @@ def _set_bias(
 
 
 def _remove_nodes(model: onnx.ModelProto, removed: set[int]) -> None:
-    if removed:
-        keep = [n for i, n in enumerate(model.graph.node) if i not in removed]
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
+    remove_at(model.graph.node, sorted(removed))
 
 
 def _shared(view: GraphView, name: str) -> bool:
