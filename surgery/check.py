@@ -13,7 +13,7 @@ import surgery.rules  # noqa: F401  (registers the rule suggester used by the re
 from surgery.coverage import CoverageReport, analyze_coverage, check_pins, constant_tensors
 from surgery.fold import folded_coverage, waits_for_folding
 from surgery.graph import GraphView
-from surgery.model import load_model, model_label, open_model, refuse_impossible_reshapes
+from surgery.model import model_label, open_model, refuse_impossible_reshapes
 from surgery.qdq import float_model, float_view, is_qdq, quantized_for
 from surgery.qoperator import is_qoperator, qoperator_to_qdq
 from surgery.shape_repair import can_repair_shapes, repair_shapes
@@ -56,7 +56,7 @@ def _suggest_on_float_model(
     weights are still DequantizeLinear nodes, most rules cannot match: an ORT-quantized ViT
     was suggested transformer-to-4d for 12 blockers where fix frees 303. Placement stays the
     float view's, as compile partitions it."""
-    rewritten_model = load_model(float_model(qdq))
+    rewritten_model = float_model(qdq)
     if is_qdq(GraphView(rewritten_model)):
         return  # Q/DQ that float_model cannot undo: its float view is all there is to match
     rewritten = check_model(rewritten_model, target, op_target=op_target)
