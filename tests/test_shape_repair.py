@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+import surgery.shape_repair
 from surgery.check import check_model
 from surgery.coverage import constant_tensors
 from surgery.fold import waits_for_folding
@@ -343,3 +344,35 @@ def test_fold_constants_does_not_claim_an_operand_computed_from_run_time_data():
     conv = next(p for p in report.placements if p.op_type == "Conv")
     assert any(r.code == "non_constant_input" for r in conv.reasons)
     assert "fold-constants" not in conv.suggested_rules
+
+
+def _flatten_then_regroup() -> onnx.ModelProto:
+    """`paddle_flatten` whose logits are reshaped again to a target cast from a constant:
+    the nodes after the flatten read two computed constants, both targets."""
+    model = paddle_flatten()
+    graph = model.graph
+    graph.node[-1].input[0] = "grouped"
+    graph.node.insert(len(graph.node) - 1, _const("groups32", [1, 2, 1], np.int32))
+    graph.node.insert(
+        len(graph.node) - 1,
+        helper.make_node("Cast", ["groups32"], ["groups"], to=TensorProto.INT64),
+    )
+    graph.node.insert(
+        len(graph.node) - 1, helper.make_node("Reshape", ["logits", "groups"], ["grouped"])
+    )
+    return model
+
+
+def test_the_constants_the_tail_reads_are_evaluated_in_one_run(monkeypatch):
+    calls = []
+    evaluate = surgery.shape_repair.evaluate_constants
+
+    def counting(view, names, *args, **kwargs):
+        calls.append(list(names))
+        return evaluate(view, names, *args, **kwargs)
+
+    monkeypatch.setattr(surgery.shape_repair, "evaluate_constants", counting)
+    loaded, view, repaired = _repair(_flatten_then_regroup())
+    assert repaired is not None
+    assert calls == [["target", "groups"]]
+    assert view.tensor("y").shape == (1, 2, 1)
