@@ -20,8 +20,8 @@ package is (this machine's PYTHONDONTWRITEBYTECODE would otherwise recompile it 
 
     python bench/check_speed.py [--repeat 7] [--models DIR] [--no-cli]
 
-Where the bar is not met (2026-12-04, this machine): in process on light_resnet50 (2.6×),
-ppocr_mobile_v2_cls (2.7×), ppocrv4_det (1.9×) and yolov5n_anchor (1.8×); the others are at
+Where the bar is not met (2026-12-04, this machine): in process on light_resnet50 (2.5×),
+ppocr_mobile_v2_cls (2.6×), ppocrv4_det (1.9×) and yolov5n_anchor (1.7×); the others are at
 0.4–1.4×. light_resnet50 and ppocr_mobile_v2_cls hold their weights in ConstantOfShape /
 Constant nodes, so their floor is 1.9–2.4 ms, and the bar leaves about 1 ms for validating,
 placing, segmenting and explaining 175–260 placed nodes (about 4 µs a node) after a read and
