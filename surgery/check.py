@@ -125,12 +125,12 @@ def _open(
     float view)."""
     loaded, view = open_model(model, input_shapes)
     if is_qoperator(view):  # QLinearConv & co. read as the QDQ model they are
-        loaded, view = open_model(qoperator_to_qdq(loaded).model)
+        loaded, view = open_model(qoperator_to_qdq(loaded).model, owned=True)
     qdq = None
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)
         qdq = loaded
-        loaded, view = open_model(float_view(loaded))
+        loaded, view = open_model(float_view(loaded), owned=True)
     return loaded, view, target or resolve_target(DEFAULT_TARGET), qdq
 
 

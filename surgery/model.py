@@ -105,9 +105,14 @@ def recorded_input_shapes(
     return shapes
 
 
-def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-    """Read a model from disk (with external data) or copy a ModelProto; no validation."""
+def read_model(
+    source: str | os.PathLike | onnx.ModelProto, *, owned: bool = False
+) -> onnx.ModelProto:
+    """Read a model from disk (with external data) or copy a ModelProto; no validation.
+    `owned`: the caller hands the ModelProto over (one it made), and it is used as it is."""
     if isinstance(source, onnx.ModelProto):
+        if owned:
+            return source
         copy = onnx.ModelProto()
         copy.CopyFrom(source)
         return copy
@@ -163,9 +168,11 @@ def open_model(
     input_shapes: InputShapes | None = None,
     *,
     infer_shapes: bool = True,
+    owned: bool = False,
 ) -> tuple[onnx.ModelProto, GraphView]:
-    """`load_model` plus the GraphView built while validating (analyses reuse it)."""
-    model = read_model(source)
+    """`load_model` plus the GraphView built while validating (analyses reuse it). `owned`
+    (`read_model`): a ModelProto the caller made and hands over is not copied first."""
+    model = read_model(source, owned=owned)
     label = model_label(source)
     view = validate_graph(model, label)
     if input_shapes:

@@ -25,6 +25,7 @@ from surgery.graph import (
     drop_unread_initializers,
     node_reads,
     outer_reads,
+    remove_at,
     remove_where,
     rename_tensors,
     subgraphs,
@@ -100,15 +101,17 @@ def is_qdq(view: GraphView) -> bool:
     )
 
 
-def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
+def float_view(qdq_model: onnx.ModelProto, *, in_place: bool = False) -> onnx.ModelProto:
     """The QDQ graph without its activation Q -> DQ pairs: what coverage should look at.
 
     Consumers of a DequantizeLinear whose input comes from a QuantizeLinear of a run-time tensor
     read that tensor directly. A pair whose DequantizeLinear output is a graph output renames the
     float tensor to the output name. Weight DequantizeLinear nodes stay: they fold to constants.
-    Nodes are tracked by index (protobuf wrapper objects have no stable identity).
+    Nodes are tracked by index (protobuf wrapper objects have no stable identity). A copy, or
+    with `in_place` `qdq_model` itself rewritten (for a caller that owns it: no copy of the
+    weights).
     """
-    model = copy.deepcopy(qdq_model)
+    model = qdq_model if in_place else copy.deepcopy(qdq_model)
     graph = model.graph
     nodes = list(graph.node)
     constants = {init.name for init in graph.initializer}
@@ -161,15 +164,9 @@ def float_view(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
             node.output[i] = rename.get(name, name)
         for body in subgraphs(node):  # a Loop body reads a Q/DQ'd tensor of the outer graph
             rename_tensors(body, {t: r for t in outer_reads(body) if (r := resolve(t)) != t})
-    kept_copies = [onnx.NodeProto() for _ in kept]
-    for dst, src in zip(kept_copies, kept, strict=True):
-        dst.CopyFrom(src)
-    del graph.node[:]
-    graph.node.extend(kept_copies)
-    produced = {out for node in kept_copies for out in node.output}
-    keep = [v for v in graph.value_info if v.name in produced]
-    del graph.value_info[:]
-    graph.value_info.extend(keep)
+    remove_at(graph.node, sorted(dropped))
+    produced = {out for node in graph.node for out in node.output}
+    remove_where(graph.value_info, lambda v: v.name not in produced)
     return model
 
 
@@ -212,8 +209,10 @@ def float_model(qdq_model: onnx.ModelProto) -> onnx.ModelProto:
     from surgery.fold import evaluate_nodes
     from surgery.qoperator import qdq_form
 
-    qdq_model, _ = qdq_form(qdq_model)
-    model = float_view(_with_removed_activations_restored(qdq_model))
+    given = qdq_model
+    qdq_model, _ = qdq_form(given)
+    restored = _with_removed_activations_restored(qdq_model)
+    model = float_view(restored, in_place=restored is not given)  # a copy made here: rewrite it
     view = GraphView(model)
     outputs = {o.name for o in model.graph.output}
     _, foldable = constant_tensors(view)

@@ -389,6 +389,13 @@ def test_the_inferencer_sees_no_quantized_weight_and_the_model_keeps_it(monkeypa
     assert numpy_helper.to_array(loaded.graph.initializer[0]).tobytes() == weight.tobytes()
 
 
+def test_read_model_copies_a_model_proto_unless_it_is_handed_over():
+    model = _relu_model()
+    copied = read_model(model)
+    assert copied is not model and copied == model
+    assert read_model(model, owned=True) is model
+
+
 def _traced_head_reshape(width: int | str = "w") -> onnx.ModelProto:
     """x [1, 4, W] → Transpose → Reshape to a constant [8, 2, 2] → Relu: a head reshape whose
     sequence length (W = 8) an export traced as a constant, as torch's TorchScript exporter

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-from surgery.qdq import float_model
+from surgery.qdq import float_model, float_view
 from surgery.rules.fix import fix_model
 from surgery.session import record_fix
 from surgery.verify import run_model
@@ -176,3 +176,20 @@ def test_two_ranges_from_zero_on_one_tensor_get_clips_of_their_own_names():
     outs = run_model(restored, x)
     assert outs["y0"].min() == 0 and outs["y0"].max() == pytest.approx(255 * 0.05)
     assert outs["y1"].max() == pytest.approx(255 * 0.1)
+
+
+def test_float_model_leaves_the_quantized_model_as_it_was(tmp_path):
+    """The Clips are put into a copy, which is then rewritten in place: never the caller's."""
+    qdq = _ort_qdq(_conv_model("Relu"), tmp_path)
+    before = qdq.SerializeToString()
+    assert _ops(float_model(qdq)) == ["Conv", "Clip", "Conv"]
+    assert qdq.SerializeToString() == before
+
+
+def test_float_view_in_place_rewrites_the_given_model_as_the_copy_would(tmp_path):
+    qdq = _ort_qdq(_conv_model("Relu"), tmp_path)
+    before = qdq.SerializeToString()
+    copied = float_view(qdq)
+    assert qdq.SerializeToString() == before
+    assert float_view(qdq, in_place=True) is qdq
+    assert qdq.SerializeToString() == copied.SerializeToString()
