@@ -57,7 +57,8 @@ def _suggest_on_float_model(
     was suggested transformer-to-4d for 12 blockers where fix frees 303. Placement stays the
     float view's, as compile partitions it."""
     rewritten_model = float_model(qdq)
-    if is_qdq(GraphView(rewritten_model)):
+    still_quantizes = any(n.op_type == "QuantizeLinear" for n in rewritten_model.graph.node)
+    if still_quantizes and is_qdq(GraphView(rewritten_model)):
         return  # Q/DQ that float_model cannot undo: its float view is all there is to match
     rewritten = check_model(rewritten_model, target, op_target=op_target)
     rules = {b.name: b.suggested_rules for b in rewritten.blockers}

@@ -663,6 +663,19 @@ _FIELD_DTYPES: dict[int, tuple[str, np.dtype]] = {
 }
 """Element types stored in a typed field of their own dtype (no widening or bit packing)."""
 
+_WIDENED_DTYPES: dict[int, np.dtype] = {
+    code: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+    for code in (
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.BOOL,
+    )
+}
+"""Element types whose values are stored widened in `int32_data`, one value each (ONNX
+Runtime's quantizer writes its zero points so)."""
+
 
 def tensor_value(t: onnx.TensorProto) -> np.ndarray:
     """`numpy_helper.to_array`, with a direct path for plain numeric raw data (what exporters
@@ -680,6 +693,9 @@ def tensor_value(t: onnx.TensorProto) -> np.ndarray:
     field = _FIELD_DTYPES.get(t.data_type)
     if field is not None:  # a writable copy, as `to_array` makes
         return np.array(getattr(t, field[0]), dtype=field[1]).reshape(t.dims)
+    widened = _WIDENED_DTYPES.get(t.data_type)
+    if widened is not None:
+        return np.array(t.int32_data, dtype=np.int32).astype(widened).reshape(t.dims)
     return numpy_helper.to_array(t)
 
 

@@ -311,26 +311,25 @@ def _with_removed_activations_restored(qdq_model: onnx.ModelProto) -> onnx.Model
     model = copy.deepcopy(qdq_model)
     graph = model.graph
     taken = {*view.producer, *view.initializers, *(i.name for i in graph.input)}
-    nodes: list[onnx.NodeProto] = []
-    for k, node in enumerate(graph.node):
-        if k in clamps:
-            name = f"{node.input[0]}_clamp"
-            while {name, f"{name}_min", f"{name}_max"} & taken:
-                name = f"{name}_{k}"
-            taken.update((name, f"{name}_min", f"{name}_max"))
-            bounds = [f"{name}_min", f"{name}_max"]
-            graph.initializer.extend(
-                numpy_helper.from_array(np.array(v, np.float32), b)
-                for v, b in zip(clamps[k], bounds, strict=True)
-            )
-            clip = onnx.helper.make_node(
-                "Clip", [node.input[0], *bounds], [name], name=f"{node.name or name}_clamp"
-            )
-            nodes.append(clip)
-            node.input[0] = name
-        nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    clips: list[tuple[int, onnx.NodeProto]] = []
+    for k in sorted(clamps):
+        node = graph.node[k]
+        name = f"{node.input[0]}_clamp"
+        while {name, f"{name}_min", f"{name}_max"} & taken:
+            name = f"{name}_{k}"
+        taken.update((name, f"{name}_min", f"{name}_max"))
+        bounds = [f"{name}_min", f"{name}_max"]
+        graph.initializer.extend(
+            numpy_helper.from_array(np.array(v, np.float32), b)
+            for v, b in zip(clamps[k], bounds, strict=True)
+        )
+        clip = onnx.helper.make_node(
+            "Clip", [node.input[0], *bounds], [name], name=f"{node.name or name}_clamp"
+        )
+        clips.append((k, clip))
+        node.input[0] = name
+    for k, clip in reversed(clips):  # each in front of its QuantizeLinear; no node copied
+        graph.node.insert(k, clip)
     return model
 
 
@@ -358,10 +357,9 @@ def _range_from_zero(view: GraphView, quantize: onnx.NodeProto) -> tuple[float, 
     """(0, max) of a per-tensor QuantizeLinear whose zero point is its type's minimum, else
     None."""
     ins = quantize.input
-    scale = view.constant_value(ins[1]) if len(ins) > 1 else None
-    if scale is None or scale.size != 1 or not np.issubdtype(scale.dtype, np.floating):
+    if len(ins) < 2:
         return None
-    if len(ins) > 2 and ins[2]:
+    if len(ins) > 2 and ins[2]:  # the zero point first: most ranges do not start at 0
         zero_point = view.constant_value(ins[2])
         dtype = view.tensor(ins[2]).elem_type
     else:  # no zero point: 0 of output_dtype, uint8 unless the attribute says otherwise
@@ -372,6 +370,9 @@ def _range_from_zero(view: GraphView, quantize: onnx.NodeProto) -> tuple[float, 
         return None
     qmin, qmax = _INTEGER_RANGES[dtype]
     if int(zero_point.ravel()[0]) != qmin:
+        return None
+    scale = view.constant_value(ins[1])
+    if scale is None or scale.size != 1 or scale.dtype.kind != "f":
         return None
     return 0.0, float((qmax - qmin) * float(scale.ravel()[0]))
 

@@ -24,6 +24,10 @@ CASES = [
     helper.make_tensor("f", TensorProto.BOOL, [2], [1, 0]),
     helper.make_tensor("g", TensorProto.FLOAT16, [1], [1.5]),
     helper.make_tensor("h", TensorProto.UINT8, [2], [200, 3]),
+    helper.make_tensor("i", TensorProto.UINT8, [], [128]),  # ORT's zero points
+    helper.make_tensor("j", TensorProto.INT8, [3], [-128, 0, 127]),
+    helper.make_tensor("k", TensorProto.INT16, [2], [-32768, 32767]),
+    helper.make_tensor("l", TensorProto.UINT16, [1, 1], [65535]),
 ]
 
 
