@@ -252,8 +252,8 @@ REMOVE_IN_PLACE_MOVES = 1 << 22
 
 
 def remove_at(field: Any, indices: Sequence[int]) -> None:
-    """Remove the elements at `indices` (ascending) of a repeated protobuf field, keeping the
-    others in order.
+    """Remove the elements at `indices` (ascending, each once) of a repeated protobuf field,
+    keeping the others in order.
 
     Each run of consecutive indices goes with one slice deletion from the end, which moves
     pointers only. Rebuilding the field (`del field[:]` then `extend(kept)`) copies every kept

@@ -33,7 +33,7 @@ from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
 from surgery.graph import SMALL_CONSTANT_ELEMENTS, SUBGRAPH_OPS, GraphView
 from surgery.model import DEFAULT_DOMAINS
 
-__all__ = ["repair_shapes"]
+__all__ = ["can_repair_shapes", "repair_shapes"]
 
 Constants = tuple[set[str], list[bool]]
 
