@@ -58,6 +58,7 @@ from onnx import shape_inference
 from surgery.check import check_model
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED_MODELS = ROOT.parent / "shared" / "models"
 
 
 def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -98,9 +99,14 @@ def process_times(path: Path, shapes: dict[str, list[int]] | None, repeat: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    parser.add_argument("--models", type=Path, default=SHARED_MODELS)
     parser.add_argument("--target", default="mlsoc")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "check_speed.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the JSON to write (default: bench/results/check_speed.json for the shared "
+        "models, check_speed_<folder>.json for another folder)",
+    )
     parser.add_argument(
         "--no-cli", action="store_true", help="skip the command-line (new process) comparison"
     )
@@ -164,9 +170,19 @@ def main() -> None:
         result["command_rows"] = cli_rows
         result["command_worst_ratio"] = max(r["ratio"] for r in cli_rows)
         print(f"worst command ratio {result['command_worst_ratio']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    out = args.out or default_out(args.models)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+def default_out(models: Path) -> Path:
+    """Where results go without --out: another folder's run never overwrites the shared
+    models' results."""
+    results = ROOT / "bench" / "results"
+    if models.resolve() == SHARED_MODELS.resolve():
+        return results / "check_speed.json"
+    return results / f"check_speed_{models.resolve().name}.json"
 
 
 if __name__ == "__main__":
