@@ -87,7 +87,7 @@ def _analyse(
 
     Returns the report, the QDQ model when the input was one (its suggestions come from its
     float model, so none are computed here) and the target."""
-    loaded, view, tgt, qdq = _open(model, target, input_shapes)
+    loaded, view, tgt, qdq = _open(model, target, input_shapes, keep_qdq=suggest)
     suggest = suggest and qdq is None
     if op_target:
         check_pins(view, op_target)
@@ -102,12 +102,14 @@ def _analyse(
                     loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=repaired
                 )
                 return report, qdq, tgt
-            loaded, view, tgt, _ = _open(model, target, input_shapes)  # half repaired
+            loaded, view, tgt, _ = _open(
+                model, target, input_shapes, keep_qdq=False
+            )  # half repaired
         folded = folded_coverage(loaded, view, tgt, op_target=op_target, suggest=suggest)
         if folded is not None:
             refuse_impossible_reshapes(GraphView(loaded), label)
             return folded, qdq, tgt
-        loaded, view, tgt, _ = _open(model, target, input_shapes)
+        loaded, view, tgt, _ = _open(model, target, input_shapes, keep_qdq=False)
         constants = constant_tensors(view)
     refuse_impossible_reshapes(view, label)
     report = analyze_coverage(
@@ -120,10 +122,14 @@ def _open(
     model: str | os.PathLike | onnx.ModelProto,
     target: Target | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
+    *,
+    keep_qdq: bool,
 ) -> tuple[onnx.ModelProto, GraphView, Target, onnx.ModelProto | None]:
     """The model to analyse (a copy: check's own), its view, the target, and the QDQ model
     when the input is one, or a QOperator model rewritten as one (the analysis is then of its
-    float view)."""
+    float view). Without `keep_qdq` (no suggestions to make from it) the QDQ model is
+    rewritten into its float view in place, and what is returned for it only says it was
+    one."""
     loaded, view = open_model(model, input_shapes)
     if is_qoperator(view):  # QLinearConv & co. read as the QDQ model they are
         loaded, view = open_model(qoperator_to_qdq(loaded).model, owned=True)
@@ -131,7 +137,7 @@ def _open(
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)
         qdq = loaded
-        loaded, view = open_model(float_view(loaded), owned=True)
+        loaded, view = open_model(float_view(loaded, in_place=not keep_qdq), owned=True)
     return loaded, view, target or resolve_target(DEFAULT_TARGET), qdq
 
 

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
+from surgery.check import check_model
 from surgery.qdq import float_model, float_view
 from surgery.rules.fix import fix_model
 from surgery.session import record_fix
@@ -193,3 +194,15 @@ def test_float_view_in_place_rewrites_the_given_model_as_the_copy_would(tmp_path
     assert qdq.SerializeToString() == before
     assert float_view(qdq, in_place=True) is qdq
     assert qdq.SerializeToString() == copied.SerializeToString()
+
+
+def test_check_of_a_quantized_model_leaves_it_as_it_was_with_and_without_suggestions(tmp_path):
+    """Without suggestions, check rewrites its own copy into the float view in place."""
+    qdq = _ort_qdq(_conv_model("Relu"), tmp_path)
+    before = qdq.SerializeToString()
+    placed = check_model(qdq, "mlsoc", suggest=False)
+    suggested = check_model(qdq, "mlsoc")
+    assert qdq.SerializeToString() == before
+    assert [(p.name, p.processor) for p in placed.placements] == [
+        (p.name, p.processor) for p in suggested.placements
+    ]
