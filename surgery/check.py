@@ -137,7 +137,9 @@ def _open(
     if is_qdq(view):  # count the segments of the float model it quantizes, as compile does
         target = target or resolve_target(quantized_for(loaded) or DEFAULT_TARGET)
         qdq = loaded
-        loaded, view = open_model(float_view(loaded, in_place=not keep_qdq), owned=True)
+        loaded, view = open_model(
+            float_view(loaded, in_place=not keep_qdq), owned=True, reuse_static_shapes=True
+        )
     return loaded, view, target or resolve_target(DEFAULT_TARGET), qdq
 
 

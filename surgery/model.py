@@ -169,14 +169,20 @@ def open_model(
     *,
     infer_shapes: bool = True,
     owned: bool = False,
+    reuse_static_shapes: bool = False,
 ) -> tuple[onnx.ModelProto, GraphView]:
     """`load_model` plus the GraphView built while validating (analyses reuse it). `owned`
-    (`read_model`): a ModelProto the caller made and hands over is not copied first."""
+    (`read_model`): a ModelProto the caller made and hands over is not copied first.
+    `reuse_static_shapes`: where the model's value_info already gives every tensor a dtype
+    and a static shape (a QDQ model's float view keeps the shapes inferred for the QDQ
+    model), inference could find nothing more, and is not run again."""
     model = read_model(source, owned=owned)
     label = model_label(source)
     view = validate_graph(model, label)
     if input_shapes:
         set_input_shapes(model, input_shapes)
+    if reuse_static_shapes and not input_shapes and _every_tensor_static(view):
+        return model, view
     if infer_shapes:
         model = _shape_inferred(model, label, view, _worth_hiding_weights(source, model))
         view.rebind(model)
@@ -185,6 +191,17 @@ def open_model(
     else:
         view.reload_value_info()
     return model, view
+
+
+def _every_tensor_static(view: GraphView) -> bool:
+    """Whether every graph input and node output has a known dtype and a static shape in the
+    model as stored (the view's value infos are reloaded to read them)."""
+    view.reload_value_info()
+    tensor = view.tensor
+    return all(
+        (info := tensor(t)).elem_type and info.is_static
+        for t in (*view.graph_inputs, *(t for outs in view.node_outputs for t in outs if t))
+    )
 
 
 def refuse_impossible_reshapes(view: GraphView, label: str = "model") -> None:
