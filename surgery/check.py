@@ -60,7 +60,10 @@ def _suggest_on_float_model(
     still_quantizes = any(n.op_type == "QuantizeLinear" for n in rewritten_model.graph.node)
     if still_quantizes and is_qdq(GraphView(rewritten_model)):
         return  # Q/DQ that float_model cannot undo: its float view is all there is to match
-    rewritten = check_model(rewritten_model, target, op_target=op_target)
+    with gc_paused():  # check_model's analysis, where the float model keeps the QDQ's shapes
+        rewritten, _, _ = _analyse(
+            rewritten_model, target, None, op_target, True, reuse_static_shapes=True
+        )
     rules = {b.name: b.suggested_rules for b in rewritten.blockers}
     for blocker in report.blockers:
         if blocker.name in rules:
@@ -73,7 +76,9 @@ def _analyse(
     input_shapes: Mapping[str, Sequence[int]] | None,
     op_target: Mapping[str, str] | None,
     suggest: bool,
-) -> CoverageReport:
+    *,
+    reuse_static_shapes: bool = False,
+) -> tuple[CoverageReport, onnx.ModelProto | None, Target]:
     """Open and analyse the model as the compiler will see it (`coverage_as_compiled`). A
     function of its own so the model and its GraphView are freed when it returns, before the
     collector resumes: the collection that follows then only walks the report, not every
@@ -86,8 +91,10 @@ def _analyse(
     model, and it is opened again for the analysis as given.
 
     Returns the report, the QDQ model when the input was one (its suggestions come from its
-    float model, so none are computed here) and the target."""
-    loaded, view, tgt, qdq = _open(model, target, input_shapes, keep_qdq=suggest)
+    float model, so none are computed here) and the target. `reuse_static_shapes`: see
+    `open_model`."""
+    reuse = reuse_static_shapes
+    loaded, view, tgt, qdq = _open(model, target, input_shapes, keep_qdq=suggest, reuse=reuse)
     suggest = suggest and qdq is None
     if op_target:
         check_pins(view, op_target)
@@ -102,14 +109,13 @@ def _analyse(
                     loaded, tgt, op_target=op_target, view=view, suggest=suggest, constants=repaired
                 )
                 return report, qdq, tgt
-            loaded, view, tgt, _ = _open(
-                model, target, input_shapes, keep_qdq=False
-            )  # half repaired
+            # half repaired: opened again
+            loaded, view, tgt, _ = _open(model, target, input_shapes, keep_qdq=False, reuse=reuse)
         folded = folded_coverage(loaded, view, tgt, op_target=op_target, suggest=suggest)
         if folded is not None:
             refuse_impossible_reshapes(GraphView(loaded), label)
             return folded, qdq, tgt
-        loaded, view, tgt, _ = _open(model, target, input_shapes, keep_qdq=False)
+        loaded, view, tgt, _ = _open(model, target, input_shapes, keep_qdq=False, reuse=reuse)
         constants = constant_tensors(view)
     refuse_impossible_reshapes(view, label)
     report = analyze_coverage(
@@ -124,13 +130,14 @@ def _open(
     input_shapes: Mapping[str, Sequence[int]] | None,
     *,
     keep_qdq: bool,
+    reuse: bool,
 ) -> tuple[onnx.ModelProto, GraphView, Target, onnx.ModelProto | None]:
     """The model to analyse (a copy: check's own), its view, the target, and the QDQ model
     when the input is one, or a QOperator model rewritten as one (the analysis is then of its
     float view). Without `keep_qdq` (no suggestions to make from it) the QDQ model is
     rewritten into its float view in place, and what is returned for it only says it was
-    one."""
-    loaded, view = open_model(model, input_shapes)
+    one. `reuse`: the model's own static shapes are reused (`open_model`)."""
+    loaded, view = open_model(model, input_shapes, reuse_static_shapes=reuse)
     if is_qoperator(view):  # QLinearConv & co. read as the QDQ model they are
         loaded, view = open_model(qoperator_to_qdq(loaded).model, owned=True)
     qdq = None

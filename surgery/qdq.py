@@ -311,6 +311,7 @@ def _with_removed_activations_restored(qdq_model: onnx.ModelProto) -> onnx.Model
     model = copy.deepcopy(qdq_model)
     graph = model.graph
     taken = {*view.producer, *view.initializers, *(i.name for i in graph.input)}
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info)}
     clips: list[tuple[int, onnx.NodeProto]] = []
     for k in sorted(clamps):
         node = graph.node[k]
@@ -327,6 +328,8 @@ def _with_removed_activations_restored(qdq_model: onnx.ModelProto) -> onnx.Model
             "Clip", [node.input[0], *bounds], [name], name=f"{node.name or name}_clamp"
         )
         clips.append((k, clip))
+        if node.input[0] in types:  # a Clip keeps its input's type and shape
+            graph.value_info.add(name=name).type.CopyFrom(types[node.input[0]])
         node.input[0] = name
     for k, clip in reversed(clips):  # each in front of its QuantizeLinear; no node copied
         graph.node.insert(k, clip)

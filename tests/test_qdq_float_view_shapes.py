@@ -53,3 +53,13 @@ def test_check_of_a_quantized_model_infers_only_the_quantized_model(monkeypatch,
     calls = _inferences(monkeypatch)
     check_model(qdq, "mlsoc", suggest=False)
     assert len(calls) == 1  # the QDQ model's; its float view reuses those shapes
+
+
+def test_the_float_model_for_suggestions_keeps_the_shapes_too(monkeypatch, tmp_path):
+    """The Clips that stand for removed Relus get their input's type, so the float model the
+    rules are asked about is all static as well."""
+    qdq = _ort_qdq(_conv_model("Relu"), tmp_path)
+    calls = _inferences(monkeypatch)
+    report = check_model(qdq, "mlsoc")
+    assert len(calls) == 1
+    assert report.mla_segments == 1
