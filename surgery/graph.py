@@ -612,13 +612,18 @@ class GraphView:
         self._evaluate_computed = evaluate
         self._constants = {k: v for k, v in self._constants.items() if k[0] not in self.computed}
 
+    def known_larger_than(self, name: str, max_elements: int = SMALL_CONSTANT_ELEMENTS) -> bool:
+        """Whether `name`'s static shape already says it holds more than `max_elements` values
+        (`constant_value` then reads no value for it without evaluating it)."""
+        info = self.tensor(name)
+        return info.is_static and math.prod(info.shape) > max_elements
+
     def _decode_constant(self, name: str, max_elements: int) -> np.ndarray | None:
         init = self.initializers.get(name)
         if init is None:
             if name in self.computed and self._evaluate_computed is not None:
-                info = self.tensor(name)
-                if info.is_static and math.prod(info.shape) > max_elements:
-                    return None  # known too large: not evaluated
+                if self.known_larger_than(name, max_elements):
+                    return None  # not evaluated
                 value = self._evaluate_computed(name)
                 return value if value is not None and value.size <= max_elements else None
             idx = self.producer.get(name)

@@ -29,6 +29,7 @@ from surgery.graph import (
     remove_where,
     rename_tensors,
     subgraphs,
+    tensor_value,
 )
 
 QUANTIZATION_METADATA_KEY = "surgery.quantization"
@@ -462,9 +463,9 @@ def dequantized_weight(view: GraphView, k: int) -> np.ndarray | None:
 
 
 def _stored_value(view: GraphView, name: str) -> np.ndarray | None:
-    """An initializer's value, whatever its size."""
+    """An initializer's value, whatever its size (read-only where it views raw bytes)."""
     tensor = view.initializers.get(name)
-    return numpy_helper.to_array(tensor) if tensor is not None else None
+    return tensor_value(tensor) if tensor is not None else None
 
 
 def quantization_record(model: onnx.ModelProto) -> dict[str, Any]:

@@ -19,7 +19,6 @@ evaluator cannot compute, reads as unknown (the fold would have left it to ONNX 
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Iterable
 
@@ -30,7 +29,7 @@ from onnx import helper, numpy_helper
 from surgery.constant_values import evaluate_constants, ir_version_for_parts
 from surgery.coverage import constant_tensors
 from surgery.fold import FOLD_LIMIT_BYTES, FOLD_ROUNDS
-from surgery.graph import SMALL_CONSTANT_ELEMENTS, SUBGRAPH_OPS, GraphView
+from surgery.graph import SUBGRAPH_OPS, GraphView
 from surgery.model import DEFAULT_DOMAINS
 
 __all__ = ["can_repair_shapes", "repair_shapes"]
@@ -220,7 +219,7 @@ def _infer_tail(
         t
         for idx in tail
         for t in view.node_inputs[idx]
-        if t in view.computed and t not in inside and _may_be_small(view, t)
+        if t in view.computed and t not in inside and not view.known_larger_than(t)
     )
     inputs: list[onnx.ValueInfoProto] = []
     small: list[onnx.TensorProto] = []
@@ -260,13 +259,6 @@ def _infer_tail(
     _write_types(model, found)
     view.retype(found)
     return True
-
-
-def _may_be_small(view: GraphView, name: str) -> bool:
-    """Whether `constant_value` would evaluate computed constant `name`: not when its static
-    shape already says it is too large."""
-    info = view.tensor(name)
-    return not info.is_static or math.prod(info.shape) <= SMALL_CONSTANT_ELEMENTS
 
 
 def _write_types(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> None:
