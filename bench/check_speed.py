@@ -114,9 +114,12 @@ def main() -> None:
     if not args.no_cli:
         for package in ("surgery", "compiler", "server"):
             compileall.compile_dir(ROOT / package, quiet=1)
+    models = sorted(args.models.glob("*.onnx"))
+    if not models:
+        parser.error(f"no .onnx models in {args.models}")
     shapes = run_inputs(args.models / "INDEX.tsv")
     rows = []
-    for path in sorted(args.models.glob("*.onnx")):
+    for path in models:
         given = shapes.get(path.name)
         times = best_in_turns(
             {
