@@ -1,5 +1,5 @@
 """`python -m server` is the full `surgery` command (graph engine, compiler and `serve`)."""
 
-from server.cli import main
+from server.startup import main
 
 main()

@@ -50,3 +50,61 @@ def test_check_command_loads_neither_onnxruntime_nor_the_compiler_runtime(tmp_pa
         m for m in modules if m.split(".")[0] == "onnxruntime" or m.startswith("compiler.runtime")
     }
     assert not loaded, f"`surgery check` imported {sorted(loaded)[:5]}"
+
+
+STARTUP_PROBE = """
+import atexit, gc, json, sys
+gc.set_threshold(1)  # without the pause, importing would collect thousands of times
+while_importing = []
+
+def note(phase, info):
+    cli = sys.modules.get("server.cli")
+    if phase == "start" and cli is not None and not hasattr(cli, "main"):
+        while_importing.append(info["generation"])
+
+gc.callbacks.append(note)
+atexit.register(lambda: print(json.dumps({
+    "collections_while_importing": len(while_importing),
+    "collecting": gc.isenabled(),
+    "frozen": gc.get_freeze_count(),
+})))
+sys.argv = ["surgery", "targets"]
+from server.startup import main
+main()
+"""
+
+
+def _startup_state() -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", STARTUP_PROBE], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert "mlsoc" in out.stdout  # the command did run
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_console_script_imports_the_command_line_without_collecting():
+    assert _startup_state()["collections_while_importing"] == 0
+
+
+def test_the_command_runs_with_the_collector_on_and_the_imports_frozen():
+    state = _startup_state()
+    assert state["collecting"] is True
+    assert state["frozen"] > 10_000
+
+
+def test_startup_leaves_a_paused_collector_paused(monkeypatch):
+    import gc
+
+    import server.cli
+    from server import startup
+
+    seen = []
+    monkeypatch.setattr(server.cli, "main", lambda: seen.append(gc.isenabled()))
+    gc.disable()
+    try:
+        startup.main()
+        assert seen == [False] and not gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -839,7 +839,7 @@ class FixInputShapes(GraphRule):
                 f"fix-input-shapes: no symbolic batch dimension to set ({left})",
                 hint="pass the shapes: -p 'shapes={\"NAME\": [1, 3, 640, 640]}'",
             )
-        fixed = _with_input_shapes(ctx.model, shapes)
+        fixed = _with_input_shapes(ctx.model, shapes, ctx.view)
         after = {b.name for b in analyze_coverage(fixed, ctx.target, suggest=False).blockers}
         freed = sorted(b for b in ctx.blocker_names if b not in after)
         return [self.match([], "; ".join(notes), freed, shapes=shapes)]
@@ -885,12 +885,13 @@ def _batch_one_shapes(dynamic: dict[str, list]) -> tuple[dict[str, list[int | st
 
 
 def _with_input_shapes(
-    model: onnx.ModelProto, shapes: dict[str, list[int | str]]
+    model: onnx.ModelProto, shapes: dict[str, list[int | str]], view: GraphView
 ) -> onnx.ModelProto:
     """A shape-inferred copy with the inputs' dims replaced (ints fixed, strings symbolic).
 
     Fully static requests go through `set_input_shapes`, whose errors name the problem (unknown
-    input, wrong rank, a fixed dimension changed)."""
+    input, wrong rank, a fixed dimension changed). `view` (of `model`, whose nodes the copy
+    has) spares the inferencer its scans for contrib ops and control flow."""
     static = {n: s for n, s in shapes.items() if all(isinstance(d, int) for d in s)}
     copy = read_model(model)
     set_input_shapes(copy, static)  # type: ignore[arg-type]
@@ -904,5 +905,5 @@ def _with_input_shapes(
                 dim.Clear()
                 dim.dim_value = value
     del copy.graph.value_info[:]
-    infer_model_shapes(copy, "fix-input-shapes")
+    infer_model_shapes(copy, "fix-input-shapes", view)
     return copy
