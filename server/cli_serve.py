@@ -3,8 +3,6 @@
 The server package is imported inside the command so `surgery` itself never depends on it.
 """
 
-from __future__ import annotations
-
 from enum import Enum
 from pathlib import Path
 from typing import Annotated

@@ -1,7 +1,5 @@
 """`surgery skills install`: copy the model-surgery agent skill where a client finds it."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -108,3 +108,20 @@ def test_startup_leaves_a_paused_collector_paused(monkeypatch):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_every_command_declares_its_parameters_with_evaluated_annotations():
+    """A postponed annotation (a string) would be compiled and evaluated by typer on every run."""
+    import inspect
+
+    from server.cli import app
+
+    callbacks = [info.callback for info in app.registered_commands]
+    postponed = [
+        f"{callback.__name__}({param})"
+        for callback in callbacks
+        for param, spec in inspect.signature(callback).parameters.items()
+        if isinstance(spec.annotation, str)
+    ]
+    assert len(callbacks) > 10
+    assert not postponed

@@ -6,8 +6,6 @@ holds. `run` executes its pipeline (the emulator for MLA stages) and, with
 `--compare-reference`, checks the outputs against the integer reference executor.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -301,7 +299,7 @@ def run_command(
     raise typer.Exit(code)
 
 
-def _hardware(document: dict[str, Any], target: str | None) -> MlaHardware | None:
+def _hardware(document: dict[str, Any], target: str | None) -> "MlaHardware | None":
     """The MLA hardware of `--target` (which must be the archive's target), or None: the
     runner takes the built-in target the archive names."""
     if target is None:

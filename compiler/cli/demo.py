@@ -4,8 +4,6 @@ check → fix → quantize → compile → run, on a small YOLO-style detector b
 calibrated on seeded synthetic images, so it works on a fresh machine with no downloads.
 """
 
-from __future__ import annotations
-
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any

@@ -6,8 +6,6 @@ measured on the data the ranges were fitted to. Progress goes to stderr; `--json
 document on stdout.
 """
 
-from __future__ import annotations
-
 import copy
 import math
 import time
@@ -138,8 +136,8 @@ def _params(
 
 
 def _split(
-    dataset: CalibrationDataset, holdout: int
-) -> tuple[CalibrationDataset, CalibrationDataset]:
+    dataset: "CalibrationDataset", holdout: int
+) -> "tuple[CalibrationDataset, CalibrationDataset]":
     """Calibration rows and the last `holdout` rows, as two lazy datasets over the same files."""
     from compiler.quantize.errors import CalibrationDataError
 

@@ -1,7 +1,5 @@
 """`surgery check`: which nodes run where, how many .elf files a compile would produce, and why."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import onnx

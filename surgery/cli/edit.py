@@ -4,8 +4,6 @@ Each reads its model(s), writes the result to `-o` (never over an input file) an
 summary, or one JSON document with `--json`. Bad requests exit 2 with a one-line message.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Sequence
 from pathlib import Path

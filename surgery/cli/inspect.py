@@ -1,7 +1,5 @@
 """`surgery inspect`: a model summary, or one focused query (node, neighbourhood, search)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

@@ -1,7 +1,5 @@
 """Options shared by several commands, declared once so their help text stays consistent."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

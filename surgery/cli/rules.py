@@ -1,7 +1,5 @@
 """`surgery rules`, `surgery apply` and `surgery fix`: the rewrite engine on the command line."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Annotated

@@ -1,7 +1,5 @@
 """`surgery targets`: list target profiles, show one op table, explain one op."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

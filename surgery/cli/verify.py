@@ -1,7 +1,5 @@
 """`surgery verify A B`: run both models with ONNX Runtime on the same inputs and compare."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Sequence
 from pathlib import Path
