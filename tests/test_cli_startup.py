@@ -52,6 +52,28 @@ def test_check_command_loads_neither_onnxruntime_nor_the_compiler_runtime(tmp_pa
     assert not loaded, f"`surgery check` imported {sorted(loaded)[:5]}"
 
 
+def _topk_model(path: Path) -> Path:
+    """A Relu then a TopK: the TopK is a blocker, so check asks every rule about it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    values = helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 3, 8, 2])
+    indices = helper.make_tensor_value_info("i", TensorProto.INT64, [1, 3, 8, 2])
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [2])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("TopK", ["r", "k"], ["v", "i"], name="topk"),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [values, indices], initializer=[k])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_check_with_blockers_loads_the_rules_but_not_the_split_and_edit_machinery(tmp_path):
+    exit_code, modules = _modules_after_check(_topk_model(tmp_path / "topk.onnx"))
+    assert exit_code == 0  # one segment, the TopK after it on the host
+    assert "surgery.rules.structure" in modules  # every rule was asked
+    assert not {"surgery.split", "surgery.edit"} & modules
+
+
 STARTUP_PROBE = """
 import atexit, gc, json, sys
 gc.set_threshold(1)  # without the pause, importing would collect thousands of times

@@ -37,7 +37,6 @@ from surgery.rules.base import WRITES_FILE, Match, Rule, RuleContext, RuleParams
 from surgery.rules.engine import RuleFailedError
 from surgery.rules.graph_edit import with_unique_node_names
 from surgery.rules.registry import register
-from surgery.split import SplitError, split_model
 from surgery.targets import Target, resolve_target
 from surgery.verify import OutputComparison, compare_arrays, make_inputs, ort_session, run_model
 
@@ -327,6 +326,8 @@ def _cut(
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, CutReport]:
     """Split `ctx.model` at `plan`; body→post is proven against `original` (default: that
     model; the model as given when the plan was made on its folded copy)."""
+    from surgery.split import split_model  # with edit's models: only where a cut is made
+
     model = ctx.model
     stem = model.graph.name or "model"
     body = split_model(model, plan.body_inputs, plan.cut, name=f"{stem}_body")
@@ -359,6 +360,8 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 
 def _post_model(model: onnx.ModelProto, plan: CutPlan, name: str) -> onnx.ModelProto:
     """The tail as a model; constant chains that read body tensors (Shape→Gather…) are folded."""
+    from surgery.split import SplitError, split_model
+
     outputs = [o.name for o in model.graph.output]
     inputs = plan.cut + plan.extra_inputs
     try:
