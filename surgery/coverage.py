@@ -23,7 +23,7 @@ from surgery.graph import GraphView
 from surgery.macs import node_macs_or_unknown
 from surgery.qdq import DYNAMIC_QUANTIZATION_REASON, is_dynamic_quantization_op
 from surgery.qoperator import QOPERATOR_LEFT_REASON, QOPERATOR_OPS, qoperator_form
-from surgery.schema_check import raise_malformed_attributes
+from surgery.schema_check import raise_malformed
 from surgery.targets import (
     PROCESSORS,
     ConstraintEvaluationError,
@@ -481,7 +481,7 @@ class NodePlacer:
                     known_op=_is_standard_op(op_type, ""),
                 )
             except ConstraintEvaluationError as exc:
-                raise_malformed_attributes(view.model)  # a float perm is the model's problem
+                raise_malformed(view.model)  # a float perm is the model's problem
                 raise exc.as_target_error(name, op_type) from None
             # The decision is this node's own: its reasons list is not copied.
             processor, reasons, precisions = (

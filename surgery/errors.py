@@ -40,6 +40,11 @@ class InvalidGraphError(SurgeryError):
     code = "invalid_graph"
 
 
+class MalformedTensorError(InvalidGraphError):
+    """A weight or constant whose data does not fit its dims or element type (a damaged or
+    hand-edited file): the model's problem wherever an analysis reads it, never a rule's."""
+
+
 class UnknownDomainError(SurgeryError):
     code = "unknown_domain"
 

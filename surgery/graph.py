@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from surgery.errors import MalformedTensorError, first_line
 
 Dim = int | str | None
 """A dimension: an int when static, a symbol name (str) or None when dynamic."""
@@ -629,13 +632,13 @@ class GraphView:
             idx = self.producer.get(name)
             if idx is None or self.nodes[idx].op_type != "Constant":
                 return None
-            return _constant_node_value(self.nodes[idx], max_elements)
+            return _constant_node_value(self.nodes[idx], max_elements, self.names[idx])
         n = 1
         for d in init.dims:
             n *= d
         if n > max_elements:
             return None
-        return tensor_value(init)
+        return _decoded(init, f"initializer {name!r}")
 
     def successors(self, idx: int) -> list[int]:
         out: list[int] = []
@@ -704,13 +707,54 @@ def tensor_value(t: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(t)
 
 
-def _constant_node_value(node: onnx.NodeProto, max_elements: int) -> np.ndarray | None:
+def _decoded(t: onnx.TensorProto, label: str) -> np.ndarray:
+    """`tensor_value`, where data that does not fit the tensor's dims or type is the model's
+    problem, named (a truncated weight failed inside whichever analysis read it first)."""
+    try:
+        return tensor_value(t)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise MalformedTensorError(
+            f"{label}: {tensor_data_problem(t) or first_line(exc)}",
+            hint=DAMAGED_FILE_HINT,
+        ) from None
+
+
+DAMAGED_FILE_HINT = (
+    "the file is damaged or was edited by hand (ONNX Runtime cannot load it either): "
+    "re-export the model"
+)
+
+
+def tensor_data_problem(tensor: onnx.TensorProto) -> str | None:
+    """What is wrong with a tensor's data for its dims and element type (onnx's checker, then
+    the decoder, which also refuses more values than the dims hold), or None. It serialises
+    the tensor: for explaining a failure, not for every load."""
+    if tensor.data_type not in _ELEMENT_TYPES:
+        return f"element type {tensor.data_type} is not an ONNX type"
+    try:
+        onnx.checker.check_tensor(tensor)
+    except onnx.checker.ValidationError as exc:
+        return _TENSOR_PREFIX.sub("", first_line(exc))
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None  # not loaded: its file is read where the data is needed
+    try:
+        numpy_helper.to_array(tensor)
+    except (ValueError, TypeError, KeyError) as exc:
+        return f"its data does not fit dims {list(tensor.dims)} ({first_line(exc)})"
+    return None
+
+
+_ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
+_TENSOR_PREFIX = re.compile(r"^TensorProto \(tensor name: [^)]*\) ")
+
+
+def _constant_node_value(node: onnx.NodeProto, max_elements: int, label: str) -> np.ndarray | None:
     for a in node.attribute:
         if a.name == "value":
             n = 1
             for d in a.t.dims:
                 n *= d
-            return tensor_value(a.t) if n <= max_elements else None
+            return _decoded(a.t, f"Constant node {label!r}") if n <= max_elements else None
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":

@@ -3,20 +3,27 @@
 ONNX Runtime and onnx.checker refuse a Relu with two inputs or a Transpose whose perm is a
 float; analysing such a model anyway would report a single .elf for a model nothing can run,
 or fail deep inside a constraint. The counts are checked for every node on load (cheap: from
-the GraphView); attribute types, which cost a walk over every attribute proto, only for a node
-whose analysis failed, to name the attribute instead of the exception.
+the GraphView); attribute types, which cost a walk over every attribute proto, and whether each
+weight's data fits its dims and type, which costs serialising the weights, only once some
+analysis failed, to name the attribute or weight instead of the exception.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 
 import onnx
 from onnx import defs
 
-from surgery.errors import InvalidGraphError
-from surgery.graph import DEFAULT_DOMAINS, GraphView, default_opset
+from surgery.errors import InvalidGraphError, MalformedTensorError
+from surgery.graph import (
+    DAMAGED_FILE_HINT,
+    DEFAULT_DOMAINS,
+    GraphView,
+    default_opset,
+    tensor_data_problem,
+)
 
 
 @cache
@@ -81,9 +88,12 @@ def attribute_problem(node: onnx.NodeProto, opset: int) -> str | None:
     return None
 
 
-def raise_malformed_attributes(model: onnx.ModelProto) -> None:
-    """InvalidGraphError for the first top-level node whose attributes do not fit its schema
-    (a walk over every attribute: for the path where some analysis already failed)."""
+def raise_malformed(model: onnx.ModelProto) -> None:
+    """InvalidGraphError for the first top-level node whose attributes do not fit its schema,
+    else for the first weight (initializer or Constant value) whose data does not fit its dims
+    and type: a truncated weight made rules fail decoding it, and check reported a model ONNX
+    Runtime cannot load. A walk over every attribute and weight (the weights serialised): for
+    the path where some analysis already failed."""
     opset = default_opset(model)
     for node in model.graph.node:
         problem = attribute_problem(node, opset)
@@ -92,3 +102,20 @@ def raise_malformed_attributes(model: onnx.ModelProto) -> None:
                 f"node {node.name!r} ({node.op_type}): {problem}",
                 hint="ONNX Runtime cannot run it either: re-export the model",
             )
+    for kind, name, tensor in _weights(model.graph):
+        problem = tensor_data_problem(tensor)
+        if problem:
+            raise MalformedTensorError(
+                f"{kind} {name!r}: {problem}",
+                hint=DAMAGED_FILE_HINT,
+            )
+
+
+def _weights(graph: onnx.GraphProto) -> Iterator[tuple[str, str, onnx.TensorProto]]:
+    for t in graph.initializer:
+        yield "initializer", t.name, t
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    yield "Constant node", node.name or node.output[0], a.t

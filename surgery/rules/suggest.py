@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import onnx
 
 from surgery.coverage import SUGGESTERS, CoverageReport
-from surgery.errors import SurgeryError
+from surgery.errors import MalformedTensorError, SurgeryError, first_line
 from surgery.graph import GraphView
 from surgery.rules.base import Match, Rule, RuleContext
 from surgery.rules.registry import all_rules
-from surgery.schema_check import raise_malformed_attributes
+from surgery.schema_check import raise_malformed
 from surgery.targets import NodeContext, Target
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,21 @@ def rule_matches(
     for rule in rules if rules is not None else [cls() for cls in all_rules()]:
         try:
             matches = rule.find(ctx, rule.Params())
+        except MalformedTensorError:
+            raise  # a damaged weight is the model's problem, not this rule's
         except SurgeryError as refusal:  # the rule's own word that it needs parameters
             log.debug("rule %s does not apply: %s", rule.name, refusal)
             continue
-        except Exception:  # noqa: BLE001 - one rule's bug must not break check or fix
-            raise_malformed_attributes(ctx.model)  # a float perm, not the rule, is the problem
-            log.warning("rule %s could not analyse the model", rule.name, exc_info=True)
+        except Exception as error:  # noqa: BLE001 - one rule's bug must not break check or fix
+            raise_malformed(ctx.model)  # a float perm or a truncated weight is the problem
+            # One line on a user's terminal; the traceback for whoever debugs the rule.
+            log.warning(
+                "rule %s could not analyse the model (%s: %s); it is not suggested",
+                rule.name,
+                type(error).__name__,
+                first_line(error),
+            )
+            log.debug("rule %s failed", rule.name, exc_info=True)
             continue
         if matches:
             found.append((rule, matches))

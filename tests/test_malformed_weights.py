@@ -1,0 +1,86 @@
+"""A weight whose data does not fit its dims or type is named as the model's problem (where an
+analysis tripped over it), and a rule that fails on a model warns in one line."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from surgery.check import check_model
+from surgery.errors import InvalidGraphError
+from surgery.rules.base import RuleContext
+from surgery.rules.cleanup import RemoveIdentity
+from surgery.rules.suggest import rule_matches
+from surgery.graph import tensor_data_problem
+
+
+def _strided_conv(weight: onnx.TensorProto) -> onnx.ModelProto:
+    """A Conv with stride 32 (beyond the MLA's 31): a blocker, whose weight the rules read."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", strides=[32, 32])
+    graph = helper.make_graph([conv], "g", [x], [y], initializer=[weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _weight() -> onnx.TensorProto:
+    return numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+
+
+def test_check_reports_the_blocker_of_a_model_with_whole_weights():
+    assert check_model(_strided_conv(_weight())).blocker_names == {"conv"}
+
+
+def test_check_names_a_truncated_weight_that_the_analysis_reads():
+    weight = _weight()
+    weight.raw_data = weight.raw_data[:216]
+    with pytest.raises(InvalidGraphError, match=r"initializer 'w': raw_data size \(216 bytes\)"):
+        check_model(_strided_conv(weight))
+
+
+def test_more_values_than_the_dims_hold_is_a_problem():
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    weight.dims[0] = 2
+    assert "does not fit dims [2]" in tensor_data_problem(weight)
+
+
+def test_an_element_type_onnx_does_not_define_is_a_problem():
+    weight = _weight()
+    weight.data_type = 99
+    assert tensor_data_problem(weight) == "element type 99 is not an ONNX type"
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        numpy_helper.from_array(np.ones((2, 3), np.float32), "raw"),
+        helper.make_tensor("ints", TensorProto.INT64, [3], [1, 2, 3]),
+        helper.make_tensor("bf16", TensorProto.BFLOAT16, [2], [1.0, 2.0]),
+        helper.make_tensor("int4", TensorProto.INT4, [3], [1, -2, 3]),
+        helper.make_tensor("scalar", TensorProto.FLOAT, [], [0.5]),
+    ],
+    ids=lambda t: t.name,
+)
+def test_well_formed_tensors_have_no_problem(tensor):
+    assert tensor_data_problem(tensor) is None
+
+
+class _FailingRule(RemoveIdentity):
+    def find(self, ctx, params):
+        raise RuntimeError("boom")
+
+
+def test_a_failing_rule_warns_in_one_line_and_keeps_its_traceback_for_debugging(caplog):
+    ctx = RuleContext.build(_strided_conv(_weight()), "mlsoc")
+    with caplog.at_level(logging.DEBUG, logger="surgery.rules.suggest"):
+        assert rule_matches(ctx, [_FailingRule()]) == []
+    warning, debug = caplog.records
+    assert warning.levelno == logging.WARNING and warning.exc_info is None
+    assert (
+        "remove-identity" in warning.getMessage() and "RuntimeError: boom" in warning.getMessage()
+    )
+    assert debug.levelno == logging.DEBUG and debug.exc_info is not None
