@@ -28,6 +28,7 @@ from surgery.check import DEFAULT_TARGET, check_model
 from surgery.model import read_model, validate_graph
 from surgery.qdq import quantized_for
 from surgery.qoperator import qdq_form
+from surgery.schema_check import raise_malformed_weights
 from surgery.targets import Target, available_targets, resolve_target
 
 
@@ -116,6 +117,7 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path.resolve())  # run --compare-reference finds it from any folder
         default_name = path.name.removesuffix(".onnx")
+    raise_malformed_weights(model)  # lowering decodes every weight
     model, converted = qdq_form(model)  # a QOperator model compiles with its own scales
     check_tensor_io(model, model_path)
     profile, notes = _resolve_target(model, target)

@@ -90,10 +90,8 @@ def attribute_problem(node: onnx.NodeProto, opset: int) -> str | None:
 
 def raise_malformed(model: onnx.ModelProto) -> None:
     """InvalidGraphError for the first top-level node whose attributes do not fit its schema,
-    else for the first weight (initializer or Constant value) whose data does not fit its dims
-    and type: a truncated weight made rules fail decoding it, and check reported a model ONNX
-    Runtime cannot load. A walk over every attribute and weight (the weights serialised): for
-    the path where some analysis already failed."""
+    else `raise_malformed_weights`. A walk over every attribute and weight: for the path where
+    some analysis already failed, to name the model's problem instead of the exception."""
     opset = default_opset(model)
     for node in model.graph.node:
         problem = attribute_problem(node, opset)
@@ -102,13 +100,19 @@ def raise_malformed(model: onnx.ModelProto) -> None:
                 f"node {node.name!r} ({node.op_type}): {problem}",
                 hint="ONNX Runtime cannot run it either: re-export the model",
             )
+    raise_malformed_weights(model)
+
+
+def raise_malformed_weights(model: onnx.ModelProto) -> None:
+    """MalformedTensorError for the first weight (initializer or Constant value of the top
+    graph) whose data does not fit its dims and type: a truncated weight made rules fail
+    decoding it, check report a model ONNX Runtime cannot load, and the quantizer fail in
+    numpy. It serialises every weight: for the stages that read them all anyway (quantize,
+    compile) and for explaining a failure."""
     for kind, name, tensor in _weights(model.graph):
         problem = tensor_data_problem(tensor)
         if problem:
-            raise MalformedTensorError(
-                f"{kind} {name!r}: {problem}",
-                hint=DAMAGED_FILE_HINT,
-            )
+            raise MalformedTensorError(f"{kind} {name!r}: {problem}", hint=DAMAGED_FILE_HINT)
 
 
 def _weights(graph: onnx.GraphProto) -> Iterator[tuple[str, str, onnx.TensorProto]]:

@@ -59,6 +59,10 @@ REL_EPS = 1e-6
 """Epsilon in the denominator of `max_rel_elementwise`."""
 
 DEFAULT_INT_HIGH = 100
+MAX_RANDOM_INPUT_VALUES = 2**30
+"""The most values one random input may hold (4 GiB as float32, drawn as 8 GiB of float64):
+two orders of magnitude above a 2048×2048 image batch, and what an input dimension of 2**40
+(a typo, or a model declaring a huge static size) would otherwise try to allocate."""
 """Random integer inputs are drawn from [0, DEFAULT_INT_HIGH) unless an embedding bounds them."""
 
 _INDEX_PASS_THROUGH = frozenset(
@@ -155,6 +159,14 @@ def generate_inputs(specs: Iterable[InputSpec], seed: int = 0) -> dict[str, np.n
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
     for spec in specs:
+        values = math.prod(spec.shape)
+        if values > MAX_RANDOM_INPUT_VALUES:
+            raise VerifyError(
+                f"input {spec.name!r} has shape {list(spec.shape)}: {values:,} values, too many "
+                f"to draw random inputs for (at most {MAX_RANDOM_INPUT_VALUES:,})",
+                hint="check the input's dims: a dynamic one is set with --input-shape "
+                "NAME=DIMS, a static one only by exporting the model again",
+            )
         if spec.dtype.kind == "f":
             value = rng.uniform(spec.low or 0.0, spec.high or 1.0, spec.shape)
         elif spec.dtype.kind in "iu":

@@ -11,11 +11,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from surgery.check import check_model
-from surgery.errors import InvalidGraphError
+from surgery.errors import InvalidGraphError, MalformedTensorError
+from surgery.graph import tensor_data_problem
 from surgery.rules.base import RuleContext
 from surgery.rules.cleanup import RemoveIdentity
 from surgery.rules.suggest import rule_matches
-from surgery.graph import tensor_data_problem
+from surgery.verify import make_inputs
 
 
 def _strided_conv(weight: onnx.TensorProto) -> onnx.ModelProto:
@@ -84,3 +85,31 @@ def test_a_failing_rule_warns_in_one_line_and_keeps_its_traceback_for_debugging(
         "remove-identity" in warning.getMessage() and "RuntimeError: boom" in warning.getMessage()
     )
     assert debug.levelno == logging.DEBUG and debug.exc_info is not None
+
+
+def _truncated_conv_weight(model: onnx.ModelProto) -> str:
+    """Cut the first 4-D initializer's data in half; its name."""
+    weight = next(t for t in model.graph.initializer if len(t.dims) == 4 and t.raw_data)
+    weight.raw_data = weight.raw_data[: len(weight.raw_data) // 2]
+    return weight.name
+
+
+def test_quantize_names_a_weight_whose_data_does_not_fit(plain_cnn):
+    from compiler.quantize import quantize_model
+
+    samples = [make_inputs(plain_cnn, seed=seed) for seed in range(2)]
+    name = _truncated_conv_weight(plain_cnn)
+    with pytest.raises(MalformedTensorError, match=rf"initializer '{name}': raw_data size"):
+        quantize_model(plain_cnn, samples)
+
+
+def test_compile_names_a_weight_whose_data_does_not_fit(plain_cnn, tmp_path):
+    from compiler.compile import compile_model
+    from compiler.quantize import quantize_model
+
+    samples = [make_inputs(plain_cnn, seed=seed) for seed in range(2)]
+    qdq = quantize_model(plain_cnn, samples).model
+    name = _truncated_conv_weight(qdq)
+    with pytest.raises(MalformedTensorError, match=rf"initializer '{name}'"):
+        compile_model(qdq, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -426,3 +426,18 @@ def test_onnx_runtime_reads_the_model_without_our_value_infos(monkeypatch):
     verify_module.ort_session(model)
     assert loaded and len(loaded[0].graph.value_info) == 0
     assert [v.SerializeToString() for v in model.graph.value_info] == kept
+
+
+def test_an_input_too_large_to_draw_is_a_typed_error_naming_it(plain_cnn):
+    plain_cnn.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 2**40
+    with pytest.raises(VerifyError, match=r"input 'input' has shape \[1, 3, 1099511627776, 32\]"):
+        make_inputs(plain_cnn)
+
+
+def test_fix_of_a_model_with_an_input_too_large_to_draw_says_how_to_size_it(yolo_head):
+    from surgery.rules.fix import fix_model
+
+    yolo_head.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2**40
+    with pytest.raises(VerifyError, match="too many to draw") as raised:
+        fix_model(yolo_head, "mlsoc")
+    assert "--input-shape" in raised.value.hint

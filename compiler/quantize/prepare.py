@@ -56,6 +56,7 @@ from surgery.model import (
     raise_ir_version,
     toposort_nodes,
 )
+from surgery.schema_check import raise_malformed_weights
 
 __all__ = ["PreparedModel", "model_opset", "prepare_model", "remove_unused_initializers"]
 
@@ -97,6 +98,7 @@ def prepare_model(
 ) -> PreparedModel:
     """A float-equivalent copy ready for quantization (see the module docstring)."""
     proto = load_model(model, input_shapes)
+    raise_malformed_weights(proto)  # every weight is decoded below
     float32_from_half(proto.graph)  # value infos included: the inferred shapes still hold
     names = _label_nodes(proto)
     original = model_opset(proto)

@@ -337,7 +337,8 @@ def _reference_of(model: onnx.ModelProto, inputs: Mapping[str, Any] | None) -> R
             + ", ".join(f"{k}={shape_text(v)}" for k, v in dynamic.items())
             + f"): give real sizes with --input-shape {sizes}, or real inputs with --inputs"
             if dynamic
-            else "repair the export (re-export, or a newer opset) so that ONNX Runtime runs it"
+            else exc.hint  # e.g. an input too large to draw: its own remedy
+            or "repair the export (re-export, or a newer opset) so that ONNX Runtime runs it"
         )
         raise VerifyError(
             f"fix verifies every rewrite against the model's own outputs, but {reason}",

@@ -277,6 +277,35 @@ def check_kernel_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     return None
 
 
+@check("window_fits")
+def check_window_fits(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
+    """Every pooling window must lie within the padded input (ceil_mode pads the last one)."""
+    kernel = ctx.attr("kernel_shape")
+    x = ctx.input(0)
+    if not kernel or x is None or x.shape is None or len(x.shape) != len(kernel) + 2:
+        return None
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if ctx.attr("ceil_mode", 0) or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return None  # padded until every window fits
+    rank = len(kernel)
+    pads = [0] * 2 * rank if auto_pad == "VALID" else ctx.attr("pads") or [0] * 2 * rank
+    dilations = ctx.attr("dilations") or [1] * rank
+    if len(pads) != 2 * rank or len(dilations) != rank:
+        return None  # malformed: the model's problem, not this constraint's
+    for axis, size in enumerate(x.shape[2:]):
+        extent = (kernel[axis] - 1) * dilations[axis] + 1
+        padded = size + pads[axis] + pads[axis + rank] if isinstance(size, int) else None
+        if padded is not None and extent > padded:
+            # ONNX Runtime takes the part of the window that exists; the MLA whole windows only
+            return Reason(
+                "window",
+                f"its window of {extent} is wider than input {x.name!r} padded along axis "
+                f"{axis + 2} ({padded}); the {ctx.processor} computes whole windows only",
+                ctx.processor,
+            )
+    return None
+
+
 @check("depthwise_kernel_max", "max")
 def check_depthwise_kernel_max(ctx: NodeContext, p: dict[str, Any]) -> Reason | None:
     """Depthwise convolution kernels must be at most {max}."""

@@ -19,13 +19,17 @@ def resolve_pads(
     auto_pad: str,
     *,
     ceil_mode: bool = False,
+    overhang: bool = False,
 ) -> tuple[list[int], list[int]]:
     """(begin, end) padding per spatial axis, following the ONNX Conv/Pool rules.
 
     SAME_UPPER / SAME_LOWER give ceil(size / stride) outputs, with the odd padding element at the
     end (UPPER) or the beginning (LOWER); VALID pads nothing; NOTSET uses `pads`. With ceil_mode
     the end padding grows so the last (partial) window exists, unless that window would start
-    in the end padding (the rule PyTorch and ONNX Runtime use).
+    in the end padding (the rule PyTorch and ONNX Runtime use). With `overhang` (the pools), a
+    window longer than the padded input by less than a stride still gives one output, as onnx's
+    shape inference and ONNX Runtime compute it (their integer division truncates the negative
+    span to 0), over the part of the window that exists: the end padding grows to hold it.
     """
     rank = len(spatial)
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
@@ -50,6 +54,11 @@ def resolve_pads(
             if (count - 1) * stride >= size + begin[axis]:
                 count -= 1
             end[axis] += max((count - 1) * stride + extent - (size + begin[axis] + end[axis]), 0)
+    elif overhang:
+        for axis, (size, extent, stride) in enumerate(zip(spatial, extents, strides, strict=True)):
+            short = extent - (size + begin[axis] + end[axis])
+            if 0 < short < stride:
+                end[axis] += short
     return begin, end
 
 

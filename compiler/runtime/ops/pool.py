@@ -45,6 +45,7 @@ class MaxPoolKernel:
             self.pads,
             self.auto_pad,
             ceil_mode=self.ceil_mode,
+            overhang=True,
         )
         padded = pad_spatial(x, begin, end, self.pad_value)
         view = windows(padded, self.kernel, self.strides, self.dilations)
@@ -127,7 +128,7 @@ class AveragePoolKernel:
         accepts with ceil_mode and count_include_pad=1) every counted element is an input
         element, so the pool is the count_include_pad=0 one over the grown padding."""
         geometry = (spatial, self.kernel, self.strides, self.dilations, self.pads, self.auto_pad)
-        begin, end = resolve_pads(*geometry)
+        begin, end = resolve_pads(*geometry, overhang=True)  # counted as padding, as ORT does
         if not self.ceil_mode:
             return begin, end, self.count_include_pad
         grown = resolve_pads(*geometry, ceil_mode=True)[1]
