@@ -42,7 +42,12 @@ def dtype_name(elem_type: int) -> str:
     asks for every tensor and numpy's dtype naming costs microseconds."""
     if elem_type == 0:
         return "unknown"
-    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type)) if elem_type != 16 else "bfloat16"
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return "bfloat16"
+    try:
+        return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except KeyError:  # not an ONNX type (a damaged file): named, not a crash of inspect
+        return f"element type {elem_type}"
 
 
 class TensorInfo:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 ERRORS_ONLY = 3
 """ORT's severity levels: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
+FATAL_ONLY = 4
+"""For sessions and runs, whose failures the project raises as typed errors with ORT's
+message: an error logged as well reached the terminal twice, once as ORT's coloured log line."""
 
 
 def quiet_ort_logging() -> None:

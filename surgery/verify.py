@@ -45,7 +45,7 @@ from surgery.model import (
     save_model,
     set_input_shapes,
 )
-from surgery.ort_logging import ERRORS_ONLY, quiet_ort_logging
+from surgery.ort_logging import FATAL_ONLY, quiet_ort_logging
 
 if TYPE_CHECKING:  # ONNX Runtime loads when a model first runs: `check` never pays for it
     import onnxruntime as ort
@@ -360,13 +360,14 @@ def _tensor_dims(model: onnx.ModelProto, name: str, depth: int = 0) -> list[int]
 
 
 def quiet_session_options() -> ort.SessionOptions:
-    """Session options that log errors only, for every session the project opens (and ORT's
-    default logger too: see surgery.ort_logging)."""
+    """Session options for every session the project opens: a failure to load is raised as a
+    VerifyError, so ORT does not log it too (its default logger logs errors only: see
+    surgery.ort_logging)."""
     import onnxruntime as ort
 
     quiet_ort_logging()
     options = ort.SessionOptions()
-    options.log_severity_level = ERRORS_ONLY
+    options.log_severity_level = FATAL_ONLY
     return options
 
 
@@ -473,7 +474,7 @@ def _quiet_run() -> ort.RunOptions:
     import onnxruntime as ort
 
     options = ort.RunOptions()
-    options.log_severity_level = 4
+    options.log_severity_level = FATAL_ONLY
     return options
 
 

@@ -113,3 +113,47 @@ def test_compile_names_a_weight_whose_data_does_not_fit(plain_cnn, tmp_path):
     with pytest.raises(MalformedTensorError, match=rf"initializer '{name}'"):
         compile_model(qdq, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_inspect_names_an_element_type_onnx_does_not_define(plain_cnn, tmp_path):
+    from typer.testing import CliRunner
+
+    from server.cli import app
+
+    plain_cnn.graph.initializer[0].data_type = 99
+    onnx.save(plain_cnn, tmp_path / "m.onnx")
+    args = ["inspect", str(tmp_path / "m.onnx"), "--node", "conv_3", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "element type 99" in result.output
+
+
+def test_a_session_that_cannot_load_logs_nothing_of_its_own(tmp_path):
+    """ORT's load failure (here its optimiser reading a bias whose data holds more values than
+    its dims) is raised as a VerifyError; ORT logged it to stderr as well, in colour."""
+    import subprocess
+    import sys
+
+    model = _strided_conv(_weight())
+    bias = numpy_helper.from_array(np.ones(4, np.float32), "b")
+    bias.dims[0] = 2
+    model.graph.initializer.append(bias)
+    model.graph.node[0].input.append("b")
+    model.graph.node.append(helper.make_node("Relu", ["y"], ["z"], name="relu"))
+    model.graph.output[0].name = "z"
+    onnx.save(model, tmp_path / "m.onnx")
+    code = (
+        "import sys\n"
+        "import onnx\n"
+        "from surgery.errors import VerifyError\n"
+        "from surgery.verify import ort_session\n"
+        "try:\n"
+        "    ort_session(onnx.load(sys.argv[1]))\n"
+        "except VerifyError as error:\n"
+        "    print('refused:', error.message[:60])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "m.onnx")], capture_output=True, text=True
+    )
+    assert "refused: model: ONNX Runtime cannot load it" in run.stdout
+    assert run.stderr == ""
