@@ -393,10 +393,13 @@ def _scale_output_channels(
 
 
 def _perm(attrs: dict, rank: int | None) -> list[int] | None:
+    """The permutation a Transpose applies; None when unknown or not one of range(rank) (a
+    malformed perm is the checker's to report, not a pattern to rewrite)."""
     perm = attrs.get("perm")
-    if perm:
-        return list(perm)
-    return list(reversed(range(rank))) if rank is not None else None
+    if not perm:
+        return list(reversed(range(rank))) if rank is not None else None
+    perm = list(perm)
+    return perm if sorted(perm) == list(range(rank if rank is not None else len(perm))) else None
 
 
 @register

@@ -131,6 +131,8 @@ class ConvDropPaddingTaps(GraphRule):
         attrs = pat.attrs(node)
         if attrs.get("auto_pad", "NOTSET") != "NOTSET":
             return None
+        if len(out) != 4 or len(attrs.get("pads", [0] * 4)) != 4:
+            return None  # a declared output or pads that do not fit a 2-D Conv: malformed
         return plan_trim(list(shape[2:]), list(out[2:]), list(weight[2:]), attrs)
 
     @staticmethod

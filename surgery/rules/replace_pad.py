@@ -844,6 +844,8 @@ class ConvPadsToPad(GraphRule):
                 continue
             if not any(pads) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
                 continue
+            if len(pads) != 4:
+                continue  # not a 2-D Conv's pads: malformed, the checker's to report
             top, left, bottom, right = pads
             padded = (*shape[:2], shape[2] + top + bottom, shape[3] + left + right)
             onnx_pads = [0, 0, top, left, 0, 0, bottom, right]
