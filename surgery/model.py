@@ -343,6 +343,11 @@ def _check_versions(model: onnx.ModelProto, label: str) -> None:
     """A model newer than the installed onnx cannot be read reliably (its ops may not exist)."""
     newest_opset = onnx.defs.onnx_opset_version()
     opset = default_opset(model)
+    if opset < 1:
+        raise InvalidGraphError(
+            f"{label}: opset {opset} is not an ONNX opset (the default domain's start at 1)",
+            hint="set the model's opset_import to the opset it was exported for",
+        )
     if opset > newest_opset:
         raise InvalidGraphError(
             f"{label}: opset {opset} is newer than this onnx {onnx.__version__} knows "

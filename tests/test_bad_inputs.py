@@ -85,6 +85,12 @@ def test_a_graph_without_outputs_is_invalid() -> None:
         check_model(model)
 
 
+def test_an_opset_below_one_is_invalid() -> None:
+    """Opset 0 has no schemas: node counts went unchecked and rules failed on a one-input Gather."""
+    with pytest.raises(InvalidGraphError, match="opset 0 is not an ONNX opset"):
+        check_model(_one_node(helper.make_node("Relu", ["x"], ["y"]), opset=0))
+
+
 def test_an_opset_newer_than_onnx_knows_is_invalid() -> None:
     with pytest.raises(InvalidGraphError, match="opset 99 is newer"):
         check_model(_one_node(helper.make_node("Relu", ["x"], ["y"]), opset=99))
