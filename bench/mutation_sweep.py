@@ -146,20 +146,22 @@ def input_size(model: onnx.ModelProto, rng: random.Random) -> None:
             dim.dim_value = rng.choice([0, -3, 2**40, 1])
 
 
+def _two_nodes(model: onnx.ModelProto, rng: random.Random):
+    """Two distinct nodes that both have an input and an output, or None."""
+    nodes = [n for n in model.graph.node if n.input and n.output]
+    return rng.sample(nodes, 2) if len(nodes) >= 2 else None
+
+
 def cycle(model: onnx.ModelProto, rng: random.Random) -> None:
-    nodes = model.graph.node
-    if len(nodes) >= 2:
-        a, b = rng.sample(range(len(nodes)), 2)
-        if nodes[a].input and nodes[b].output:
-            nodes[a].input[0] = nodes[b].output[0]
+    pair = _two_nodes(model, rng)
+    if pair:
+        pair[0].input[0] = pair[1].output[0]
 
 
 def produced_twice(model: onnx.ModelProto, rng: random.Random) -> None:
-    nodes = model.graph.node
-    if len(nodes) >= 2:
-        a, b = rng.sample(range(len(nodes)), 2)
-        if nodes[a].output and nodes[b].output:
-            nodes[a].output[0] = nodes[b].output[0]
+    pair = _two_nodes(model, rng)
+    if pair:
+        pair[0].output[0] = pair[1].output[0]
 
 
 def opset(model: onnx.ModelProto, rng: random.Random) -> None:
