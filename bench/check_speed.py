@@ -12,6 +12,11 @@ again). Taking turns gives every contender the same allocator state and the same
 load. The issue's bar: check ≤ 1.5× the floor. Prints a table and writes
 bench/results/check_speed.json.
 
+A model with static inputs is checked as it is, as the floor reads it. A model with a dynamic
+input is checked at the INDEX's input shapes (`--input-shape`, as compile needs them), and
+also as given: then check places a model of unknown sizes, and the fix-input-shapes rule it
+suggests analyses the model a second time at batch 1 to tell which blockers that frees.
+
 A second table times what a user waits for at a terminal: the `surgery check MODEL --json`
 command as a new process against a new Python process that imports onnx and runs the floor,
 best of N, in turns. Both start an interpreter and import onnx; the command also loads its
@@ -26,17 +31,19 @@ quantized model costs check two analyses (its float view, placed; the float mode
 quantizes, whose blockers the rules are asked about) and building that float model: 6–10×
 the floor, 2.3–3.8× without suggestions.
 
-Where the bar is not met (2026-12-04, this machine): in process on light_resnet50 (2.5×),
-ppocr_mobile_v2_cls (2.6×), ppocrv4_det (1.9×) and yolov5n_anchor (1.7×); the others are at
-0.4–1.4×. light_resnet50 and ppocr_mobile_v2_cls hold their weights in ConstantOfShape /
-Constant nodes, so their floor is 1.9–2.4 ms, and the bar leaves about 1 ms for validating,
-placing, segmenting and explaining 175–260 placed nodes (about 4 µs a node) after a read and
-an inference that cost what the floor's do; check's Python takes 10–15 µs a node. In these
-turns the call that follows the floor pays about 0.7 ms for the memory the floor freed (the
-same call following itself runs that much faster; the floor is not slowed by following check):
-measured each after a call of itself, ppocrv4_det is at 1.7× and yolov5n_anchor at 1.6×. As a
-command the ratios are 1.8–3.0: the floor process imports onnx (~160 ms), the command also
-imports pydantic, yaml, typer and rich and builds its CLI.
+Where the bar is not met (2026-12-04, this machine, `--repeat 9`): in process on
+light_resnet50 (2.4×), ppocr_mobile_v2_cls (2.65×), ppocrv4_det (1.8×) and yolov5n_anchor
+(1.6×); the others are at 0.4–1.3×. light_resnet50 and ppocr_mobile_v2_cls hold their weights
+in ConstantOfShape / Constant nodes, so their floor is 2.1–2.7 ms, and the bar leaves about
+1 ms for validating, placing, segmenting and explaining 175–260 placed nodes (about 4 µs a
+node) after a read and an inference that cost what the floor's do; check's Python takes
+10–15 µs a node. In these turns the call that follows the floor pays about 0.7 ms for the
+memory the floor freed (the same call following itself runs that much faster; the floor is
+not slowed by following check). Without --input-shape the dynamic models are at 2.1–5.9×
+(the second analysis). As a command the ratios are 1.4–2.25 (they were 1.8–3.0 before the
+command line was imported with the collector paused and typer stopped evaluating postponed
+annotations): the floor process imports onnx (~110 ms), the command also imports pydantic,
+yaml, typer and rich, builds its CLI, and with blockers loads the rule catalogue (~25 ms).
 """
 
 from __future__ import annotations
