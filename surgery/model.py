@@ -816,7 +816,7 @@ def check_model_fully(model: onnx.ModelProto) -> None:
     checked as graph inputs of their type and shape instead (which is all the checker reads
     of them besides their bytes)."""
     if model_nbytes(model) < PROTOBUF_LIMIT - _CHECK_MARGIN:
-        onnx.checker.check_model(model, full_check=True)
+        _run_checker(model)
         return
     light = onnx.ModelProto(ir_version=model.ir_version)
     light.opset_import.extend(model.opset_import)
@@ -831,7 +831,17 @@ def check_model_fully(model: onnx.ModelProto) -> None:
             graph.initializer.append(t)
         elif t.name not in declared:
             graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
-    onnx.checker.check_model(light, full_check=True)
+    _run_checker(light)
+
+
+def _run_checker(model: onnx.ModelProto) -> None:
+    """onnx's full checker, whose verdict on a tensor of an element type it does not know comes
+    as a ValueError ("Invalid tensor data type 99"): raised as the ValidationError it is, which
+    every caller reports as the checker's finding."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except ValueError as exc:
+        raise onnx.checker.ValidationError(first_line(exc)) from None
 
 
 _CHECK_MARGIN = 2**26

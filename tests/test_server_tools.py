@@ -305,6 +305,20 @@ async def test_validate_model(sandbox: Sandbox) -> None:
         assert "exactly one" in both
 
 
+async def test_validate_model_reports_an_element_type_onnx_does_not_define(
+    sandbox: Sandbox,
+) -> None:
+    """onnx's checker raises a ValueError for it, which the tool reported as an internal error."""
+    model = examples.plain_cnn()
+    model.graph.initializer[0].data_type = 99
+    save_model(model, sandbox.root / "type99.onnx")
+    async with Client(sandbox.server()) as client:
+        result = await call(client, "validate_model", {"path": "type99.onnx"})
+    assert not result["valid"]
+    assert result["problems"][0]["code"] == "checker"
+    assert "Invalid tensor data type 99" in result["problems"][0]["message"]
+
+
 @pytest.mark.parametrize(
     ("tool", "args", "expected"),
     [
