@@ -101,8 +101,14 @@ def sweep_one(
             fixed = fixed_result.model
             row.fix_steps = [s["rule"] for s in fixed_result.steps]
             row.segments_after = check_model(fixed, target, suggest=False).mla_segments
-            samples = [make_inputs(fixed, seed=seed) for seed in range(2)]
-            qdq = timed("quantize", lambda: quantize_model(fixed, samples, target=target).model)
+            qdq = timed(  # the calibration inputs are drawn inside: their errors are quantize's
+                "quantize",
+                lambda: (
+                    quantize_model(
+                        fixed, [make_inputs(fixed, seed=seed) for seed in range(2)], target=target
+                    ).model
+                ),
+            )
         with tempfile.TemporaryDirectory() as folder:
             result = timed(
                 "compile", lambda: compile_model(qdq, folder, target=target, model_name=path.stem)
