@@ -25,10 +25,11 @@ from compiler.lower.pipeline import CompiledModel, CompileOptions, compile_pipel
 from compiler.lower.schedule import ComputeOrder
 from compiler.lower.tessellate import TensorTessellateParameters
 from surgery.check import DEFAULT_TARGET, check_model
-from surgery.model import read_model, validate_graph
+from surgery.model import open_model, read_model, validate_graph
 from surgery.qdq import quantized_for
+from surgery.qdq_check import raise_malformed_qdq
 from surgery.qoperator import qdq_form
-from surgery.schema_check import raise_malformed_weights
+from surgery.schema_check import raise_malformed
 from surgery.targets import Target, available_targets, resolve_target
 
 
@@ -117,12 +118,14 @@ def compile_model(
         data = path.read_bytes()
         model_path = str(path.resolve())  # run --compare-reference finds it from any folder
         default_name = path.name.removesuffix(".onnx")
-    raise_malformed_weights(model)  # lowering decodes every weight
+    raise_malformed(model)  # lowering reads every attribute and decodes every weight
     model, converted = qdq_form(model)  # a QOperator model compiles with its own scales
     check_tensor_io(model, model_path)
     profile, notes = _resolve_target(model, target)
     notes = [*converted, *notes]
     notes += _check_quantized(model, model_path, profile)
+    # Shapes for the Q/DQ check; a ModelProto's structure is validated here too.
+    raise_malformed_qdq(open_model(model)[1], model_path)
     name = _safe_name(model_name or default_name)
     options = CompileOptions(
         target=profile,
