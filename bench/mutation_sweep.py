@@ -12,6 +12,11 @@ warns and is left out of the suggestions: the model, not the rule, should be the
 `--keep DIR` writes the mutants that check accepts, with an INDEX.tsv, for the whole pipeline:
 `python bench/pipeline_sweep.py --models DIR --target mlsoc rk3588` (every row must be ok or
 refused; a crash is a bug). Prints a table and writes bench/results/mutation_sweep.json.
+
+`--quantized` mutates QDQ models instead (the examples, fixed and quantized) — scales, zero
+points, axes, swapped or bypassed Q/DQ inputs, besides some of the mutations above — and
+compiles, runs and compares each (bench/results/mutation_sweep_quantized.json). Mutants that
+compile and run must stay bit-exact against the integer reference.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import logging
 import random
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -223,6 +229,122 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def _qdq_node(model: onnx.ModelProto, rng: random.Random, *ops: str) -> onnx.NodeProto | None:
+    nodes = [n for n in model.graph.node if n.op_type in (ops or (_Q, _DQ))]
+    return rng.choice(nodes) if nodes else None
+
+
+_Q, _DQ = "QuantizeLinear", "DequantizeLinear"
+
+
+def _parameter(model: onnx.ModelProto, node: onnx.NodeProto, k: int) -> onnx.TensorProto | None:
+    name = node.input[k] if len(node.input) > k else ""
+    return next((t for t in model.graph.initializer if t.name == name), None)
+
+
+def bad_scale(model: onnx.ModelProto, rng: random.Random) -> None:
+    node = _qdq_node(model, rng)
+    scale = _parameter(model, node, 1) if node is not None else None
+    if scale is not None:
+        values = numpy_helper.to_array(scale).astype(np.float32).copy()
+        values.flat[rng.randrange(values.size)] = rng.choice([0.0, -1.0, np.nan, np.inf])
+        scale.CopyFrom(numpy_helper.from_array(values, scale.name))
+
+
+def bad_zero_point(model: onnx.ModelProto, rng: random.Random) -> None:
+    node = _qdq_node(model, rng)
+    zero_point = _parameter(model, node, 2) if node is not None else None
+    if zero_point is not None:
+        zero_point.data_type = rng.choice([TensorProto.UINT8, TensorProto.INT16, TensorProto.FLOAT])
+
+
+def bad_axis(model: onnx.ModelProto, rng: random.Random) -> None:
+    node = _qdq_node(model, rng)
+    if node is not None:
+        node.attribute.append(onnx.helper.make_attribute("axis", rng.choice([-9, 5, 0])))
+
+
+def extra_scale(model: onnx.ModelProto, rng: random.Random) -> None:
+    node = _qdq_node(model, rng)
+    scale = _parameter(model, node, 1) if node is not None else None
+    if scale is not None:
+        values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1)
+        scale.CopyFrom(numpy_helper.from_array(np.concatenate([values, values[:1]]), scale.name))
+
+
+def swapped_qdq_inputs(model: onnx.ModelProto, rng: random.Random) -> None:
+    node = _qdq_node(model, rng)
+    if node is not None and len(node.input) > 1:
+        node.input[0], node.input[1] = node.input[1], node.input[0]
+
+
+def bypassed_dequantize(model: onnx.ModelProto, rng: random.Random) -> None:
+    """A reader of a DequantizeLinear reads its integer codes instead."""
+    node = _qdq_node(model, rng, _DQ)
+    if node is not None:
+        for reader in model.graph.node:
+            for k, name in enumerate(reader.input):
+                if name == node.output[0]:
+                    reader.input[k] = node.input[0]
+
+
+QDQ_MUTATIONS: tuple[Mutation, ...] = (
+    bad_scale,
+    bad_zero_point,
+    bad_axis,
+    extra_scale,
+    swapped_qdq_inputs,
+    bypassed_dequantize,
+    attribute_of_another_type,
+    constant_values,
+    weight_dims,
+    other_op,
+    input_count,
+    declared_shape,
+)
+
+
+def quantized_bases() -> dict[str, onnx.ModelProto]:
+    """The examples, fixed to one segment and quantized (two seeded calibration samples)."""
+    from compiler.quantize import quantize_model
+    from surgery.rules.fix import fix_model
+    from surgery.verify import make_inputs
+
+    bases = {}
+    for name, model in base_models().items():
+        if name in SHARED_BASES_STEMS:
+            continue
+        fixed = fix_model(model, "mlsoc").model
+        samples = [make_inputs(fixed, seed=seed) for seed in range(2)]
+        bases[name] = quantize_model(fixed, samples).model
+    return bases
+
+
+SHARED_BASES_STEMS = frozenset(name.removesuffix(".onnx") for name in SHARED_BASES)
+
+
+def check_stage(model: onnx.ModelProto, rng: random.Random) -> str:
+    check_model(model, rng.choice(["mlsoc", "modalix", "rk3588"]), suggest=rng.random() < 0.7)
+    return "report"
+
+
+def compile_stage(model: onnx.ModelProto, rng: random.Random) -> str:
+    """Compile, run and compare with the integer reference."""
+    from compiler.archive import read_archive
+    from compiler.compile import compile_model
+    from compiler.runtime.compare import compare_with_reference
+    from compiler.runtime.pipeline import run_archive
+    from surgery.verify import make_inputs
+
+    with tempfile.TemporaryDirectory() as folder:
+        result = compile_model(model, folder, target=rng.choice(["mlsoc", "rk3588"]))
+        archive = read_archive(result.archive)
+    feed = make_inputs(model, seed=3)
+    outputs, stats = run_archive(archive, feed, keep_tensors=True)
+    comparison = compare_with_reference(archive.manifest, model, feed, outputs, stats.tensors)
+    return "compiled, ran, bit-exact" if comparison.mla_bit_exact else "NOT bit-exact"
+
+
 class RuleFailures(logging.Handler):
     """Counts the rules that failed on a mutant (surgery.rules.suggest logs each at debug)."""
 
@@ -239,9 +361,11 @@ class RuleFailures(logging.Handler):
             ] += 1
 
 
-def run(cases: int, seed: int, keep: Path | None) -> dict:
+def run(cases: int, seed: int, keep: Path | None, quantized: bool = False) -> dict:
     rng = random.Random(seed)
-    bases = base_models()
+    bases = quantized_bases() if quantized else base_models()
+    mutations = QDQ_MUTATIONS if quantized else MUTATIONS
+    stage = compile_stage if quantized else check_stage
     outcomes: Counter[str] = Counter()
     untyped: Counter[str] = Counter()
     failures = RuleFailures()
@@ -254,14 +378,12 @@ def run(cases: int, seed: int, keep: Path | None) -> dict:
         name = rng.choice(sorted(bases))
         model = onnx.ModelProto()
         model.CopyFrom(bases[name])
-        applied = rng.sample(MUTATIONS, rng.choice([1, 1, 2, 3]))
+        applied = rng.sample(mutations, rng.choice([1, 1, 2, 3]))
         for mutate in applied:
             mutate(model, rng)
         given = model.SerializeToString()
-        target = rng.choice(["mlsoc", "modalix", "rk3588"])
         try:
-            check_model(model, target, suggest=rng.random() < 0.7)
-            outcomes["report"] += 1
+            outcomes[stage(model, rng)] += 1
             if keep is not None:
                 file = f"{case:05d}_{name}_{'+'.join(m.__name__ for m in applied)}.onnx"
                 onnx.save(model, keep / file)
@@ -273,12 +395,13 @@ def run(cases: int, seed: int, keep: Path | None) -> dict:
             untyped[f"{type(error).__name__} at {Path(where.filename).name}:{where.lineno}"] += 1
             outcomes["untyped error"] += 1
         if model.SerializeToString() != given:
-            outcomes["mutant changed by check"] += 1
+            outcomes["mutant changed (must not be)"] += 1
     if keep is not None:
         write_index(keep, kept)
     return {
         "cases": cases,
         "seed": seed,
+        "quantized": quantized,
         "outcomes": dict(outcomes),
         "untyped_errors": dict(untyped),
         "rule_failures": dict(failures.seen),
@@ -291,13 +414,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="write the mutants check accepts here")
     parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "results" / "mutation_sweep.json"
+        "--quantized", action="store_true", help="mutate QDQ models; compile, run, compare"
     )
+    parser.add_argument("--out", type=Path, help="default: bench/results/mutation_sweep*.json")
     args = parser.parse_args()
+    results = ROOT / "bench" / "results"
+    args.out = args.out or results / (
+        "mutation_sweep_quantized.json" if args.quantized else "mutation_sweep.json"
+    )
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     np.seterr(all="ignore")  # constant folding of mutants overflows on purpose
-    result = run(args.cases, args.seed, args.keep)
+    result = run(args.cases, args.seed, args.keep, args.quantized)
     print(f"{result['cases']} mutants (seed {result['seed']})")
     for outcome, count in sorted(result["outcomes"].items()):
         print(f"  {outcome:26s} {count:6d}")
