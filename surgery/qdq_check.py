@@ -47,6 +47,12 @@ def qdq_problem(view: GraphView, idx: int) -> str | None:
             return f"its input {x.name!r} is {x.dtype}: it dequantizes integer codes"
         if not codes_in and x.elem_type not in FLOAT_TYPES:
             return f"its input {x.name!r} is {x.dtype}: it quantizes floating-point values"
+    declared = view.tensor(ins[1])
+    if declared.rank is not None and declared.rank > 1 and not _attr(view, idx, "block_size"):
+        return (
+            f"its scale {ins[1]!r} has rank {declared.rank}: a scale is a scalar or a 1-D "
+            "tensor (one per element of the quantized axis)"
+        )
     scale = view.constant_value(ins[1], _MAX_SCALES)
     if scale is None:
         return None

@@ -77,7 +77,11 @@ def attribute_problem(node: onnx.NodeProto, opset: int) -> str | None:
     schema = _schema(node.op_type, opset)
     if schema is None:
         return None
+    seen: set[str] = set()
     for attr in node.attribute:
+        if attr.name in seen:
+            return f"attribute {attr.name!r} is given twice"
+        seen.add(attr.name)
         spec = schema.attributes.get(attr.name)
         if spec is None:
             return f"attribute {attr.name!r} is not one of {node.op_type}'s"

@@ -78,6 +78,15 @@ def test_an_attribute_of_the_wrong_type_is_named() -> None:
         check_model(_one_node(node))
 
 
+def test_an_attribute_given_twice_is_named_where_compile_reads_attributes(tmp_path) -> None:
+    from compiler.compile import compile_model
+
+    node = helper.make_node("Transpose", ["x"], ["y"], name="tr", perm=[0, 1, 3, 2])
+    node.attribute.append(helper.make_attribute("perm", [0, 2, 3, 1]))
+    with pytest.raises(InvalidGraphError, match="attribute 'perm' is given twice"):
+        compile_model(_one_node(node), tmp_path)
+
+
 def test_a_graph_without_outputs_is_invalid() -> None:
     model = _one_node(helper.make_node("Relu", ["x"], ["y"]))
     del model.graph.output[:]

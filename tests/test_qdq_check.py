@@ -81,6 +81,13 @@ def test_a_dequantize_of_float_values_is_named():
     assert "it dequantizes integer codes" in qdq_problem(view, view.index_by_name["dequant"])
 
 
+def test_a_scale_of_rank_above_one_is_named():
+    """A QuantizeLinear whose inputs were swapped: its scale is the activation."""
+    model = _qdq(np.float32(0.1), np.int8(0))
+    model.graph.node[0].input[0], model.graph.node[0].input[1] = "s", "x"
+    assert "its scale 'x' has rank 4" in _problem(model)
+
+
 def test_compile_refuses_a_zero_scale_naming_the_node(tmp_path):
     from compiler.compile import compile_model
 
