@@ -373,6 +373,7 @@ def run(cases: int, seed: int, keep: Path | None, quantized: bool = False) -> di
     suggest_log.addHandler(failures)
     suggest_log.setLevel(logging.DEBUG)
     suggest_log.propagate = False  # their one-line warnings would flood the table
+    logging.getLogger("surgery.model").setLevel(logging.ERROR)  # "recorded shapes contradict"
     kept: dict[str, str] = {}
     for case in range(cases):
         name = rng.choice(sorted(bases))
