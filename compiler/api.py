@@ -219,6 +219,9 @@ class Model:
     _session: ort.InferenceSession | None = field(default=None, repr=False, compare=False)
     _profile: Target | None = field(default=None, repr=False, compare=False)
     """The profile quantized for, when it came from a file (not found again by its name)."""
+    _saved_path: Path | None = field(default=None, repr=False, compare=False)
+    """Where `save` (or `load`) last put the .onnx: compile records it in the archive, so
+    `surgery run --compare-reference` finds the model without --model."""
 
     def execute(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run the QDQ model in ONNX Runtime as the float-simulated reference (Q/DQ not fused
@@ -259,6 +262,7 @@ class Model:
             output_path,
             target=options.pop("target") if "target" in options else self._compile_target(),
             model_name=options.pop("model_name", self.name),
+            source_path=options.pop("source_path", self._saved_path),
             **options,
         )
 
@@ -303,6 +307,7 @@ class Model:
         _write_text(
             folder / f"{name}{SIDECAR_SUFFIX}", json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
         )
+        self._saved_path = onnx_path
         return onnx_path
 
     @classmethod
@@ -331,7 +336,9 @@ class Model:
         proto = read_model(onnx_path)
         report = quantization_record(proto)
         params = QuantizationParams.from_dict(sidecar["params"])
-        return cls(proto, sidecar["target"], sidecar["name"], params, report)
+        loaded = cls(proto, sidecar["target"], sidecar["name"], params, report)
+        loaded._saved_path = onnx_path
+        return loaded
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -93,6 +93,7 @@ def compile_model(
     custom_string: str | None = None,
     model_name: str | None = None,
     arena_bytes: int | None = None,
+    source_path: str | os.PathLike | None = None,
 ) -> CompileResult:
     """Compile a quantized (QDQ) model into `<output_path>/<name>_mpk.tar.gz`.
 
@@ -103,12 +104,16 @@ def compile_model(
     `custom_string` is stored in the archive and every ELF. `model_name` defaults to the file
     name (without `.onnx`) or the graph name; `arena_bytes` overrides the arena size. `target`
     defaults to the one the model was quantized for (its quantization record), else mlsoc.
+    `source_path`: where a ModelProto given is saved (`Model.save`), recorded in the archive
+    for `run --compare-reference` as a path is (the archive's checksum tells if it changed).
     """
     started = time.perf_counter()
     if isinstance(qdq_model, onnx.ModelProto):
         model = qdq_model
         data = model.SerializeToString(deterministic=True)
-        model_path = model.graph.name or "model"
+        model_path = (
+            str(Path(source_path).resolve()) if source_path else model.graph.name or "model"
+        )
         default_name = model.graph.name or "model"
     else:
         path = Path(qdq_model)

@@ -38,7 +38,7 @@ from surgery.graph import (
     remove_where,
     topological_order,
 )
-from surgery.schema_check import check_node_counts
+from surgery.schema_check import check_node_counts, refuse_malformed_windows
 from surgery.targets import CONTRIB_OPS
 
 log = logging.getLogger(__name__)
@@ -194,6 +194,7 @@ def open_model(
             refuse_impossible_reshapes(view, label)
     else:
         view.reload_value_info()
+    refuse_malformed_windows(view, label)
     return model, view
 
 

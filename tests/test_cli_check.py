@@ -94,6 +94,15 @@ def test_demo_runs_the_whole_pipeline_on_the_shipped_example(tmp_path):
     assert (tmp_path / "yolo_head.onnx").exists()
 
 
+def test_the_demos_archive_runs_against_its_saved_model_without_naming_it(tmp_path):
+    """What a user tries after the demo: the archive records the int8 model the demo saved."""
+    assert _run("demo", "--out", tmp_path, "--json").exit_code == 0
+    archive = tmp_path / "yolo_head_mpk.tar.gz"
+    result = _run("run", archive, "--compare-reference", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["reference"]["bit_exact"] is True
+
+
 @pytest.mark.slow
 def test_console_script_reports_errors_without_traceback(tmp_path):
     bad = tmp_path / "bad.onnx"

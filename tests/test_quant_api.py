@@ -82,3 +82,25 @@ def test_rknn_config_is_a_second_front_door(net: LoadedNet) -> None:
     assert model.target == "rk3588"
     assert model.report["calibration"]["method"]["method"] == "histogram_mse"
     assert model.report["requantization_mode"] == "tflite"
+
+
+def test_compile_after_save_records_the_saved_file_for_compare_reference(
+    net: LoadedNet, tmp_path: Path
+) -> None:
+    from compiler.archive import check_compiled_from, read_archive
+
+    model = net.quantize(random_samples(8), default_quantization, model_name="tiny")
+    saved = model.save("tiny", tmp_path)
+    manifest = read_archive(model.compile(tmp_path / "out").archive).manifest
+    assert manifest["model_path"] == str(saved.resolve())
+    check_compiled_from(manifest, saved)  # the saved bytes are the ones compiled
+
+
+def test_compile_of_a_model_never_saved_records_its_graph_name(
+    net: LoadedNet, tmp_path: Path
+) -> None:
+    from compiler.archive import read_archive
+
+    model = net.quantize(random_samples(8), default_quantization, model_name="tiny")
+    manifest = read_archive(model.compile(tmp_path).archive).manifest
+    assert manifest["model_path"] == (model.qdq_model.graph.name or "model")
