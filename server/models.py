@@ -629,6 +629,10 @@ class RunArchiveOut(Out):
     mla_static_cycles: int
     wall_seconds: float
     stages: list[RunStage]
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What was done to the inputs (an array of another dtype is cast, noted).",
+    )
 
 
 class LayerErrorOut(Out):

@@ -139,6 +139,26 @@ def test_run_saves_outputs_into_a_new_folder(tmp_path, compiled) -> None:
     assert (tmp_path / "new" / "out.npz").is_file()
 
 
+def test_run_notes_an_input_it_casts_to_the_pipelines_dtype(compiled, tmp_path) -> None:
+    model_path, data = compiled
+    feeds = {
+        k: (v * 255).astype(np.uint8) for k, v in input_frames(onnx.load(model_path), 1).items()
+    }
+    np.savez(tmp_path / "pixels.npz", **feeds)
+    result = _run("run", data["archive"], "--inputs", tmp_path / "pixels.npz", "--json")
+    assert result.exit_code == 0, result.output
+    (name,) = feeds
+    assert json.loads(result.stdout)["notes"] == [f"input {name!r} cast from uint8 to float32"]
+    terminal = _run("run", data["archive"], "--inputs", tmp_path / "pixels.npz")
+    assert f"note: input {name!r} cast from uint8 to float32" in terminal.output
+
+
+def test_run_of_inputs_in_the_pipelines_dtype_has_no_notes(compiled) -> None:
+    _, data = compiled
+    result = _run("run", data["archive"], "--json")
+    assert json.loads(result.stdout)["notes"] == []
+
+
 def test_an_empty_inputs_file_is_a_clear_error(tmp_path, compiled) -> None:
     _, data = compiled
     empty = tmp_path / "empty.npz"

@@ -245,7 +245,7 @@ async def test_run_archive_with_npz_inputs_and_workspace_reference(sandbox: Sand
         np.savez(sandbox.root / "in.npz", images=rng.random((2, 3, 64, 64), dtype=np.float32))
         ran = await call(client, "run_archive", ran_args(compiled, name))
         assert ran["frames"] == 2 and ran["bit_exact"] is True
-        assert ran["outputs"][0]["shape"][0] == 2
+        assert ran["outputs"][0]["shape"][0] == 2 and ran["notes"] == []
         wrong = {**ran_args(compiled, name), "reference_version": "v1"}  # the float model
         text = await call_error(client, "run_archive", wrong)
         assert "is not the model this archive was compiled from" in text
@@ -261,6 +261,17 @@ async def test_run_archive_with_npz_inputs_and_workspace_reference(sandbox: Sand
         assert "path_not_allowed: " in text
         text = await call_error(client, "inspect_archive", {"archive": "yolo.onnx"})
         assert "not a readable" in text
+
+
+async def test_run_archive_notes_an_input_it_casts(sandbox: Sandbox) -> None:
+    async with Client(sandbox.server()) as client:
+        name, _ = await _quantized(client, sandbox)
+        compiled = await call(client, "compile_model", {"model": name, "output_dir": "out"})
+        np.savez(sandbox.root / "in.npz", images=np.zeros((1, 3, 64, 64), np.float64))
+        ran = await call(
+            client, "run_archive", {"archive": compiled["archive"], "inputs": "in.npz"}
+        )
+        assert ran["notes"] == ["input 'images' cast from float64 to float32"]
 
 
 async def test_inspect_archive_pages_layers(sandbox: Sandbox) -> None:

@@ -250,7 +250,7 @@ def run_command(
     """
     from compiler.archive import read_archive
     from compiler.runtime.compare import compare_with_reference, random_inputs
-    from compiler.runtime.pipeline import run_archive
+    from compiler.runtime.pipeline import input_cast_notes, run_archive
     from surgery.verify import load_inputs
 
     opened = read_archive(archive)
@@ -267,7 +267,12 @@ def run_command(
         )
     except (RuntimeError, ValueError) as error:
         raise SurgeryError(f"running {archive} failed: {error}") from error
-    report: dict[str, Any] = {"archive": str(archive), "outputs": [], "stats": stats.to_dict()}
+    report: dict[str, Any] = {
+        "archive": str(archive),
+        "outputs": [],
+        "stats": stats.to_dict(),
+        "notes": input_cast_notes(opened.manifest["input_nodes"], feed),
+    }
     verdict = True
     references: dict[str, dict[str, Any]] = {}
     if qdq_model is not None:
@@ -396,3 +401,5 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
         )
         if reference["explanation"]:
             console.print(f"[yellow]{escape(str(reference['explanation']))}[/]", highlight=False)
+    for note in report["notes"]:
+        console.print(f"note: {escape(note)}", highlight=False)

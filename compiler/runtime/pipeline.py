@@ -231,6 +231,22 @@ def _stack_frames(parts: list[np.ndarray]) -> np.ndarray:
 # --- inputs and layouts -------------------------------------------------------------------------------
 
 
+def input_cast_notes(
+    nodes: Sequence[Mapping[str, Any]], inputs: Mapping[str, np.ndarray]
+) -> list[str]:
+    """One note per input given in another dtype than the pipeline's (`run_archive` casts it,
+    as `surgery verify` does and notes): integer pixels given to a float input run unscaled."""
+    notes = []
+    for node in nodes:
+        given = inputs.get(node["name"])
+        if given is None:
+            continue
+        have, want = np.asarray(given).dtype, np.dtype(node["dtype"])
+        if have != want:
+            notes.append(f"input {node['name']!r} cast from {have} to {want}")
+    return notes
+
+
 def _frames_of(
     nodes: Sequence[Mapping[str, Any]], inputs: Mapping[str, np.ndarray]
 ) -> list[Buffers]:
