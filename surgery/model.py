@@ -36,9 +36,11 @@ from surgery.graph import (
     GraphView,
     default_opset,
     remove_where,
+    shape_from_type,
+    shape_text,
     topological_order,
 )
-from surgery.schema_check import check_node_counts, refuse_malformed_windows
+from surgery.schema_check import check_node_counts
 from surgery.targets import CONTRIB_OPS
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ def read_model(
             return source
         copy = onnx.ModelProto()
         copy.CopyFrom(source)
+        _forget_invalid_dims(copy)  # as for a file: the proto may be an exporter's, unsaved
         return copy
     if not isinstance(source, str | os.PathLike):
         raise ModelFormatError(
@@ -188,13 +191,14 @@ def open_model(
     if reuse_static_shapes and not input_shapes and _every_tensor_static(view):
         return model, view
     if infer_shapes:
-        model = _shape_inferred(model, label, view, _worth_hiding_weights(source, model))
+        model = _shape_inferred(
+            model, label, view, _worth_hiding_weights(source, model), input_shapes
+        )
         view.rebind(model)
         if input_shapes:
             refuse_impossible_reshapes(view, label)
     else:
         view.reload_value_info()
-    refuse_malformed_windows(view, label)
     return model, view
 
 
@@ -486,12 +490,15 @@ def set_input_shapes(model: onnx.ModelProto, input_shapes: InputShapes) -> None:
 
 
 def infer_model_shapes(
-    model: onnx.ModelProto, label: str = "model", view: GraphView | None = None
+    model: onnx.ModelProto,
+    label: str = "model",
+    view: GraphView | None = None,
+    refuse_invalid: InputShapes | bool = False,
 ) -> None:
     """Shape inference with data propagation, in place: the inferencer sees `model` without
     its large weights (`_run_inferencer`), and its value_info and the output shapes it found
-    are copied into `model`."""
-    inferred = _run_inferencer(model, label, view)
+    are copied into `model`. `refuse_invalid`: see `_run_inferencer`."""
+    inferred = _run_inferencer(model, label, view, refuse_invalid=refuse_invalid)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     by_name = {o.name: o for o in inferred.graph.output}
@@ -502,19 +509,28 @@ def infer_model_shapes(
 
 
 def _run_inferencer(
-    model: onnx.ModelProto, label: str, view: GraphView | None, hide_weights: bool = True
+    model: onnx.ModelProto,
+    label: str,
+    view: GraphView | None,
+    hide_weights: bool = True,
+    refuse_invalid: InputShapes | bool = False,
 ) -> onnx.ModelProto:
     """The C++ inferencer's output for `model`, which it leaves as it is; with `hide_weights`,
     for a copy without its large weights (`_weightless_copy`: they never affect shapes,
     serialising them dominates the time, and it keeps models over 2 GB inferrable), whose
-    output has them empty. A failure is a ShapeError."""
+    output has them empty. A failure is a ShapeError. `refuse_invalid` (the input shapes set,
+    or True): a node ONNX's inference finds invalid, as ONNX Runtime's load does, is a
+    ShapeError too, where otherwise its outputs would only stay unshaped."""
     source = _weightless_copy(model, view) if hide_weights else model
     try:
         return infer_shapes_through_contrib_ops(
             source,
             domains=view.domains if view is not None else None,
             op_types=view.op_types if view is not None else None,
+            refuse_invalid=bool(refuse_invalid),
         )
+    except _InvalidNode as invalid:
+        raise _refusal(invalid, label, refuse_invalid) from None
     except Exception as exc:  # onnx raises several unrelated types here
         raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
 
@@ -523,6 +539,8 @@ def infer_shapes_through_contrib_ops(
     model: onnx.ModelProto,
     domains: Iterable[str] | None = None,
     op_types: Iterable[str] | None = None,
+    *,
+    refuse_invalid: bool = False,
 ) -> onnx.ModelProto:
     """ONNX shape inference (with data propagation) carried through the contrib ops of
     `CONTRIB_OPS`, returning the inferred copy.
@@ -536,8 +554,9 @@ def infer_shapes_through_contrib_ops(
     `domains` (the nodes' domains, when the caller has them) skips the scan for models without
     a contrib op, and `op_types` (their op types) the one for models without control flow
     (`_with_original_subgraphs`): `surgery check` infers every model through here.
+    `refuse_invalid`: see `_inferred_over_recorded_shapes`.
     """
-    inferred = _inferred_over_recorded_shapes(model)
+    inferred = _inferred_over_recorded_shapes(model, refuse_invalid)
     present = set(domains) if domains is not None else {n.domain for n in model.graph.node}
     if not present.isdisjoint(CONTRIB_OPS):
         while _type_contrib_outputs(inferred):
@@ -549,7 +568,9 @@ def infer_shapes_through_contrib_ops(
     return _with_original_subgraphs(model, inferred)
 
 
-def _inferred_over_recorded_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def _inferred_over_recorded_shapes(
+    model: onnx.ModelProto, refuse_invalid: bool = False
+) -> onnx.ModelProto:
     """Shape inference where a shape the model records (value_info) contradicts what its graph
     computes: the computed shape wins, as in ONNX Runtime ("falling back to lenient merge").
 
@@ -559,7 +580,9 @@ def _inferred_over_recorded_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     contradiction at no extra cost (its result is the lenient one's, byte for byte, on 178 real
     models); then the intermediate shapes are inferred again without the recorded ones, but
     those of nodes onnx has no schema for. Graph outputs keep their declared shapes (the
-    model's interface, read as before), and any other strict failure infers leniently.
+    model's interface, read as before), and any other strict failure infers leniently, but,
+    with `refuse_invalid`, a node the inference finds invalid as ONNX Runtime's load does (a
+    Softmax axis out of range, Split sizes that do not add up): then `_InvalidNode`.
     """
     try:
         return shape_inference.infer_shapes(
@@ -574,10 +597,58 @@ def _inferred_over_recorded_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 _first_inference_error(exc),
             )
             model = _without_recorded_shapes(model)
+        elif refuse_invalid and not any(c in str(exc) for c in _RECORDED_CONTRADICTIONS):
+            _raise_invalid_node(model, exc)
     return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
 
 
 _CONTRADICTION = "Inferred shape and existing shape differ"
+_RECORDED_CONTRADICTIONS = (_CONTRADICTION, "Inferred elem type differs from existing elem type")
+_NODE_FAILURE = re.compile(
+    r"\(op_type:(?P<op>[^,]*), node name: (?P<node>.*?)\): \[\w+\] (?P<message>[^\n]*)"
+)
+
+
+class _InvalidNode(Exception):
+    """A node ONNX's shape inference finds invalid, raised inside inference; `_run_inferencer`
+    makes it a ShapeError that names the model. `inputs`: the input shapes inference saw."""
+
+    def __init__(self, node: str, op_type: str, message: str, inputs: str) -> None:
+        super().__init__(message)
+        self.node, self.op_type, self.message, self.inputs = node, op_type, message, inputs
+
+
+def _raise_invalid_node(model: onnx.ModelProto, exc: Exception) -> None:
+    """`_InvalidNode` for the first node of a strict inference failure that ONNX Runtime
+    cannot run either: an op onnx has a schema for, failing without data propagation (which
+    ONNX Runtime does not run: a failure only there leaves the lenient result, as before)."""
+    found = _NODE_FAILURE.search(str(exc))
+    if found is None or not onnx.defs.has(found["op"]):
+        return
+    try:
+        shape_inference.infer_shapes(model, check_type=False, strict_mode=True, data_prop=False)
+    except shape_inference.InferenceError:
+        weights = {t.name for t in model.graph.initializer}
+        inputs = ", ".join(
+            f"{i.name}={shape_text(shape_from_type(i.type)[1])}"
+            for i in model.graph.input
+            if i.name not in weights
+        )
+        message = found["message"].strip()
+        raise _InvalidNode(found["node"], found["op"], message, inputs) from None
+
+
+def _refusal(invalid: _InvalidNode, label: str, input_shapes: InputShapes | bool) -> ShapeError:
+    """The ShapeError for a node shape inference finds invalid, at the input shapes it saw
+    (the ones set, when `input_shapes` holds them)."""
+    where = f"node {invalid.node!r} ({invalid.op_type})" if invalid.node else invalid.op_type
+    at = f" (at input shape {invalid.inputs})" if invalid.inputs else ""
+    hint = (
+        "ONNX Runtime cannot run it at that shape either: use a shape the model takes"
+        if isinstance(input_shapes, Mapping) and input_shapes
+        else "ONNX Runtime cannot run it either: re-export the model"
+    )
+    return ShapeError(f"{label}: {where}: {invalid.message}{at}", hint=hint)
 
 
 def _first_inference_error(exc: Exception) -> str:
@@ -645,7 +716,11 @@ def _type_contrib_outputs(model: onnx.ModelProto) -> bool:
 
 
 def _shape_inferred(
-    model: onnx.ModelProto, label: str, view: GraphView, hide_weights: bool = True
+    model: onnx.ModelProto,
+    label: str,
+    view: GraphView,
+    hide_weights: bool = True,
+    input_shapes: InputShapes | None = None,
 ) -> onnx.ModelProto:
     """Shape inference with data propagation; returns the inferred model (`model` is spent).
 
@@ -654,17 +729,19 @@ def _shape_inferred(
     output shapes, is used as is (outputs it could not shape keep their declared type) instead
     of copying its `value_info` back: on small models that copy costs a fifth of the
     inference. Other models are inferred by `infer_model_shapes`, on a copy without their
-    large weights, and keep their own nodes.
+    large weights, and keep their own nodes. A node the inference finds invalid is a
+    ShapeError (`_run_inferencer`'s `refuse_invalid`, given the `input_shapes` set).
     """
+    refuse = input_shapes or True
     if (
         hide_weights
         or model.functions
         or not DEFAULT_DOMAINS.issuperset(view.domains)
         or not SUBGRAPH_OPS.isdisjoint(view.op_types)
     ):
-        infer_model_shapes(model, label, view)
+        infer_model_shapes(model, label, view, refuse)
         return model
-    inferred = _run_inferencer(model, label, view, hide_weights=False)
+    inferred = _run_inferencer(model, label, view, hide_weights=False, refuse_invalid=refuse)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}
     for k, out in enumerate(inferred.graph.output):

@@ -65,7 +65,7 @@ def check_node_counts(model: onnx.ModelProto, view: GraphView, label: str) -> No
         if problem:
             raise InvalidGraphError(
                 f"{label}: node {view.names[idx]!r} ({op_type}) {problem}",
-                hint="ONNX Runtime cannot run it either: re-export the model",
+                hint="it breaks its operator schema (onnx.checker refuses it): re-export the model",
             )
 
 
@@ -127,74 +127,3 @@ def _weights(graph: onnx.GraphProto) -> Iterator[tuple[str, str, onnx.TensorProt
             for a in node.attribute:
                 if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
                     yield "Constant node", node.name or node.output[0], a.t
-
-
-WINDOW_OPS: dict[str, int] = {
-    "Conv": 1,
-    "ConvInteger": 1,
-    "ConvTranspose": 1,
-    "QLinearConv": 3,
-    "DeformConv": 1,
-    "MaxPool": -1,
-    "AveragePool": -1,
-    "LpPool": -1,
-    "MaxUnpool": -1,
-}
-"""Ops with one value per spatial axis in `kernel_shape`, `strides`, `dilations` (and
-ConvTranspose's `output_padding`) and two in `pads`: op → the input holding the weight
-whose dims give the spatial rank (-1: a pool, whose `kernel_shape` gives it)."""
-
-_PER_AXIS = ("kernel_shape", "strides", "dilations", "output_padding")
-
-
-def window_attribute_problem(
-    node: onnx.NodeProto, data_rank: int | None, weight_rank: int | None
-) -> str | None:
-    """What is wrong with the lengths of a convolution's or pool's window attributes, or None.
-
-    ONNX Runtime refuses such a node ("Attribute pads has incorrect size"); onnx's lenient
-    inference only leaves its output unshaped, so check reported "rank unknown" and the
-    compiler's reference executor failed zipping pads with axes. The spatial rank is the data
-    input's rank less two, else the weight's, else the length of `kernel_shape`."""
-    lengths = {
-        a.name: len(a.ints) for a in node.attribute if a.name in _PER_AXIS or a.name == "pads"
-    }
-    if not lengths:
-        return None
-    if data_rank is not None and data_rank >= 3:
-        spatial, source = data_rank - 2, f"its input is rank {data_rank}"
-    elif weight_rank is not None and weight_rank >= 3:
-        spatial, source = weight_rank - 2, f"its weight is rank {weight_rank}"
-    elif "kernel_shape" in lengths:
-        spatial, source = lengths["kernel_shape"], f"its kernel_shape has {lengths['kernel_shape']}"
-    else:
-        return None
-    for name, given in lengths.items():
-        want = 2 * spatial if name == "pads" else spatial
-        if given != want:
-            per = (
-                "a begin and an end per spatial axis" if name == "pads" else "one per spatial axis"
-            )
-            return f"attribute {name!r} has {given} value(s); {source}, so it takes {want} ({per})"
-    return None
-
-
-def refuse_malformed_windows(view: GraphView, label: str) -> None:
-    """InvalidGraphError for the first convolution or pool of the top graph whose window
-    attributes do not fit its spatial rank (`window_attribute_problem`)."""
-    if WINDOW_OPS.keys().isdisjoint(view.op_types):
-        return
-    for idx, op_type in enumerate(view.op_types):
-        weight_at = WINDOW_OPS.get(op_type)
-        if weight_at is None or view.domains[idx] not in DEFAULT_DOMAINS:
-            continue
-        ins = view.node_inputs[idx]
-        data_rank = view.tensor(ins[0]).rank if ins and ins[0] else None
-        weight = ins[weight_at] if 0 <= weight_at < len(ins) else ""
-        weight_rank = view.tensor(weight).rank if weight else None
-        problem = window_attribute_problem(view.nodes[idx], data_rank, weight_rank)
-        if problem:
-            raise InvalidGraphError(
-                f"{label}: node {view.names[idx]!r} ({op_type}): {problem}",
-                hint="ONNX Runtime cannot run it either: re-export the model",
-            )

@@ -63,6 +63,15 @@ def test_input_shapes_fix_dynamic_dims():
     assert GraphView(loaded).tensor("y").shape == (2, 3, 16, 16)
 
 
+@pytest.mark.parametrize("as_file", [True, False])
+def test_a_negative_declared_dim_reads_as_dynamic_from_a_file_or_a_proto(as_file, save):
+    """Exporters write -1 for "dynamic": a ModelProto handed over reads as its file does."""
+    model = _relu_model((-1, 3, 8, 8))
+    loaded = load_model(save(model) if as_file else model)
+    assert GraphView(loaded).tensor("x").shape == (None, 3, 8, 8)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1  # caller's copy
+
+
 def test_input_shape_for_unknown_input_names_the_real_inputs():
     with pytest.raises(ShapeError, match="model's inputs are: x"):
         load_model(_relu_model(), {"images": [1, 3, 8, 8]})

@@ -1,6 +1,7 @@
-"""Rules skip a node whose attributes do not fit it (a perm that is no permutation, a declared
-output that is not 4-D) instead of failing on it: check names the blockers, and warns of no
-rule. Window attributes of the wrong length are refused on load (test_window_attributes.py)."""
+"""Rules skip a node whose declared output does not fit it (not 4-D) instead of failing on it:
+check names the blockers, and warns of no rule. Attributes ONNX's inference finds invalid (a
+perm that is no permutation, pads of the wrong length) are refused on load
+(test_invalid_nodes.py)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,6 @@ def _rule_warnings(model, caplog) -> list[str]:
     with caplog.at_level(logging.WARNING, logger="surgery.rules.suggest"):
         check_model(model)
     return [r.getMessage() for r in caplog.records if r.name == "surgery.rules.suggest"]
-
-
-def test_a_transpose_pair_with_a_perm_that_is_no_permutation_is_skipped(caplog):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
-    nodes = [
-        helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1]),
-        helper.make_node("Transpose", ["t"], ["y"], name="t2", perm=[0, 5, 1]),
-    ]
-    assert _rule_warnings(_model(nodes, [x]), caplog) == []
 
 
 def _conv(pads: list[int], output_shape=None) -> onnx.ModelProto:
