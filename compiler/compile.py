@@ -231,7 +231,7 @@ def _check_quantized(model: onnx.ModelProto, label: str, target: Target) -> list
             raise CompileError(
                 f"input {graph_input.name!r} of {label} has a dynamic shape; the MLA needs "
                 "static shapes",
-                hint="fix the input shape (surgery check --input-shape NAME=DIMS) and quantize again",
+                hint="quantize the float model again at one input size (surgery quantize --input-shape NAME=DIMS)",
             )
     return notes
 

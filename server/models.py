@@ -631,7 +631,8 @@ class RunArchiveOut(Out):
     stages: list[RunStage]
     notes: list[str] = Field(
         default_factory=list,
-        description="What was done to the inputs (an array of another dtype is cast, noted).",
+        description="What to know of the run: an input of another dtype is cast, an output "
+        "that holds one value only (the inputs are unlike the calibration data).",
     )
 
 

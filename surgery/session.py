@@ -85,7 +85,7 @@ def refuse_other_source(
     where = f"imported from {origin}" if origin else "not imported from a file"
     raise WorkspaceError(
         f"model {name!r} already exists in workspace {ws.root} ({where}); {wanted} is another file",
-        hint="pass another name to open it as a separate model",
+        hint="give it another name (--name NAME) to keep it as a separate model",
     )
 
 

@@ -119,3 +119,32 @@ def test_fix_records_its_end_to_end_verification_in_the_workspace(tmp_path) -> N
     version = Workspace(tmp_path / "ws").latest("yolo")
     assert version.action == "fix" and version.verify["passed"]
     assert version.verify["mode"] == "exact"
+
+
+def _other_cnn_of_the_same_name(tmp_path: Path) -> Path:
+    (tmp_path / "other").mkdir()
+    return save_model(examples.plain_cnn(seed=1), tmp_path / "other" / "cnn.onnx")
+
+
+def test_fix_of_another_file_under_a_taken_name_is_refused_before_any_work(cnn, tmp_path) -> None:
+    assert _fix(cnn, tmp_path).exit_code == 0
+    (tmp_path / "out.onnx").unlink()
+    result = _fix(_other_cnn_of_the_same_name(tmp_path), tmp_path)
+    assert result.exit_code == 2
+    assert "is another file" in result.output and "--name NAME" in result.output
+    assert not (tmp_path / "out.onnx").exists()  # nothing written
+
+
+def test_fix_with_a_name_keeps_another_file_as_a_model_of_its_own(cnn, tmp_path) -> None:
+    assert _fix(cnn, tmp_path).exit_code == 0
+    result = _fix(_other_cnn_of_the_same_name(tmp_path), tmp_path, "--name", "cnn_b")
+    assert result.exit_code == 0, result.output
+    assert {"cnn", "cnn_b"} <= set(Workspace(tmp_path / "ws").list_models())
+
+
+def test_apply_of_another_file_under_a_taken_name_is_refused(cnn, tmp_path) -> None:
+    assert _fix(cnn, tmp_path).exit_code == 0
+    other = _other_cnn_of_the_same_name(tmp_path)
+    args = ["apply", "remove-identity", str(other), "-w", str(tmp_path / "ws")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "is another file" in result.output

@@ -179,3 +179,13 @@ def test_an_archive_file_name_as_output_is_refused_before_compiling(
     message = json.loads(result.stdout)["error"]["message"]
     assert str(target) in message and "directory" in message and "--output" in message
     assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_naming_it(compiled, tmp_path) -> None:
+    _, data = compiled
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = _run("run", data["archive"], "--save-outputs", blocker / "out.npz")
+    assert result.exit_code == 2
+    assert f"error: {blocker}: " in result.output
+    assert "Error:" not in result.output  # no exception class names

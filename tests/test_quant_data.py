@@ -147,3 +147,15 @@ def test_a_sample_on_which_the_float_model_computes_nan_is_named(tmp_path: Path)
     data = load_calibration_data(folder, _sqrt_then_conv())
     with pytest.raises(CalibrationDataError, match=r"sample 1: tensor '(root|y)' holds NaN"):
         quantize_model(_sqrt_then_conv(), data, default_quantization)
+
+
+def test_a_dynamic_image_input_gets_an_input_shape_to_paste(tmp_path: Path) -> None:
+    """The hint keeps the dims the model fixes (one channel, height 64) and is a CLI flag."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 64, "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "ocr", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    write_images(tmp_path / "imgs")
+    with pytest.raises(CalibrationDataError) as raised:
+        load_calibration_data(tmp_path / "imgs", model)
+    assert raised.value.hint.startswith("fix it with --input-shape x=1,1,64,640 ")

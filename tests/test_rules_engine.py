@@ -328,3 +328,9 @@ def test_outputs_as_inferred_keeps_a_declared_shape_inference_agrees_with():
 def test_outputs_as_inferred_names_the_output_it_corrects():
     _, renamed = outputs_as_inferred(_reshape_by_its_own_shape([1, "seqlen", 5]))
     assert renamed == ["y"]
+
+
+def test_cli_rule_texts_keep_colons_that_read_as_emoji_codes():
+    """x[..., a:b:k] is a slice: rich would print ':b:' as an emoji."""
+    out = runner.invoke(app, ["rules"]).stdout
+    assert "x[..., a:b:k]" in out

@@ -250,7 +250,7 @@ def run_command(
     """
     from compiler.archive import read_archive
     from compiler.runtime.compare import compare_with_reference, random_inputs
-    from compiler.runtime.pipeline import input_cast_notes, run_archive
+    from compiler.runtime.pipeline import run_archive, run_notes
     from surgery.verify import load_inputs
 
     opened = read_archive(archive)
@@ -271,7 +271,7 @@ def run_command(
         "archive": str(archive),
         "outputs": [],
         "stats": stats.to_dict(),
-        "notes": input_cast_notes(opened.manifest["input_nodes"], feed),
+        "notes": run_notes(opened.manifest["input_nodes"], feed, outputs),
     }
     verdict = True
     references: dict[str, dict[str, Any]] = {}

@@ -537,7 +537,7 @@ def _executed_types(partition: Partition, unknown: list[str]) -> dict[str, Tenso
             f"cannot tell the shape of {', '.join(unknown[:5])}: shape inference leaves "
             f"{'it' if len(unknown) == 1 else 'them'} unknown, and running the model on zero "
             f"inputs to measure {'it' if len(unknown) == 1 else 'them'} failed ({reason})",
-            hint="give the inputs static shapes (surgery check --input-shape NAME=DIMS) or cut "
+            hint="quantize at static input shapes (surgery quantize --input-shape NAME=DIMS) or cut "
             "the part that computes them off the model (surgery split)",
         ) from None
     return {

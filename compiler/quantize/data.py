@@ -202,7 +202,8 @@ def _image_reader(
     if h is None or w is None or c is None:
         raise CalibrationDataError(
             f"input {name!r} has dynamic dimensions {[d if d is not None else '?' for d in shape]}; images need a fixed H×W",
-            hint="pass input_shapes, e.g. {'" + name + "': [1, 3, 640, 640]}",
+            hint=f"fix it with --input-shape {name}={_example_dims(shape, layout)} (the size "
+            "to calibrate, and compile, at)",
         )
     return ImagePreprocess(
         h,
@@ -214,6 +215,14 @@ def _image_reader(
         bgr,
         letterbox,
     )
+
+
+def _example_dims(shape: Sequence[int | None], layout: Layout) -> str:
+    """An input size to suggest for a dynamic image input: its known dims, batch 1, three
+    channels and 640 for the unknown ones."""
+    channel_axis = 1 if layout == "NCHW" else 3
+    fill = [1 if k == 0 else 3 if k == channel_axis else 640 for k in range(len(shape))]
+    return ",".join(str(d if d is not None else f) for d, f in zip(shape, fill, strict=True))
 
 
 def load_calibration_data(

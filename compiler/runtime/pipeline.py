@@ -231,11 +231,15 @@ def _stack_frames(parts: list[np.ndarray]) -> np.ndarray:
 # --- inputs and layouts -------------------------------------------------------------------------------
 
 
-def input_cast_notes(
-    nodes: Sequence[Mapping[str, Any]], inputs: Mapping[str, np.ndarray]
+def run_notes(
+    nodes: Sequence[Mapping[str, Any]],
+    inputs: Mapping[str, np.ndarray],
+    outputs: Mapping[str, np.ndarray],
 ) -> list[str]:
-    """One note per input given in another dtype than the pipeline's (`run_archive` casts it,
-    as `surgery verify` does and notes): integer pixels given to a float input run unscaled."""
+    """What a reader of a run's outputs should know: each input given in another dtype than
+    the pipeline's (`run_archive` casts it, as `surgery verify` does and notes: integer pixels
+    given to a float input run unscaled), and each output that holds one value only (bit-exact
+    then says little: on inputs unlike the calibration data a detector's map is all zero)."""
     notes = []
     for node in nodes:
         given = inputs.get(node["name"])
@@ -244,6 +248,12 @@ def input_cast_notes(
         have, want = np.asarray(given).dtype, np.dtype(node["dtype"])
         if have != want:
             notes.append(f"input {node['name']!r} cast from {have} to {want}")
+    for name, value in outputs.items():
+        if value.size > 1 and (value == value.flat[0]).all():
+            notes.append(
+                f"output {name!r} holds one value only ({value.flat[0]:g} everywhere): "
+                "run it on inputs like the calibration data"
+            )
     return notes
 
 

@@ -663,8 +663,8 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         bit, which is what proves the compiled program computes the quantized model."""
         from compiler.archive import read_archive
         from compiler.runtime.compare import compare_with_reference, random_inputs
-        from compiler.runtime.pipeline import input_cast_notes
         from compiler.runtime.pipeline import run_archive as core_run
+        from compiler.runtime.pipeline import run_notes
         from surgery.model import read_model
         from surgery.verify import load_inputs
 
@@ -733,5 +733,5 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             mla_static_cycles=d["mla_static_cycles"],
             wall_seconds=d["wall_seconds"],
             stages=[RunStage(**{k: s[k] for k in RunStage.model_fields}) for s in d["stages"]],
-            notes=input_cast_notes(opened.manifest["input_nodes"], feed),
+            notes=run_notes(opened.manifest["input_nodes"], feed, outputs),
         )

@@ -67,7 +67,8 @@ def _console(stderr: bool) -> Console:
     them), as wide as PIPE_WIDTH when that is not a terminal."""
     stream = sys.stderr if stderr else sys.stdout
     wide = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, width=PIPE_WIDTH if wide else None)
+    # emoji=False: ":b:" in a rule text (x[a:b:k]) is a slice, not an emoji code
+    return Console(stderr=stderr, width=PIPE_WIDTH if wide else None, emoji=False)
 
 
 console = _console(stderr=False)
@@ -114,9 +115,18 @@ def handle_errors(fn: F) -> F:
         except SurgeryError as exc:
             fail(exc, as_json=as_json)
         except (OSError, MemoryError) as exc:
-            fail(SurgeryError(f"{type(exc).__name__}: {exc}"), as_json=as_json)
+            fail(SurgeryError(os_error_message(exc)), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def os_error_message(exc: OSError | MemoryError) -> str:
+    """An OS error as a person reads it: the path and what is wrong with it, not the class."""
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if exc.filename and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def refuse_overwrite(out: Path | None, *sources: Path) -> None:

@@ -24,13 +24,21 @@ from surgery.model import load_model, parse_input_shapes, save_model
 from surgery.rules import all_rules, apply_rule, get_rule
 from surgery.rules.fix import describe_step, fix_model
 from surgery.rules.registry import UnknownRuleError
-from surgery.session import import_or_reuse, record_fix, record_rewrite
-from surgery.workspace import Workspace
+from surgery.session import import_or_reuse, record_fix, record_rewrite, refuse_other_source
+from surgery.workspace import Workspace, sanitize_name
 
 WorkspaceOpt = Annotated[
     Path,
     typer.Option(
         "--workspace", "-w", help="Workspace folder: every step is kept as a numbered version."
+    ),
+]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="The model's name in the workspace (default: the file name); another file whose "
+        "name is taken there needs a name of its own.",
     ),
 ]
 ApplyOutOpt = Annotated[
@@ -144,6 +152,7 @@ def apply_command(
     ] = None,
     out: ApplyOutOpt = None,
     workspace: WorkspaceOpt = Path(".surgery"),
+    name: NameOpt = None,
     target: TargetOpt = "mlsoc",
     input_shape: InputShapeOpt = None,
     as_json: JsonOpt = False,
@@ -151,6 +160,7 @@ def apply_command(
     """Apply one rule, verify the result against the original, and save it as a new version."""
     _refuse_swapped_arguments(rule, model)
     refuse_overwrite(out, model)
+    ws, ws_name = _workspace_model(workspace, model, name)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     result = apply_rule(
         loaded,
@@ -160,8 +170,7 @@ def apply_command(
         params=_parse_params(param or []),
     ).as_compiled(target)
     written = save_model(result.model, out) if out else None  # first: a failed write stores nothing
-    ws = Workspace(workspace)
-    v0 = import_or_reuse(ws, model)
+    v0 = import_or_reuse(ws, model, ws_name)
     version = record_rewrite(ws, v0.name, v0.version, result, _parse_params(param or []))
     output = written or version.path
     summary = {
@@ -187,6 +196,17 @@ def apply_command(
     )
     for note in result.notes:
         console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
+
+
+def _workspace_model(workspace: Path, model: Path, name: str | None) -> tuple[Workspace, str]:
+    """The workspace and the name the model's versions go under, refused before any work
+    when that name holds another file's versions (the rewrite would be done, and its file
+    written, for nothing)."""
+    ws = Workspace(workspace)
+    ws_name = sanitize_name(name or Path(model).stem)
+    if ws_name in ws.list_models():
+        refuse_other_source(ws, ws_name, model)
+    return ws, ws_name
 
 
 def _refuse_swapped_arguments(rule: str, model: Path) -> None:
@@ -216,6 +236,7 @@ def fix_command(
         list[str] | None, typer.Option("--skip", help="Never use this rule (repeatable).")
     ] = None,
     workspace: WorkspaceOpt = Path(".surgery"),
+    name: NameOpt = None,
     input_shape: InputShapeOpt = None,
     inputs: Annotated[
         Path | None,
@@ -231,6 +252,7 @@ def fix_command(
     """Apply verified rules until the model maps to one MLA segment (exit 0) or nothing helps (1)."""
     output_path = out or Path(f"{Path(model).stem}_fixed.onnx")
     refuse_overwrite(output_path, model)
+    ws, ws_name = _workspace_model(workspace, model, name)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     feed = None
     if inputs is not None:
@@ -254,9 +276,8 @@ def fix_command(
         on_step=show,
         inputs=feed,
     )
-    ws = Workspace(workspace)
     output = save_model(result.model, output_path)  # first: a failed write stores nothing
-    v0 = import_or_reuse(ws, model)
+    v0 = import_or_reuse(ws, model, ws_name)
     final, check = record_fix(ws, v0, result, allow_approximate=allow_approximate, inputs=feed)
     data = {
         **result.to_dict(str(output)),
