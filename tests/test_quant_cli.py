@@ -111,11 +111,28 @@ def test_quantize_auto_hybrid_on_the_entire_error(workdir: Path) -> None:
 def test_quantize_to_a_target_sqnr(workdir: Path) -> None:
     out = workdir / "qt.onnx"
     args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
-    result = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "60", "--json"])
+    result = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "25", "--json"])
     assert result.exit_code == 0, result.output
     hybrid = _json(result)["auto_hybrid"]
-    assert hybrid["settings"]["target_sqnr_db"] == 60
+    assert hybrid["settings"]["target_sqnr_db"] == 25 and hybrid["converged"]
     assert hybrid["raised"] and all(r["output_sqnr_db"] is not None for r in hybrid["raised"])
+
+
+def test_a_target_sqnr_reached_is_said_on_the_terminal(workdir: Path) -> None:
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(workdir / "qr.onnx"), "--target-sqnr", "25"])
+    assert result.exit_code == 0, result.output
+    assert "--target-sqnr 25 reached" in result.stdout
+
+
+def test_a_target_sqnr_out_of_reach_exits_1_and_still_writes_the_model(workdir: Path) -> None:
+    out = workdir / "qu.onnx"
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    terminal = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "400"])
+    assert terminal.exit_code == 1, terminal.output
+    assert "--target-sqnr 400 not reached" in terminal.stdout and out.is_file()
+    result = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "400", "--json"])
+    assert result.exit_code == 1 and _json(result)["auto_hybrid"]["converged"] is False
 
 
 def test_bad_hybrid_metric(workdir: Path) -> None:

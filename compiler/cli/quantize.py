@@ -22,6 +22,7 @@ from rich.table import Table
 
 from surgery.cli.app import (
     EXIT_OK,
+    EXIT_VERDICT,
     app,
     console,
     emit_json,
@@ -265,7 +266,11 @@ def quantize_command(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Quantize MODEL post-training to QDQ ONNX and report output SQNR on held-out samples."""
+    """Quantize MODEL post-training to QDQ ONNX and report output SQNR on held-out samples.
+
+    Exit code: 0, 1 when --target-sqnr is not reached (the model is written all the same),
+    2 on bad input.
+    """
     out_path = output or model_path.with_name(f"{model_path.stem}_quant.onnx")
     refuse_overwrite(out_path, model_path)
     from compiler.api import load_model
@@ -339,22 +344,17 @@ def quantize_command(
         analyze=f"`{_analyze_command(model_path, out_path, calib, input_shape, mean, std, bgr)}`",
         part_sqnr_db=part_sqnrs(errors),
     )
+    code = EXIT_VERDICT if target_sqnr is not None and not hybrid["converged"] else EXIT_OK
     if as_json:
         emit_json(payload)
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(code)
     console.print(
         f"[bold]{escape(str(out_path))}[/]: {payload['quantized_nodes']} nodes quantized, "
         f"method {escape(method)}, "
         f"{payload['samples']} calibration samples"
     )
     if hybrid is not None:
-        for item in hybrid["raised"]:
-            after = item["cosine_after"]
-            tail = "" if after is None else f"; after: {_fmt(after, 4)}"
-            console.print(
-                f"  raised {escape(str(item['layer']))} → {escape(str(item['precision']))} "
-                f"({escape(str(item['reason']))}{tail})"
-            )
+        _print_raised(hybrid)
     table = Table(title=f"final outputs vs float on {len(held.rows)} held-out samples")
     for col in ("output", "SQNR dB", "cosine"):
         table.add_column(col)
@@ -370,6 +370,54 @@ def quantize_command(
         console.print(f"[yellow]{escape(str(first))}[/]", highlight=False)
         for line in rest:
             console.print(f"  try: {escape(str(line))}", highlight=False)
+    raise typer.Exit(code)
+
+
+RAISED_SHOWN = 8
+"""Raised layers listed on the terminal; --json lists every one."""
+
+
+def _print_raised(hybrid: dict[str, Any]) -> None:
+    """The layers auto-hybrid raised (the first few), and whether it reached its goal."""
+    raised = hybrid["raised"]
+    for item in raised[:RAISED_SHOWN]:
+        after = item["cosine_after"]
+        tail = "" if after is None else f"; after: {_fmt(after, 4)}"
+        console.print(
+            f"  raised {escape(str(item['layer']))} → {escape(str(item['precision']))} "
+            f"({escape(str(item['reason']))}{tail})"
+        )
+    if len(raised) > RAISED_SHOWN:
+        console.print(f"  … and {len(raised) - RAISED_SHOWN} more (every one in --json)")
+    settings = hybrid["settings"]
+    precision = settings.get("precision", "wider")
+    count = f"{len(raised)} layer(s) raised to {precision}"
+    if "target_sqnr_db" in settings:
+        reached = settings.get("output_sqnr_db")
+        worst = settings.get("worst_output")
+        got = f"{reached:.2f} dB" if reached is not None else "no finite SQNR"
+        where = f" (worst: {escape(str(worst))})" if worst else ""
+        if hybrid["converged"]:
+            console.print(
+                f"[green]--target-sqnr {settings['target_sqnr_db']:g} reached[/]: {got}{where} "
+                f"on the calibration samples; {count}",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"[yellow]--target-sqnr {settings['target_sqnr_db']:g} not reached[/]: {got}"
+                f"{where} on the calibration samples with {count}; raising more does not "
+                "get further (`surgery analyze` shows where the error comes from)",
+                highlight=False,
+            )
+    elif not hybrid["converged"]:
+        left = hybrid["remaining"]
+        console.print(
+            f"[yellow]--auto-hybrid: {len(left)} layer(s) still under the threshold[/] "
+            f"after {count}: {escape(', '.join(map(str, left[:RAISED_SHOWN])))}"
+            + (" …" if len(left) > RAISED_SHOWN else ""),
+            highlight=False,
+        )
 
 
 @app.command("analyze")
