@@ -148,3 +148,27 @@ def test_apply_of_another_file_under_a_taken_name_is_refused(cnn, tmp_path) -> N
     args = ["apply", "remove-identity", str(other), "-w", str(tmp_path / "ws")]
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "is another file" in result.output
+
+
+def test_an_output_in_a_place_that_cannot_hold_files_is_refused_before_any_work(
+    cnn, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(cli_rules, "fix_model", lambda *a, **k: pytest.fail("fix ran"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["fix", str(cnn), "-o", str(blocker / "out.onnx")])
+    assert result.exit_code == 2
+    assert f"{blocker / 'out.onnx'}: cannot write in {blocker}" in result.output
+
+
+def test_an_output_that_is_a_folder_is_refused(cnn, tmp_path) -> None:
+    result = runner.invoke(app, ["fix", str(cnn), "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "is a folder; give a file name" in result.output
+
+
+def test_missing_output_folders_are_made(cnn, tmp_path) -> None:
+    out = tmp_path / "new" / "deeper" / "out.onnx"
+    result = runner.invoke(app, ["fix", str(cnn), "-o", str(out), "-w", str(tmp_path / "ws")])
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
+    assert not list(tmp_path.rglob(".surgery-write-probe-*"))  # the probe is gone

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -130,9 +131,30 @@ def os_error_message(exc: OSError | MemoryError) -> str:
 
 
 def refuse_overwrite(out: Path | None, *sources: Path) -> None:
-    """Never write over an input: the user's files are only read (checked before any work)."""
+    """Never write over an input: the user's files are only read; and a file that cannot be
+    written is said before any work (quantize calibrated for seconds, then failed to save)."""
     if out is None:
         return
     for src in sources:
         if out.resolve() == src.resolve():
             raise SurgeryError(f"{out}: refusing to overwrite the input model; choose another -o")
+    refuse_unwritable(out)
+
+
+def refuse_unwritable(out: Path) -> None:
+    """A SurgeryError unless a file can be created where `out` goes: in its folder, or in the
+    nearest folder above it that exists (the missing ones are made when writing)."""
+    folder = out.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if out.is_dir():
+        raise SurgeryError(f"{out}: is a folder; give a file name", hint="choose another -o")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".surgery-write-probe-")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise SurgeryError(
+            f"{out}: cannot write in {folder} ({reason})", hint="choose another -o"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
