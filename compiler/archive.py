@@ -332,6 +332,11 @@ def read_archive(path: str | Path) -> Archive:
                 if handle is not None:
                     files[member.name] = handle.read()
     except (tarfile.TarError, OSError, EOFError) as error:
+        if path.suffix == ".onnx":
+            raise ArchiveError(
+                f"{path}: an ONNX model, not a compiled archive",
+                hint=f"compile it first (surgery compile {path}), then run the archive",
+            ) from None
         raise ArchiveError(f"{path}: not a readable .tar.gz ({error})") from None
     manifests = [n for n in files if n.endswith("_mpk.json")]
     if len(manifests) != 1:

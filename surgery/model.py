@@ -76,6 +76,11 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
             raise ShapeError(
                 f"--input-shape {spec!r}: dimensions must be positive integers below 2**63"
             )
+        if name in shapes and shapes[name] != values:
+            raise ShapeError(
+                f"--input-shape {spec!r}: {name!r} is given twice, as "
+                f"{','.join(map(str, shapes[name]))} and {','.join(map(str, values))}"
+            )
         shapes[name] = values
     return shapes
 

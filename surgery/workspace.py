@@ -39,6 +39,7 @@ from onnx import numpy_helper
 
 from surgery.errors import WorkspaceError
 from surgery.model import read_model, save_model, temp_file_beside
+from surgery.text import counted
 
 try:
     import fcntl
@@ -157,8 +158,8 @@ class GraphDiff:
         if self.identical:
             return "identical"
         parts = [
-            f"+{_plural(len(self.nodes_added), 'node')}, "
-            f"-{_plural(len(self.nodes_removed), 'node')}, {len(self.nodes_changed)} changed"
+            f"+{counted(len(self.nodes_added), 'node')}, "
+            f"-{counted(len(self.nodes_removed), 'node')}, {len(self.nodes_changed)} changed"
         ]
         for label in ("initializers", "inputs", "outputs"):
             added, removed, changed = (
@@ -676,10 +677,6 @@ def _value_infos(graph: onnx.GraphProto, label: str) -> dict[str, bytes]:
         for v in getattr(graph, label)
         if v.name not in inits
     }
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _model_name(number: int) -> str:

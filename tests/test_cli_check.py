@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import onnx
 import pytest
 from typer.testing import CliRunner
 
@@ -135,3 +136,27 @@ def test_a_rule_that_frees_part_of_a_group_says_how_many(save) -> None:
 
     group = {"count": 47, "suggested_rule_nodes": {"classifier-to-conv": 6, "fold-constants": 47}}
     assert _rules_text(group) == "classifier-to-conv (6 of 47), fold-constants"
+
+
+def test_counts_on_the_terminal_are_singular_for_one(save) -> None:
+    """One blocker is "1 node, 1 reason", not "1 nodes, 1 reasons"."""
+    model = examples.plain_cnn()
+    y = model.graph.output[0].name
+    model.graph.node.append(onnx.helper.make_node("Flatten", [y], ["flat"], name="flat"))
+    model.graph.output[0].CopyFrom(onnx.helper.make_empty_tensor_value_info("flat"))
+    result = runner.invoke(app, ["check", str(save(model))])
+    assert "Blockers (1 node, 1 reason):" in result.output
+
+
+@pytest.mark.parametrize(
+    ("example", "said"),
+    [
+        ("plain_cnn", "nothing to rewrite: the model is one MLA segment already"),
+        ("cnn_with_topk", "no rule frees its blockers: 2 MLA segments stay"),
+    ],
+)
+def test_the_demos_fix_says_why_it_made_no_step(example, said, tmp_path):
+    result = _run("demo", "--example", example, "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert said in result.output
+    assert f"next: surgery run {tmp_path / example}_mpk.tar.gz --compare-reference" in result.output

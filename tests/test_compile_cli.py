@@ -189,3 +189,11 @@ def test_an_output_path_that_cannot_be_written_is_one_line_naming_it(compiled, t
     assert result.exit_code == 2
     assert f"error: {blocker}: " in result.output
     assert "Error:" not in result.output  # no exception class names
+
+
+def test_running_a_model_instead_of_its_archive_says_compile_it_first(compiled) -> None:
+    model_path, _ = compiled
+    result = _run("run", model_path)
+    assert result.exit_code == 2
+    assert "an ONNX model, not a compiled archive" in result.output
+    assert f"surgery compile {model_path}" in result.output

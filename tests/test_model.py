@@ -72,6 +72,12 @@ def test_a_negative_declared_dim_reads_as_dynamic_from_a_file_or_a_proto(as_file
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1  # caller's copy
 
 
+def test_an_input_shape_given_twice_differently_is_refused():
+    with pytest.raises(ShapeError, match="'x' is given twice, as 1,3,8,8 and 1,3,9,9"):
+        parse_input_shapes(["x=1,3,8,8", "x=1,3,9,9"])
+    assert parse_input_shapes(["x=1,3,8,8", "x=1x3x8x8"]) == {"x": [1, 3, 8, 8]}
+
+
 def test_input_shape_for_unknown_input_names_the_real_inputs():
     with pytest.raises(ShapeError, match="model's inputs are: x"):
         load_model(_relu_model(), {"images": [1, 3, 8, 8]})

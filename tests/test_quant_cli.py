@@ -93,6 +93,8 @@ def test_analyze(workdir: Path) -> None:
     assert head["single_parts"]["scores_raw"]["cosine"] < 0.5
     table = runner.invoke(app, ["analyze", model, str(out), "--data", calib])
     assert table.exit_code == 0 and "scores" in table.stdout
+    head_row = next(line for line in table.stdout.splitlines() if "[Concat] head" in line)
+    assert head_row.count(" *") == 2  # ranked by its worst part's cosine, marked so
     bad = runner.invoke(app, ["analyze", model, model, "--data", calib, "--json"])
     assert bad.exit_code == 2
 

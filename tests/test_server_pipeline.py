@@ -260,7 +260,7 @@ async def test_run_archive_with_npz_inputs_and_workspace_reference(sandbox: Sand
         )
         assert "path_not_allowed: " in text
         text = await call_error(client, "inspect_archive", {"archive": "yolo.onnx"})
-        assert "not a readable" in text
+        assert "an ONNX model, not a compiled archive" in text and "compile_model" in text
 
 
 async def test_run_archive_notes_an_input_it_casts(sandbox: Sandbox) -> None:

@@ -86,6 +86,15 @@ def demo_command(
                 f"(max |err| {step['verify']['max_abs']:.2g})",
                 highlight=False,
             )
+        if not fixed.steps:
+            segments = fixed.coverage_after.mla_segments
+            console.print(
+                "  nothing to rewrite: the model is one MLA segment already"
+                if fixed.single_elf
+                else f"  no rule frees its blockers: {segments} MLA segments stay "
+                f"({segments} .elf files, the host runs what lies between them)",
+                highlight=False,
+            )
         console.rule("[bold]3. quantize[/]")
     net = load_net(fixed_path, target=target)
     samples = _synthetic_images(fixed.model, CALIBRATION_SAMPLES + 1)
@@ -133,6 +142,11 @@ def demo_command(
             )
         verdict = "[bold green]done[/]" if exact else "[bold red]emulator and reference differ[/]"
         console.print(f"\n{verdict}: files in {escape(str(folder))}")
+        console.print(
+            f"next: surgery run {escape(str(compiled.archive))} --compare-reference; "
+            "surgery check YOUR_MODEL.onnx",
+            highlight=False,
+        )
     raise typer.Exit(EXIT_OK if exact else EXIT_VERDICT)
 
 

@@ -373,6 +373,12 @@ def quantize_command(
     raise typer.Exit(code)
 
 
+def _worst_cosine_text(entry: Any, kind: str) -> str:
+    """The cosine the ranking uses (`LayerError.worst_cosine`), * when a part's."""
+    worst = entry.worst_cosine(kind)
+    return _fmt(worst, 5) + (" *" if worst < getattr(entry, kind).cosine else "")
+
+
 RAISED_SHOWN = 8
 """Raised layers listed on the terminal; --json lists every one."""
 
@@ -460,16 +466,20 @@ def analyze_command(
         payload["total_layers"] = len(result.layers)
         emit_json(payload)
         raise typer.Exit(EXIT_OK)
-    table = Table(title=f"per-layer error, worst first ({result.samples} samples)")
+    table = Table(
+        title=f"per-layer error, worst first ({result.samples} samples)",
+        caption="cos: of the tensor, or of its worst part (a Concat's input) where that is "
+        "lower, marked *: the order is by single cos, then entire cos",
+    )
     table.add_column("layer", overflow="fold")
     for col in ("entire cos", "entire euc", "single cos", "single euc", "single SQNR"):
         table.add_column(col, justify="right")
     for e in shown:
         table.add_row(
             escape(e.label),
-            _fmt(e.entire.cosine, 5),
+            _worst_cosine_text(e, "entire"),
             _fmt(e.entire.euclidean, 4),
-            _fmt(e.single.cosine, 5),
+            _worst_cosine_text(e, "single"),
             _fmt(e.single.euclidean, 4),
             _fmt(e.single.sqnr_db if math.isfinite(e.single.sqnr_db) else None),
         )

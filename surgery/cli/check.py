@@ -13,6 +13,7 @@ from surgery.cli.options import InputShapeOpt, JsonOpt, ModelArg
 from surgery.coverage import CoverageReport
 from surgery.graph import shape_text
 from surgery.model import input_shape_specs, parse_input_shapes, recorded_input_shapes
+from surgery.text import counted
 
 
 @app.command("check")
@@ -83,12 +84,15 @@ def render_report(model_label: str, report: CoverageReport, *, max_groups: int =
         ins = escape(", ".join(seg.inputs[:3]) + (" …" if len(seg.inputs) > 3 else ""))
         outs = escape(", ".join(seg.outputs[:3]) + (" …" if len(seg.outputs) > 3 else ""))
         console.print(
-            f"  [cyan]{seg.name}[/]: {len(seg.nodes)} nodes, {seg.macs:,} MACs  ({ins} → {outs})",
+            f"  [cyan]{seg.name}[/]: {counted(len(seg.nodes), 'node')}, {seg.macs:,} MACs  ({ins} → {outs})",
             highlight=False,
         )
     groups = report.blocker_groups()
     if groups:
-        console.print(f"\n[bold]Blockers[/] ({len(report.blockers)} nodes, {len(groups)} reasons):")
+        console.print(
+            f"\n[bold]Blockers[/] ({counted(len(report.blockers), 'node')}, "
+            f"{counted(len(groups), 'reason')}):"
+        )
         for g in groups[:max_groups]:
             example = escape(", ".join(g["nodes"][:3]) + (" …" if g["count"] > 3 else ""))
             rules = f"  [green]fix: {escape(_rules_text(g))}[/]" if g["suggested_rules"] else ""

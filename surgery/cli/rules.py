@@ -296,7 +296,8 @@ def fix_command(
         console.print(
             f"{verdict}: segments {data['mla_segments_before']} → {data['mla_segments_after']}, MLA MAC share "
             f"{100 * data['mla_mac_fraction_before']:.1f}% → {100 * data['mla_mac_fraction_after']:.1f}%, "
-            f"{len(result.steps)} verified step(s); wrote {escape(str(output))}",
+            f"{len(result.steps)} verified step(s); wrote {escape(str(output))} (kept as "
+            f"{escape(v0.name)} {escape(str(final.id))} in workspace {escape(str(ws.root))})",
             highlight=False,
         )
         for group in data["remaining_blockers"][:8]:
