@@ -931,8 +931,11 @@ def verify_models(
             )
             worst[a] = _merge(worst[a], cmp) if a in worst else cmp
     outputs = [worst[a] for a, _, _ in pairs]
+    passed = all(o.passed for o in outputs)
+    if not passed and not exact:
+        notes.extend(_quantization_notes(proto_a, proto_b))
     return VerifyResult(
-        passed=all(o.passed for o in outputs),
+        passed=passed,
         model_a=name_a,
         model_b=name_b,
         mode="exact" if exact else "tolerance",
@@ -944,6 +947,21 @@ def verify_models(
         inputs=specs,
         notes=notes,
     )
+
+
+def _quantization_notes(proto_a: onnx.ModelProto, proto_b: onnx.ModelProto) -> list[str]:
+    """Why a float model and its quantized form fail tolerances made for rewrites."""
+    from surgery.graph import GraphView
+    from surgery.qdq import is_qdq
+
+    quantized = [name for name, p in (("A", proto_a), ("B", proto_b)) if is_qdq(GraphView(p))]
+    if len(quantized) != 1:
+        return []
+    return [
+        f"model {quantized[0]} is quantized and the other is not: int8 rounding is beyond "
+        "tolerances made for rewrites; judge it by cosine and SQNR (as `surgery quantize` "
+        "reports them), or pass --atol/--rtol as wide as the quantization's error"
+    ]
 
 
 def _static_shapes_of_b(

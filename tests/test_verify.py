@@ -441,3 +441,34 @@ def test_fix_of_a_model_with_an_input_too_large_to_draw_says_how_to_size_it(yolo
     with pytest.raises(VerifyError, match="too many to draw") as raised:
         fix_model(yolo_head, "mlsoc")
     assert "--input-shape" in raised.value.hint
+
+
+def _relu(quantized: bool) -> onnx.ModelProto:
+    """y = Relu(x), or Relu of x quantized with a step of 0.1 (Q → DQ → Relu)."""
+    if not quantized:
+        return _model(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            [("x", TensorProto.FLOAT, (1, 8))],
+            [("y", TensorProto.FLOAT, (1, 8))],
+        )
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    constants = {"s": np.array(0.1, np.float32), "z": np.array(0, np.int8)}
+    return _model(
+        nodes, [("x", TensorProto.FLOAT, (1, 8))], [("y", TensorProto.FLOAT, (1, 8))], constants
+    )
+
+
+def test_a_failed_float_against_quantized_comparison_says_why():
+    result = verify_models(_relu(False), _relu(True))
+    assert not result.passed
+    assert any(n.startswith("model B is quantized and the other is not") for n in result.notes)
+
+
+def test_a_failed_comparison_of_two_float_models_has_no_quantization_note():
+    result = verify_models(add_model(1.0), add_model(1.5))
+    assert not result.passed
+    assert not any("quantized" in n for n in result.notes)
