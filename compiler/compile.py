@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 
 from compiler.archive import ARCHIVE_SUFFIX, model_checksum, write_archive
+from compiler.costmodel import MlaHardware
 from compiler.lower.errors import CompileError
 from compiler.lower.memory import Strategy
 from compiler.lower.partition import check_tensor_io
@@ -127,7 +128,7 @@ def compile_model(
     model, converted = qdq_form(model)  # a QOperator model compiles with its own scales
     check_tensor_io(model, model_path)
     profile, notes = _resolve_target(model, target)
-    notes = [*converted, *notes]
+    notes = [*converted, *notes, *_hardware_notes(profile)]
     notes += _check_quantized(model, model_path, profile)
     # Shapes for the Q/DQ check; a ModelProto's structure is validated here too.
     raise_malformed_qdq(open_model(model)[1], model_path)
@@ -202,6 +203,22 @@ def _resolve_target(
             f"precision {profile.name} does not run on its MLA run on the host"
         ]
     return profile, []
+
+
+def _hardware_notes(profile: Target) -> list[str]:
+    """A note when the profile gives none of the virtual MLA's constants (rk3588 lists its
+    NPU's cores and TOPS): the program is then laid out and timed for the default MLA, which
+    a reader of its quads and cycles must know."""
+    given = set(profile.profile.hardware or {}) & set(MlaHardware.__dataclass_fields__)
+    if given:
+        return []
+    default = MlaHardware()
+    return [
+        f"the {profile.name} profile gives no MLA geometry (quads, MACs per quad, clock): the "
+        f"program is laid out and its cycles modelled for the default virtual MLA "
+        f"({default.quads} quads of {default.macs_per_quad} MACs at {default.clock_mhz:g} MHz, "
+        f"as mlsoc's); what runs on the MLA and the segments are {profile.name}'s"
+    ]
 
 
 def _check_quantized(model: onnx.ModelProto, label: str, target: Target) -> list[str]:

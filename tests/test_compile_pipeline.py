@@ -184,3 +184,11 @@ def test_float_and_dynamic_models_are_refused(tmp_path) -> None:
     dim.dim_param = "batch"
     with pytest.raises(CompileError, match="dynamic shape"):
         compile_model(dynamic, tmp_path)
+
+
+def test_a_target_without_mla_geometry_says_the_default_mla_is_modelled(tmp_path) -> None:
+    model = load_example("plain_cnn")
+    rk = compile_model(model, tmp_path / "rk", target="rk3588")
+    assert any("rk3588 profile gives no MLA geometry" in note for note in rk.notes)
+    own = compile_model(model, tmp_path / "mlsoc", target="mlsoc")
+    assert not any("MLA geometry" in note for note in own.notes)
