@@ -103,6 +103,7 @@ def test_run_with_random_inputs_on_the_terminal(compiled) -> None:
     result = _run("run", data["archive"], "--frames", 2)
     assert result.exit_code == 0, result.output
     assert "modelled latency per frame" in result.output
+    assert "cycles (2 frames)" in result.output  # a total, beside per-frame times
 
 
 def test_errors_exit_two(tmp_path, compiled) -> None:

@@ -346,7 +346,8 @@ def _render_run(report: dict[str, Any], compared: bool) -> None:
         highlight=False,
     )
     table = Table(show_edge=False, header_style="bold")
-    for column in ("stage", "processor", "kernel", "cycles", "µs / frame", "estimate"):
+    cycles = "cycles" if stats["frames"] == 1 else f"cycles ({stats['frames']} frames)"
+    for column in ("stage", "processor", "kernel", cycles, "µs / frame", "estimate"):
         table.add_column(column)
     for stage in stats["stages"]:
         table.add_row(
