@@ -50,6 +50,9 @@ class CompileResult:
     quads: int
     compile_seconds: float
     notes: list[str] = field(default_factory=list)
+    default_mla: bool = False
+    """The target's profile gives no MLA geometry (rk3588 lists its NPU's cores and TOPS): the
+    program is laid out and timed for the default virtual MLA (docs/mla-isa.md)."""
     compiled: CompiledModel | None = field(default=None, repr=False)
 
     @property
@@ -69,6 +72,7 @@ class CompileResult:
             "desired_batch_size": self.desired_batch_size,
             "actual_batch_size": self.actual_batch_size,
             "number_of_quads_to_user": self.quads,
+            "default_mla": self.default_mla,
             "total_cycles": self.total_cycles,
             "compile_seconds": round(self.compile_seconds, 3),
             "notes": self.notes,
@@ -128,7 +132,7 @@ def compile_model(
     model, converted = qdq_form(model)  # a QOperator model compiles with its own scales
     check_tensor_io(model, model_path)
     profile, notes = _resolve_target(model, target)
-    notes = [*converted, *notes, *_hardware_notes(profile)]
+    notes = [*converted, *notes]
     notes += _check_quantized(model, model_path, profile)
     # Shapes for the Q/DQ check; a ModelProto's structure is validated here too.
     raise_malformed_qdq(open_model(model)[1], model_path)
@@ -177,6 +181,7 @@ def compile_model(
         quads=compiled.quads,
         compile_seconds=time.perf_counter() - started,
         notes=[*notes, *compiled.notes],
+        default_mla=not _gives_mla_geometry(profile),
         compiled=compiled,
     )
 
@@ -205,20 +210,9 @@ def _resolve_target(
     return profile, []
 
 
-def _hardware_notes(profile: Target) -> list[str]:
-    """A note when the profile gives none of the virtual MLA's constants (rk3588 lists its
-    NPU's cores and TOPS): the program is then laid out and timed for the default MLA, which
-    a reader of its quads and cycles must know."""
-    given = set(profile.profile.hardware or {}) & set(MlaHardware.__dataclass_fields__)
-    if given:
-        return []
-    default = MlaHardware()
-    return [
-        f"the {profile.name} profile gives no MLA geometry (quads, MACs per quad, clock): the "
-        f"program is laid out and its cycles modelled for the default virtual MLA "
-        f"({default.quads} quads of {default.macs_per_quad} MACs at {default.clock_mhz:g} MHz, "
-        f"as mlsoc's); what runs on the MLA and the segments are {profile.name}'s"
-    ]
+def _gives_mla_geometry(profile: Target) -> bool:
+    """Whether the profile's `hardware:` block sets any of the virtual MLA's constants."""
+    return bool(set(profile.profile.hardware or {}) & set(MlaHardware.__dataclass_fields__))
 
 
 def _check_quantized(model: onnx.ModelProto, label: str, target: Target) -> list[str]:

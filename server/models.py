@@ -518,6 +518,12 @@ class CompileOut(Out):
     total_cycles: int
     compile_seconds: float
     notes: list[str] = Field(default_factory=list)
+    default_mla: bool = Field(
+        default=False,
+        description="The target's profile gives no MLA geometry (rk3588): the program is laid "
+        "out and its cycles modelled for the default virtual MLA; placement and segments are "
+        "the target's.",
+    )
 
 
 class ArchiveTensor(Out):

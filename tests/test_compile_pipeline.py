@@ -186,9 +186,7 @@ def test_float_and_dynamic_models_are_refused(tmp_path) -> None:
         compile_model(dynamic, tmp_path)
 
 
-def test_a_target_without_mla_geometry_says_the_default_mla_is_modelled(tmp_path) -> None:
+def test_a_target_without_mla_geometry_is_compiled_for_the_default_mla(tmp_path) -> None:
     model = load_example("plain_cnn")
-    rk = compile_model(model, tmp_path / "rk", target="rk3588")
-    assert any("rk3588 profile gives no MLA geometry" in note for note in rk.notes)
-    own = compile_model(model, tmp_path / "mlsoc", target="mlsoc")
-    assert not any("MLA geometry" in note for note in own.notes)
+    assert compile_model(model, tmp_path / "rk", target="rk3588").to_dict()["default_mla"]
+    assert not compile_model(model, tmp_path / "modalix", target="modalix").default_mla

@@ -21,6 +21,7 @@ from surgery.cli.options import JsonOpt
 from surgery.errors import SurgeryError
 
 if TYPE_CHECKING:
+    from compiler.compile import CompileResult
     from compiler.costmodel import MlaHardware
 
 ArchiveArg = Annotated[
@@ -108,7 +109,8 @@ def compile_command(
     console.print(
         f"{len(result.elf_files)} .elf file(s) for {result.mla_segments} MLA segment(s) "
         f"(surgery check); batch {result.actual_batch_size} of {result.desired_batch_size} "
-        f"requested; {result.quads} quad(s); {result.compile_seconds:.2f} s",
+        f"requested; {result.quads} quad(s){_default_mla_text(result)}; "
+        f"{result.compile_seconds:.2f} s",
         highlight=False,
     )
     table = Table(show_edge=False, header_style="bold")
@@ -194,6 +196,15 @@ def archive_command(
         console.print(layers)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False)
+
+
+def _default_mla_text(result: "CompileResult") -> str:
+    if not result.default_mla:
+        return ""
+    return (
+        f" of the default virtual MLA (the {result.target} profile gives no MLA geometry: "
+        "its placement and segments, this machine's quads and cycles)"
+    )
 
 
 @app.command("run")

@@ -567,6 +567,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             total_cycles=d["total_cycles"],
             compile_seconds=d["compile_seconds"],
             notes=d["notes"],
+            default_mla=d["default_mla"],
         )
 
     @register_tool(mcp, title="Inspect an archive", read_only=True, idempotent=True)
