@@ -478,6 +478,11 @@ class QuantizeOut(Out):
         default_factory=list,
         description="Layers auto hybrid raised to int16/bf16 (up to 50).",
     )
+    hybrid_converged: bool | None = Field(
+        default=None,
+        description="Auto hybrid reached its goal (target_sqnr_db on every output, or no layer "
+        "left under the auto_hybrid cosine); null without auto hybrid.",
+    )
     outputs: list[QuantOutputMetrics] = Field(description="Up to 20 outputs.")
     worst_sqnr_db: float | str | None
     worst_cosine: float | str | None

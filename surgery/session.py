@@ -163,8 +163,10 @@ def record_fix(
         exact=not allow_approximate,
         inputs=inputs,
     ).to_dict()
+    check["model_b"] = "the fixed model (this version)"  # not the ModelProto's repr
     if floats is not None:
         check["reference"] = "the float model of the input (its quantization removed)"
+        check["model_a"] = check["reference"]
     version = ws.add_version(
         parent.name,
         result.model,

@@ -119,6 +119,7 @@ def test_fix_records_its_end_to_end_verification_in_the_workspace(tmp_path) -> N
     version = Workspace(tmp_path / "ws").latest("yolo")
     assert version.action == "fix" and version.verify["passed"]
     assert version.verify["mode"] == "exact"
+    assert version.verify["model_b"] == "the fixed model (this version)"  # no object repr
 
 
 def _other_cnn_of_the_same_name(tmp_path: Path) -> Path:

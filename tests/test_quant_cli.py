@@ -124,7 +124,7 @@ def test_a_target_sqnr_reached_is_said_on_the_terminal(workdir: Path) -> None:
     args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
     result = runner.invoke(app, [*args, "-o", str(workdir / "qr.onnx"), "--target-sqnr", "25"])
     assert result.exit_code == 0, result.output
-    assert "--target-sqnr 25 reached" in result.stdout
+    assert "target 25 dB reached" in result.stdout
 
 
 def test_a_target_sqnr_out_of_reach_exits_1_and_still_writes_the_model(workdir: Path) -> None:
@@ -132,7 +132,7 @@ def test_a_target_sqnr_out_of_reach_exits_1_and_still_writes_the_model(workdir: 
     args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
     terminal = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "400"])
     assert terminal.exit_code == 1, terminal.output
-    assert "--target-sqnr 400 not reached" in terminal.stdout and out.is_file()
+    assert "target 400 dB not reached" in terminal.stdout and out.is_file()
     result = runner.invoke(app, [*args, "-o", str(out), "--target-sqnr", "400", "--json"])
     assert result.exit_code == 1 and _json(result)["auto_hybrid"]["converged"] is False
 

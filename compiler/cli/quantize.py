@@ -385,6 +385,8 @@ RAISED_SHOWN = 8
 
 def _print_raised(hybrid: dict[str, Any]) -> None:
     """The layers auto-hybrid raised (the first few), and whether it reached its goal."""
+    from compiler.quantize.advice import hybrid_outcome
+
     raised = hybrid["raised"]
     for item in raised[:RAISED_SHOWN]:
         after = item["cosine_after"]
@@ -395,35 +397,10 @@ def _print_raised(hybrid: dict[str, Any]) -> None:
         )
     if len(raised) > RAISED_SHOWN:
         console.print(f"  … and {len(raised) - RAISED_SHOWN} more (every one in --json)")
-    settings = hybrid["settings"]
-    precision = settings.get("precision", "wider")
-    count = f"{len(raised)} layer(s) raised to {precision}"
-    if "target_sqnr_db" in settings:
-        reached = settings.get("output_sqnr_db")
-        worst = settings.get("worst_output")
-        got = f"{reached:.2f} dB" if reached is not None else "no finite SQNR"
-        where = f" (worst: {escape(str(worst))})" if worst else ""
-        if hybrid["converged"]:
-            console.print(
-                f"[green]--target-sqnr {settings['target_sqnr_db']:g} reached[/]: {got}{where} "
-                f"on the calibration samples; {count}",
-                highlight=False,
-            )
-        else:
-            console.print(
-                f"[yellow]--target-sqnr {settings['target_sqnr_db']:g} not reached[/]: {got}"
-                f"{where} on the calibration samples with {count}; raising more does not "
-                "get further (`surgery analyze` shows where the error comes from)",
-                highlight=False,
-            )
-    elif not hybrid["converged"]:
-        left = hybrid["remaining"]
-        console.print(
-            f"[yellow]--auto-hybrid: {len(left)} layer(s) still under the threshold[/] "
-            f"after {count}: {escape(', '.join(map(str, left[:RAISED_SHOWN])))}"
-            + (" …" if len(left) > RAISED_SHOWN else ""),
-            highlight=False,
-        )
+    outcome = hybrid_outcome(hybrid)
+    if outcome:
+        colour = "green" if hybrid["converged"] else "yellow"
+        console.print(f"[{colour}]{escape(outcome)}[/]", highlight=False)
 
 
 @app.command("analyze")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 LOW_OUTPUT_SQNR_DB = 20.0
 """Held-out output SQNR under which quantize says how to get more precision: at 20 dB the
@@ -54,3 +55,29 @@ def low_sqnr_advice(
         "scores sit near zero and a classifier is unsure, which SQNR punishes"
     )
     return advice
+
+
+def hybrid_outcome(hybrid: Mapping[str, Any]) -> str | None:
+    """One line on whether auto-hybrid (a `HybridResult.to_dict()`) reached its goal: a target
+    SQNR missed was silent (27 dB for a 30 dB target, with exit 0). None without one."""
+    if not hybrid:
+        return None
+    settings = hybrid["settings"]
+    count = f"{len(hybrid['raised'])} layer(s) raised to {settings.get('precision', 'int16')}"
+    if "target_sqnr_db" in settings:
+        reached = settings.get("output_sqnr_db")
+        got = f"{reached:.2f} dB" if reached is not None else "no finite SQNR"
+        worst = settings.get("worst_output")
+        where = f" (worst: {worst})" if worst else ""
+        target = f"target {settings['target_sqnr_db']:g} dB"
+        if hybrid["converged"]:
+            return f"{target} reached: {got}{where} on the calibration samples; {count}"
+        return (
+            f"{target} not reached: {got}{where} on the calibration samples with {count}; "
+            "raising more does not get further (analyze shows where the error comes from)"
+        )
+    if hybrid["converged"]:
+        return f"every layer above the auto-hybrid threshold with {count}"
+    left = [str(name) for name in hybrid["remaining"]]
+    shown = ", ".join(left[:8]) + (" …" if len(left) > 8 else "")
+    return f"{len(left)} layer(s) still under the auto-hybrid threshold after {count}: {shown}"

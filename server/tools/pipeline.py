@@ -213,7 +213,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
         from compiler.api import load_model
         from compiler.defines import default_quantization, int16_quantization
         from compiler.quantize import load_calibration_data
-        from compiler.quantize.advice import low_sqnr_advice
+        from compiler.quantize.advice import hybrid_outcome, low_sqnr_advice
         from compiler.quantize.holdout import part_sqnrs, stacked_errors
         from surgery.check import check_model
         from surgery.session import coverage_summary
@@ -331,7 +331,10 @@ def register(mcp: MCPServer, state: ServerState) -> None:
             )
             unquantized = sorted(report.get("unquantized_nodes") or {})
             notes = list(report.get("notes") or [])
-            raised = [r["layer"] for r in (report.get("auto_hybrid") or {}).get("raised", [])]
+            hybrid = report.get("auto_hybrid") or {}
+            raised = [r["layer"] for r in hybrid.get("raised", [])]
+            outcome = hybrid_outcome(hybrid)
+            notes += [outcome] if outcome else []
             if not held_out:
                 notes.append(
                     "only one calibration sample: the metrics are measured on it (optimistic); "
@@ -360,6 +363,7 @@ def register(mcp: MCPServer, state: ServerState) -> None:
                 quantized_nodes=int(report.get("quantized_nodes", 0)),
                 unquantized_nodes=cap(unquantized),
                 hybrid_raised=cap(raised),
+                hybrid_converged=hybrid.get("converged") if hybrid else None,
                 outputs=metrics[:MAX_OUTPUTS],
                 worst_sqnr_db=_finite(worst_sqnr),
                 worst_cosine=_finite(worst_cos),
