@@ -31,16 +31,17 @@ quantized model costs check two analyses (its float view, placed; the float mode
 quantizes, whose blockers the rules are asked about) and building that float model: 6–10×
 the floor, 2.3–3.8× without suggestions.
 
-Where the bar is not met (2026-12-04, this machine, `--repeat 9`): in process on
-light_resnet50 (2.4×), ppocr_mobile_v2_cls (2.65×), ppocrv4_det (1.8×) and yolov5n_anchor
-(1.6×); the others are at 0.4–1.3×. light_resnet50 and ppocr_mobile_v2_cls hold their weights
+Where the bar is not met (2026-12-04 evening, this machine, `--repeat 9`, floors up to 2×
+slower than in the morning's runs: the ratios, measured in turns, moved less than 10%): in
+process on light_resnet50 (2.5×) and ppocr_mobile_v2_cls (2.8×); ppocrv4_det is at 1.4×,
+the others at 0.4–1.2×. light_resnet50 and ppocr_mobile_v2_cls hold their weights
 in ConstantOfShape / Constant nodes, so their floor is 2.1–2.7 ms, and the bar leaves about
 1 ms for validating, placing, segmenting and explaining 175–260 placed nodes (about 4 µs a
 node) after a read and an inference that cost what the floor's do; check's Python takes
 10–15 µs a node. In these turns the call that follows the floor pays about 0.7 ms for the
 memory the floor freed (the same call following itself runs that much faster; the floor is
 not slowed by following check). Without --input-shape the dynamic models are at 2.1–5.9×
-(the second analysis). As a command the ratios are 1.4–2.25 (they were 1.8–3.0 before the
+(the second analysis). As a command the ratios are 1.4–2.3 (they were 1.8–3.0 before the
 command line was imported with the collector paused and typer stopped evaluating postponed
 annotations): the floor process imports onnx (~110 ms), the command also imports pydantic,
 yaml, typer and rich, builds its CLI, and with blockers loads the rule catalogue (~25 ms).
