@@ -515,7 +515,12 @@ def _apply_pin(pin: str, processor: str, reasons: list[Reason]) -> tuple[str, li
             Reason("pinned", f"pinned to the MLA by op_target, but: {why}"),
         ]
     return pin, [
-        Reason("pinned", f"pinned to the {pin} by op_target ({PLACEMENT_METADATA_KEY})", "MLA")
+        Reason(
+            "pinned",
+            f"pinned to the {pin} (by op_target, or by a rule such as output-concat-to-host "
+            f"through the model's metadata {PLACEMENT_METADATA_KEY})",
+            "MLA",
+        )
     ]
 
 
