@@ -32,6 +32,7 @@ import yaml
 from compiler.isa import ISA_VERSION, MlaProgram
 from compiler.lower.errors import ArchiveError
 from compiler.lower.pipeline import PROCESSOR_NAMES, CompiledModel, PipelineStage
+from surgery.errors import ModelNotFoundError
 
 FORMAT = "model-surgery-mpk"
 FORMAT_VERSION = 1
@@ -305,7 +306,9 @@ class Archive:
 def _archive_in(path: Path) -> Path:
     """`path`, or the one archive in folder `path` (what `surgery compile -o DIR` wrote)."""
     if not path.exists():
-        raise ArchiveError(f"{path}: no such file")
+        missing = ArchiveError(f"{path}: no such file")
+        missing.code = ModelNotFoundError.code  # as a missing model is, in every command's JSON
+        raise missing
     if not path.is_dir():
         return path
     # regular files only: a link could lead out of a folder a server was allowed to read

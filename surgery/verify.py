@@ -991,11 +991,14 @@ def _describe(source: ModelSource) -> str:
 
 
 def _load(source: ModelSource, which: str) -> onnx.ModelProto:
-    """Load and validate; any load problem becomes a VerifyError that says which model."""
+    """Load and validate; any load problem becomes a VerifyError that says which model, with
+    the load error's code (a missing file is `file_not_found` in every command's JSON)."""
     try:
         return load_model(source, infer_shapes=False)
     except SurgeryError as exc:
-        raise VerifyError(f"model {which}: {exc.message}", hint=exc.hint) from exc
+        error = VerifyError(f"model {which}: {exc.message}", hint=exc.hint)
+        error.code = exc.code
+        raise error from exc
 
 
 def _check_b_inputs(
