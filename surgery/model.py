@@ -627,12 +627,14 @@ def _raise_invalid_node(model: onnx.ModelProto, exc: Exception) -> None:
     """`_InvalidNode` for the first node of a strict inference failure that ONNX Runtime
     cannot run either: an op onnx has a schema for, failing without data propagation (which
     ONNX Runtime does not run: a failure only there leaves the lenient result, as before)."""
-    found = _NODE_FAILURE.search(str(exc))
-    if found is None or not onnx.defs.has(found["op"]):
+    if not _names_a_schema_op(exc):
         return
     try:
         shape_inference.infer_shapes(model, check_type=False, strict_mode=True, data_prop=False)
-    except shape_inference.InferenceError:
+    except shape_inference.InferenceError as without_propagation:
+        found = _names_a_schema_op(without_propagation)  # the node ONNX Runtime would see
+        if found is None:
+            return
         weights = {t.name for t in model.graph.initializer}
         inputs = ", ".join(
             f"{i.name}={shape_text(shape_from_type(i.type)[1])}"
@@ -641,6 +643,12 @@ def _raise_invalid_node(model: onnx.ModelProto, exc: Exception) -> None:
         )
         message = found["message"].strip()
         raise _InvalidNode(found["node"], found["op"], message, inputs) from None
+
+
+def _names_a_schema_op(exc: Exception) -> re.Match[str] | None:
+    """The failing node of an inference error, when it is an op onnx has a schema for."""
+    found = _NODE_FAILURE.search(str(exc))
+    return found if found is not None and onnx.defs.has(found["op"]) else None
 
 
 def _refusal(invalid: _InvalidNode, label: str, input_shapes: InputShapes | bool) -> ShapeError:
