@@ -120,6 +120,14 @@ def test_quantize_to_a_target_sqnr(workdir: Path) -> None:
     assert hybrid["raised"] and all(r["output_sqnr_db"] is not None for r in hybrid["raised"])
 
 
+def test_no_held_out_samples_says_the_sqnr_was_not_measured(workdir: Path) -> None:
+    args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
+    result = runner.invoke(app, [*args, "-o", str(workdir / "q0.onnx"), "--holdout", "0"])
+    assert result.exit_code == 0, result.output
+    assert "no held-out samples (--holdout 0)" in result.stdout
+    assert "final outputs vs float" not in result.stdout  # no empty table
+
+
 def test_a_target_sqnr_reached_is_said_on_the_terminal(workdir: Path) -> None:
     args = ["quantize", str(workdir / "head.onnx"), "--calib", str(workdir / "calib")]
     result = runner.invoke(app, [*args, "-o", str(workdir / "qr.onnx"), "--target-sqnr", "25"])

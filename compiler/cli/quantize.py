@@ -364,7 +364,14 @@ def quantize_command(
             table.add_row(
                 f"  part from {escape(str(part))}", _fmt(perr["sqnr_db"]), _fmt(perr["cosine"], 5)
             )
-    console.print(table)
+    if errors:
+        console.print(table)
+    else:
+        console.print(
+            "no held-out samples (--holdout 0): the outputs' SQNR was not measured; "
+            "`surgery verify` or `surgery analyze` compare on other samples",
+            highlight=False,
+        )
     if payload["advice"]:
         first, *rest = payload["advice"]
         console.print(f"[yellow]{escape(str(first))}[/]", highlight=False)

@@ -127,7 +127,14 @@ def merge_command(
         str | None,
         typer.Option(help="Prefix all of B's names (default: only names that collide)."),
     ] = None,
-    keep: TensorsOpt = None,
+    keep: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Outputs of A that B reads to keep as outputs of the merged model too (they "
+            "are dropped otherwise); comma-separated or repeated.",
+            metavar="T1,T2",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Connect two models into one (e.g. a body and its post-processing)."""
