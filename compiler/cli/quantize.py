@@ -245,10 +245,15 @@ def quantize_command(
         typer.Option("--unquantized", help="Keep this node float (repeatable).", metavar="NODE"),
     ] = None,
     mean: Annotated[
-        list[float] | None, typer.Option(help="Per-channel mean in pixel units (repeat).")
+        list[float] | None,
+        typer.Option(
+            help="Per-channel mean in pixel units 0-255 (repeat): images are fed as "
+            "(pixel - mean) / std. Without --mean and --std, pixels / 255 (values in [0, 1])."
+        ),
     ] = None,
     std: Annotated[
-        list[float] | None, typer.Option(help="Per-channel std in pixel units (repeat).")
+        list[float] | None,
+        typer.Option(help="Per-channel std in pixel units (repeat); see --mean."),
     ] = None,
     bgr: Annotated[bool, typer.Option("--bgr", help="Feed images as BGR.")] = False,
     target: TargetOpt = "mlsoc",
