@@ -64,7 +64,10 @@ def split_command(
     input_shape: InputShapeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Extract the subgraph between named tensors as its own model."""
+    """Extract the subgraph between named tensors as its own model.
+
+    Give --inputs, --outputs or both; the one left out is the model's own.
+    """
     from surgery.split import SplitError, split_model
 
     refuse_overwrite(out, model)
