@@ -30,9 +30,8 @@ from typing import Any
 import yaml
 
 from compiler.isa import ISA_VERSION, MlaProgram
-from compiler.lower.errors import ArchiveError
+from compiler.lower.errors import ArchiveError, ArchiveNotFoundError
 from compiler.lower.pipeline import PROCESSOR_NAMES, CompiledModel, PipelineStage
-from surgery.errors import ModelNotFoundError
 
 FORMAT = "model-surgery-mpk"
 FORMAT_VERSION = 1
@@ -306,9 +305,7 @@ class Archive:
 def _archive_in(path: Path) -> Path:
     """`path`, or the one archive in folder `path` (what `surgery compile -o DIR` wrote)."""
     if not path.exists():
-        missing = ArchiveError(f"{path}: no such file")
-        missing.code = ModelNotFoundError.code  # as a missing model is, in every command's JSON
-        raise missing
+        raise ArchiveNotFoundError(f"{path}: no such file")
     if not path.is_dir():
         return path
     # regular files only: a link could lead out of a folder a server was allowed to read

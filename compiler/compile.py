@@ -181,7 +181,7 @@ def compile_model(
         quads=compiled.quads,
         compile_seconds=time.perf_counter() - started,
         notes=[*notes, *compiled.notes],
-        default_mla=not _gives_mla_geometry(profile),
+        default_mla=not MlaHardware.constants_in(profile.profile.hardware),
         compiled=compiled,
     )
 
@@ -208,11 +208,6 @@ def _resolve_target(
             f"precision {profile.name} does not run on its MLA run on the host"
         ]
     return profile, []
-
-
-def _gives_mla_geometry(profile: Target) -> bool:
-    """Whether the profile's `hardware:` block sets any of the virtual MLA's constants."""
-    return bool(set(profile.profile.hardware or {}) & set(MlaHardware.__dataclass_fields__))
 
 
 def _check_quantized(model: onnx.ModelProto, label: str, target: Target) -> list[str]:

@@ -74,9 +74,13 @@ class MlaHardware:
     @classmethod
     def from_profile(cls, hardware: Mapping[str, Any] | None) -> MlaHardware:
         """From a target profile's `hardware:` mapping; unknown keys are ignored."""
-        known = {f for f in cls.__dataclass_fields__}
-        values = {k: v for k, v in (hardware or {}).items() if k in known}
-        return cls(**values)
+        return cls(**cls.constants_in(hardware))
+
+    @classmethod
+    def constants_in(cls, hardware: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The entries of a profile's `hardware:` mapping that are this machine's constants
+        (rk3588 lists its NPU's cores and TOPS: none are)."""
+        return {k: v for k, v in (hardware or {}).items() if k in cls.__dataclass_fields__}
 
     def with_quads(self, quads: int) -> MlaHardware:
         if not 1 <= quads <= self.quads:

@@ -196,9 +196,10 @@ def open_model(
     if reuse_static_shapes and not input_shapes and _every_tensor_static(view):
         return model, view
     if infer_shapes:
-        model = _shape_inferred(
-            model, label, view, _worth_hiding_weights(source, model), input_shapes
-        )
+        try:
+            model = _shape_inferred(model, label, view, _worth_hiding_weights(source, model))
+        except _InvalidNode as invalid:
+            raise _refusal(invalid, label, shapes_set=bool(input_shapes)) from None
         view.rebind(model)
         if input_shapes:
             refuse_impossible_reshapes(view, label)
@@ -498,7 +499,7 @@ def infer_model_shapes(
     model: onnx.ModelProto,
     label: str = "model",
     view: GraphView | None = None,
-    refuse_invalid: InputShapes | bool = False,
+    refuse_invalid: bool = False,
 ) -> None:
     """Shape inference with data propagation, in place: the inferencer sees `model` without
     its large weights (`_run_inferencer`), and its value_info and the output shapes it found
@@ -518,24 +519,24 @@ def _run_inferencer(
     label: str,
     view: GraphView | None,
     hide_weights: bool = True,
-    refuse_invalid: InputShapes | bool = False,
+    refuse_invalid: bool = False,
 ) -> onnx.ModelProto:
     """The C++ inferencer's output for `model`, which it leaves as it is; with `hide_weights`,
     for a copy without its large weights (`_weightless_copy`: they never affect shapes,
     serialising them dominates the time, and it keeps models over 2 GB inferrable), whose
-    output has them empty. A failure is a ShapeError. `refuse_invalid` (the input shapes set,
-    or True): a node ONNX's inference finds invalid, as ONNX Runtime's load does, is a
-    ShapeError too, where otherwise its outputs would only stay unshaped."""
+    output has them empty. A failure is a ShapeError; with `refuse_invalid`, a node ONNX's
+    inference finds invalid (as ONNX Runtime's load does) is `_InvalidNode`, where otherwise
+    its outputs would only stay unshaped."""
     source = _weightless_copy(model, view) if hide_weights else model
     try:
         return infer_shapes_through_contrib_ops(
             source,
             domains=view.domains if view is not None else None,
             op_types=view.op_types if view is not None else None,
-            refuse_invalid=bool(refuse_invalid),
+            refuse_invalid=refuse_invalid,
         )
-    except _InvalidNode as invalid:
-        raise _refusal(invalid, label, refuse_invalid) from None
+    except _InvalidNode:
+        raise  # open_model words it, knowing the input shapes it set
     except Exception as exc:  # onnx raises several unrelated types here
         raise ShapeError(f"{label}: shape inference failed: {first_line(exc)}") from None
 
@@ -615,8 +616,9 @@ _NODE_FAILURE = re.compile(
 
 
 class _InvalidNode(Exception):
-    """A node ONNX's shape inference finds invalid, raised inside inference; `_run_inferencer`
-    makes it a ShapeError that names the model. `inputs`: the input shapes inference saw."""
+    """A node ONNX's shape inference finds invalid, raised inside inference; `open_model`
+    makes it a ShapeError that names the model (`_refusal`). `inputs`: the input shapes
+    inference saw."""
 
     def __init__(self, node: str, op_type: str, message: str, inputs: str) -> None:
         super().__init__(message)
@@ -651,14 +653,14 @@ def _names_a_schema_op(exc: Exception) -> re.Match[str] | None:
     return found if found is not None and onnx.defs.has(found["op"]) else None
 
 
-def _refusal(invalid: _InvalidNode, label: str, input_shapes: InputShapes | bool) -> ShapeError:
+def _refusal(invalid: _InvalidNode, label: str, *, shapes_set: bool) -> ShapeError:
     """The ShapeError for a node shape inference finds invalid, at the input shapes it saw
-    (the ones set, when `input_shapes` holds them)."""
+    (`shapes_set`: the caller's --input-shape, not the model's own)."""
     where = f"node {invalid.node!r} ({invalid.op_type})" if invalid.node else invalid.op_type
     at = f" (at input shape {invalid.inputs})" if invalid.inputs else ""
     hint = (
         "ONNX Runtime cannot run it at that shape either: use a shape the model takes"
-        if isinstance(input_shapes, Mapping) and input_shapes
+        if shapes_set
         else "ONNX Runtime cannot run it either: re-export the model"
     )
     return ShapeError(f"{label}: {where}: {invalid.message}{at}", hint=hint)
@@ -733,7 +735,6 @@ def _shape_inferred(
     label: str,
     view: GraphView,
     hide_weights: bool = True,
-    input_shapes: InputShapes | None = None,
 ) -> onnx.ModelProto:
     """Shape inference with data propagation; returns the inferred model (`model` is spent).
 
@@ -742,19 +743,18 @@ def _shape_inferred(
     output shapes, is used as is (outputs it could not shape keep their declared type) instead
     of copying its `value_info` back: on small models that copy costs a fifth of the
     inference. Other models are inferred by `infer_model_shapes`, on a copy without their
-    large weights, and keep their own nodes. A node the inference finds invalid is a
-    ShapeError (`_run_inferencer`'s `refuse_invalid`, given the `input_shapes` set).
+    large weights, and keep their own nodes. A node the inference finds invalid is
+    `_InvalidNode` (`_run_inferencer`'s `refuse_invalid`).
     """
-    refuse = input_shapes or True
     if (
         hide_weights
         or model.functions
         or not DEFAULT_DOMAINS.issuperset(view.domains)
         or not SUBGRAPH_OPS.isdisjoint(view.op_types)
     ):
-        infer_model_shapes(model, label, view, refuse)
+        infer_model_shapes(model, label, view, refuse_invalid=True)
         return model
-    inferred = _run_inferencer(model, label, view, hide_weights=False, refuse_invalid=refuse)
+    inferred = _run_inferencer(model, label, view, hide_weights=False, refuse_invalid=True)
     declared = model.graph.output
     last = {o.name: k for k, o in enumerate(inferred.graph.output)}
     for k, out in enumerate(inferred.graph.output):

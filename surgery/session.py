@@ -32,6 +32,16 @@ def coverage_summary(cov: CoverageReport) -> dict[str, Any]:
     }
 
 
+def name_in_workspace(ws: Workspace, source: str | os.PathLike, name: str | None = None) -> str:
+    """The name `source`'s versions go under (`name`, else its file name), refused at once
+    when that name holds another file's versions: a command checks it before its work, which
+    would otherwise be done (and its output written) for nothing."""
+    chosen = sanitize_name(name or Path(source).stem)
+    if chosen in ws.list_models():
+        refuse_other_source(ws, chosen, source)
+    return chosen
+
+
 def import_or_reuse(
     ws: Workspace, source: str | os.PathLike, name: str | None = None
 ) -> VersionInfo:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from surgery.errors import SurgeryError
+from surgery.errors import ModelNotFoundError, SurgeryError
 
 
 class CompileError(SurgeryError):
@@ -15,3 +15,10 @@ class ArchiveError(SurgeryError):
     """An archive is missing, unreadable, or does not follow docs/archive-format.md."""
 
     code = "archive_error"
+
+
+class ArchiveNotFoundError(ArchiveError):
+    """No archive at the path given: `file_not_found`, as a missing model is, in every
+    command's JSON."""
+
+    code = ModelNotFoundError.code

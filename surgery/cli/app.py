@@ -144,11 +144,11 @@ def refuse_overwrite(out: Path | None, *sources: Path) -> None:
 def refuse_unwritable(out: Path) -> None:
     """A SurgeryError unless a file can be created where `out` goes: in its folder, or in the
     nearest folder above it that exists (the missing ones are made when writing)."""
+    if out.is_dir():
+        raise SurgeryError(f"{out}: is a folder; give a file name", hint="choose another -o")
     folder = out.absolute().parent
     while not folder.exists():
         folder = folder.parent
-    if out.is_dir():
-        raise SurgeryError(f"{out}: is a folder; give a file name", hint="choose another -o")
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".surgery-write-probe-")
     except OSError as exc:

@@ -24,8 +24,8 @@ from surgery.model import load_model, parse_input_shapes, save_model
 from surgery.rules import all_rules, apply_rule, get_rule
 from surgery.rules.fix import describe_step, fix_model
 from surgery.rules.registry import UnknownRuleError
-from surgery.session import import_or_reuse, record_fix, record_rewrite, refuse_other_source
-from surgery.workspace import Workspace, sanitize_name
+from surgery.session import import_or_reuse, name_in_workspace, record_fix, record_rewrite
+from surgery.workspace import Workspace
 
 WorkspaceOpt = Annotated[
     Path,
@@ -160,7 +160,8 @@ def apply_command(
     """Apply one rule, verify the result against the original, and save it as a new version."""
     _refuse_swapped_arguments(rule, model)
     refuse_overwrite(out, model)
-    ws, ws_name = _workspace_model(workspace, model, name)
+    ws = Workspace(workspace)
+    ws_name = name_in_workspace(ws, model, name)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     result = apply_rule(
         loaded,
@@ -196,17 +197,6 @@ def apply_command(
     )
     for note in result.notes:
         console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
-
-
-def _workspace_model(workspace: Path, model: Path, name: str | None) -> tuple[Workspace, str]:
-    """The workspace and the name the model's versions go under, refused before any work
-    when that name holds another file's versions (the rewrite would be done, and its file
-    written, for nothing)."""
-    ws = Workspace(workspace)
-    ws_name = sanitize_name(name or Path(model).stem)
-    if ws_name in ws.list_models():
-        refuse_other_source(ws, ws_name, model)
-    return ws, ws_name
 
 
 def _refuse_swapped_arguments(rule: str, model: Path) -> None:
@@ -252,7 +242,8 @@ def fix_command(
     """Apply verified rules until the model maps to one MLA segment (exit 0) or nothing helps (1)."""
     output_path = out or Path(f"{Path(model).stem}_fixed.onnx")
     refuse_overwrite(output_path, model)
-    ws, ws_name = _workspace_model(workspace, model, name)
+    ws = Workspace(workspace)
+    ws_name = name_in_workspace(ws, model, name)
     loaded = load_model(model, parse_input_shapes(input_shape or []))
     feed = None
     if inputs is not None:
